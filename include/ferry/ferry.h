@@ -1,0 +1,329 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Ferry: an RDMA-native parameter store with dynamic parameter allocation.
+ *
+ * Every call that can fail returns 0 or a negative errno; Ferry's own failures
+ * use codes at or above FERRY_ERRNO_BASE (returned negated, like errnos), and
+ * ferry_strerror() explains both ranges. Output arguments come last, end in
+ * _p, and are written only on success.
+ */
+#ifndef FERRY_FERRY_H
+#define FERRY_FERRY_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define FERRY_API __attribute__((visibility("default")))
+#else
+#define FERRY_API
+#endif
+
+#define FERRY_VERSION_MAJOR 0
+#define FERRY_VERSION_MINOR 1
+#define FERRY_VERSION_PATCH 0
+#define FERRY_VERSION_STRING "0.1.0"
+
+/* Ferry's own error codes; functions return them negated. */
+#define FERRY_ERRNO_BASE 4096
+enum ferry_errno {
+	FERRY_E_CLOSED = FERRY_ERRNO_BASE, /* the node was closed */
+	FERRY_E_MISMATCH,		   /* nodes disagree (table parameters) */
+	FERRY_E_PROTO,			   /* a peer sent a malformed message */
+	FERRY_E_PEER,			   /* a peer failed or disconnected */
+	FERRY_E_NOJOIN,			   /* a rank never joined the cluster */
+	FERRY_E_NODEV,			   /* the requested transport is unusable */
+	FERRY_E_MAX
+};
+
+/**
+ * ferry_strerror - describe an error code
+ * @err: a negative errno or negative Ferry code (the sign is ignored)
+ *
+ * Return: a static string; never NULL.
+ */
+FERRY_API const char *ferry_strerror(int err);
+
+/**
+ * ferry_version - the library's version string, e.g. "0.1.0"
+ */
+FERRY_API const char *ferry_version(void);
+
+/* ---- logging ---------------------------------------------------------- */
+
+enum ferry_log_level {
+	FERRY_LOG_NONE = 0,
+	FERRY_LOG_ERROR,
+	FERRY_LOG_WARN,
+	FERRY_LOG_INFO,
+	FERRY_LOG_DEBUG,
+};
+
+typedef void (*ferry_log_cb_t)(enum ferry_log_level level, const char *msg, void *arg);
+
+/**
+ * ferry_log_set - route log lines to a callback and set the level
+ * @level: lines above this level are dropped. FERRY_LOG_LEVEL (error, warn,
+ *         info, debug, or 0-4) in the environment overrides it at first use.
+ * @cb: receives each line without a trailing newline; NULL restores stderr
+ * @arg: passed to @cb
+ *
+ * Context: process-wide; call before ferry_open() to be race free.
+ */
+FERRY_API void ferry_log_set(enum ferry_log_level level, ferry_log_cb_t cb, void *arg);
+
+/* ---- nodes ------------------------------------------------------------ */
+
+enum ferry_transport_kind {
+	FERRY_TRANSPORT_AUTO = 0, /* rdma when a usable device and port exist, else tcp */
+	FERRY_TRANSPORT_TCP,
+	FERRY_TRANSPORT_RDMA,
+};
+
+/**
+ * struct ferry_params - how a node joins its cluster
+ *
+ * Zero (or -1 where noted) means "not set": the value then comes from the
+ * FERRY_* environment variables, then from the launchers' own (torchrun,
+ * Open MPI, PMI, Slurm), then from the default. ferry_params_init() fills in
+ * the "not set" values.
+ */
+struct ferry_params {
+	int rank;		   /* -1: not set */
+	int world;		   /* 0: not set */
+	const char *rendezvous;	   /* "host:port" of rank 0; NULL: not set */
+	int rendezvous_fd;	   /* rank 0 only: a listening socket to use; -1: none */
+	const char *bind_addr;	   /* address this node listens on; NULL: rendezvous host */
+	enum ferry_transport_kind transport; /* AUTO: FERRY_TRANSPORT or auto */
+	int timeout_ms;		   /* bound on every wait; 0: FERRY_TIMEOUT_MS or 30000 */
+	int busy_poll;		   /* -1: FERRY_BUSY_POLL or 0; 1: spin instead of sleeping */
+};
+
+/**
+ * ferry_params_init - set every field of @params to "not set"
+ */
+FERRY_API void ferry_params_init(struct ferry_params *params);
+
+struct ferry;
+struct ferry_table;
+struct ferry_worker;
+
+/**
+ * ferry_open - join the cluster as one node
+ * @params: may be NULL (everything from the environment)
+ * @fy_p: receives the node handle on success
+ *
+ * Rank 0 gathers every node's address and hands out the list; every node
+ * then connects to every other one. All waits are bounded by the timeout;
+ * a timeout names the ranks that never arrived (-FERRY_E_NOJOIN).
+ *
+ * Context: any thread; blocks until the whole world has joined.
+ * Return: 0, or a negative errno / Ferry code.
+ */
+FERRY_API int ferry_open(const struct ferry_params *params, struct ferry **fy_p);
+
+/**
+ * ferry_close - leave the cluster
+ *
+ * Stops the network. Workers and tables that still exist keep their memory
+ * until destroyed, and every operation on them returns -FERRY_E_CLOSED. The
+ * node's memory goes when the last of them is destroyed.
+ *
+ * Context: not concurrently with operations of this node's workers.
+ */
+FERRY_API void ferry_close(struct ferry *fy);
+
+FERRY_API int ferry_rank(const struct ferry *fy);
+FERRY_API int ferry_world(const struct ferry *fy);
+
+/**
+ * ferry_barrier - wait until every node has entered the barrier
+ *
+ * Return: 0, -ETIMEDOUT (naming the missing ranks in the log), -FERRY_E_CLOSED.
+ */
+FERRY_API int ferry_barrier(struct ferry *fy);
+
+/* ---- tables ----------------------------------------------------------- */
+
+enum ferry_placement {
+	FERRY_PLACEMENT_RANGE = 0, /* contiguous blocks of keys per node */
+	FERRY_PLACEMENT_HASH,	   /* consistent-hash ring with virtual nodes */
+};
+
+enum ferry_mode {
+	FERRY_MODE_DYNAMIC = 0, /* localize moves keys (Lapse) */
+	FERRY_MODE_CLASSIC,	/* static placement: localize does nothing */
+};
+
+struct ferry_table_params {
+	uint64_t num_keys;	   /* keys are 0 .. num_keys-1 */
+	uint32_t value_len;	   /* floats per value, when value_lens is NULL */
+	const uint32_t *value_lens; /* optional: floats per key, num_keys entries */
+	enum ferry_placement placement;
+	uint32_t vnodes;	   /* hash ring: virtual nodes per node; 0: 256 */
+	enum ferry_mode mode;
+	int no_local_fast_path;	   /* 1: even local keys go through messages */
+	uint64_t capacity;	   /* slots per node; 0: enough for every key */
+};
+
+/**
+ * ferry_table_create - create a table on every node (collective)
+ * @fy: the node
+ * @params: must be equal on every node
+ * @table_p: receives the table
+ *
+ * Every node calls it, in the same order. Values start at zero. Returns once
+ * every node has created the table, so any node may use it at once.
+ *
+ * Return: 0; -EINVAL for bad parameters; -FERRY_E_MISMATCH when nodes passed
+ * different parameters (the log names the field); -ETIMEDOUT.
+ */
+FERRY_API int ferry_table_create(struct ferry *fy, const struct ferry_table_params *params,
+				 struct ferry_table **table_p);
+
+/**
+ * ferry_table_destroy - free this node's side of a table
+ *
+ * Context: after every worker stopped using it; the other nodes must destroy
+ * theirs too before the keys are accessed again.
+ */
+FERRY_API void ferry_table_destroy(struct ferry_table *table);
+
+/** ferry_table_home - the home node of @key, or a negative errno */
+FERRY_API int ferry_table_home(const struct ferry_table *table, uint64_t key);
+
+/** ferry_table_value_len - floats stored for @key, or 0 when out of range */
+FERRY_API uint32_t ferry_table_value_len(const struct ferry_table *table, uint64_t key);
+
+/* ---- workers and operations ------------------------------------------ */
+
+/**
+ * ferry_worker_create - a handle for one application thread
+ *
+ * Registers the calling thread with RCU; the worker must be used and
+ * destroyed by that same thread.
+ */
+FERRY_API int ferry_worker_create(struct ferry *fy, struct ferry_worker **worker_p);
+FERRY_API void ferry_worker_destroy(struct ferry_worker *worker);
+
+/*
+ * Batched operations. @keys has @n entries; @vals / @deltas hold the values
+ * of those keys back to back (value_len floats each). Duplicate keys are
+ * allowed: each occurrence is one operation, applied in array order.
+ *
+ * The synchronous calls return when every key is done. Their effect on one
+ * key is sequentially consistent with every other synchronous operation on
+ * it, whatever relocations run meanwhile.
+ *
+ * Return: 0; -EINVAL (NULL buffer, n == 0 with a NULL keys is fine),
+ * -ERANGE (a key out of range), -ETIMEDOUT, -FERRY_E_PEER, -FERRY_E_CLOSED.
+ */
+FERRY_API int ferry_pull(struct ferry_worker *w, struct ferry_table *t, const uint64_t *keys,
+			 size_t n, float *vals);
+FERRY_API int ferry_push(struct ferry_worker *w, struct ferry_table *t, const uint64_t *keys,
+			 size_t n, const float *deltas);
+FERRY_API int ferry_set(struct ferry_worker *w, struct ferry_table *t, const uint64_t *keys,
+			size_t n, const float *vals);
+/**
+ * ferry_localize - move ownership of @keys to this node
+ *
+ * Afterwards the calling node's workers reach these keys in place, without a
+ * message, until another node localizes them. In classic mode it does
+ * nothing. Return: as above, and -ENOSPC when the table's capacity is full.
+ */
+FERRY_API int ferry_localize(struct ferry_worker *w, struct ferry_table *t, const uint64_t *keys,
+			     size_t n);
+
+/*
+ * Asynchronous variants: start the operation and hand back a ticket. The
+ * buffers stay the caller's and must stay valid until ferry_wait() or
+ * ferry_test() reports the ticket done. Operations of one worker on one key
+ * take effect in the order they were started. A start that fails leaves no
+ * ticket behind.
+ */
+FERRY_API int ferry_pull_start(struct ferry_worker *w, struct ferry_table *t,
+			       const uint64_t *keys, size_t n, float *vals, uint64_t *ticket_p);
+FERRY_API int ferry_push_start(struct ferry_worker *w, struct ferry_table *t,
+			       const uint64_t *keys, size_t n, const float *deltas,
+			       uint64_t *ticket_p);
+FERRY_API int ferry_set_start(struct ferry_worker *w, struct ferry_table *t, const uint64_t *keys,
+			      size_t n, const float *vals, uint64_t *ticket_p);
+FERRY_API int ferry_localize_start(struct ferry_worker *w, struct ferry_table *t,
+				   const uint64_t *keys, size_t n, uint64_t *ticket_p);
+
+/**
+ * ferry_wait - wait for a ticket (bounded by the node's timeout)
+ *
+ * Return: the operation's result (0 or negative); -ENOENT for an unknown or
+ * already collected ticket.
+ */
+FERRY_API int ferry_wait(struct ferry_worker *w, uint64_t ticket);
+
+/**
+ * ferry_test - poll a ticket
+ *
+ * Return: -EAGAIN while it runs; otherwise as ferry_wait(), and the ticket is
+ * collected.
+ */
+FERRY_API int ferry_test(struct ferry_worker *w, uint64_t ticket);
+
+/* ---- statistics ------------------------------------------------------- */
+
+struct ferry_stats {
+	uint64_t local_ops;	  /* key operations served in place */
+	uint64_t remote_ops;	  /* key operations sent to another node */
+	uint64_t served_ops;	  /* key operations this node applied for others */
+	uint64_t forwards;	  /* key operations this node passed on */
+	uint64_t relocations_in;  /* keys that moved to this node */
+	uint64_t relocations_out; /* keys that moved away from this node */
+	uint64_t msgs_sent;
+	uint64_t msgs_recv;
+	uint64_t bytes_sent;
+	uint64_t bytes_recv;
+};
+
+/**
+ * ferry_stats - counters of this node since it opened
+ * @fy: the node (may be closed)
+ * @stats_p: filled in
+ */
+FERRY_API int ferry_stats(struct ferry *fy, struct ferry_stats *stats_p);
+
+/* ---- local clusters (tests, demos) ------------------------------------- */
+
+/**
+ * ferry_local_cluster_open - @n nodes inside this process, over loopback
+ * @n: number of nodes
+ * @params: template (rank, world and rendezvous are set here); may be NULL
+ * @fys: receives @n node handles, rank i at index i
+ *
+ * Each node is opened on a thread of its own; the ports are chosen by the OS.
+ */
+FERRY_API int ferry_local_cluster_open(int n, const struct ferry_params *params,
+				       struct ferry **fys);
+
+/**
+ * ferry_local_cluster_fork - @n forked processes, one node each
+ * @n: number of processes
+ * @params: receives, in each child, the rank, world and rendezvous to pass
+ *          to ferry_open()
+ * @pids: in the parent, receives the @n child pids
+ *
+ * The children share a rendezvous socket that the parent bound to port 0
+ * before forking; child 0 serves it.
+ *
+ * Return: in child i, i (0 <= i < @n); in the parent, FERRY_LOCAL_PARENT;
+ * a negative errno on failure (no child then remains).
+ */
+#define FERRY_LOCAL_PARENT 0x7fffffff
+FERRY_API int ferry_local_cluster_fork(int n, struct ferry_params *params, pid_t *pids);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FERRY_FERRY_H */

@@ -1,0 +1,218 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * proto.c - validation of received frames. Nothing here trusts a field
+ * before checking it: lengths against the frame, counts against lengths
+ * (with overflow checks), keys against the table, ranks against the world.
+ */
+#include <errno.h>
+#include <string.h>
+
+#include "lib/proto.h"
+#include "ferry/ferry.h"
+
+void ferry__proto_hdr_init(struct ferry_msg_hdr *hdr, uint8_t type, uint32_t len, uint32_t src,
+			   uint32_t table)
+{
+	hdr->magic = FERRY_MSG_MAGIC;
+	hdr->version = FERRY_PROTO_VERSION;
+	hdr->type = type;
+	hdr->len = len;
+	hdr->src = src;
+	hdr->table = table;
+}
+
+int ferry__proto_check_hdr(const struct ferry_msg_hdr *hdr, uint32_t world, const char **why_p)
+{
+	const char *why = NULL;
+
+	if (hdr->magic != FERRY_MSG_MAGIC)
+		why = "bad magic";
+	else if (hdr->version != FERRY_PROTO_VERSION)
+		why = "unsupported protocol version";
+	else if (hdr->type == 0 || hdr->type >= FERRY_MSG_TYPE_MAX)
+		why = "unknown message type";
+	else if (hdr->len < sizeof(*hdr) || hdr->len > FERRY_MSG_MAX)
+		why = "frame length out of range";
+	else if (hdr->len % FERRY_MSG_ALIGN)
+		why = "frame length not a multiple of 8";
+	else if (hdr->src >= world)
+		why = "source rank out of range";
+	if (!why)
+		return 0;
+	if (why_p)
+		*why_p = why;
+	return -FERRY_E_PROTO;
+}
+
+/* the fixed body size of each type */
+static size_t proto_body_size(uint8_t type)
+{
+	switch (type) {
+	case FERRY_MSG_HELLO:
+		return sizeof(struct ferry_msg_hello);
+	case FERRY_MSG_OP:
+		return sizeof(struct ferry_msg_op);
+	case FERRY_MSG_REPLY:
+		return sizeof(struct ferry_msg_reply);
+	case FERRY_MSG_LOCALIZE:
+	case FERRY_MSG_HANDOVER_REQ:
+	case FERRY_MSG_HANDOVER:
+	case FERRY_MSG_LOC_ACK:
+		return sizeof(struct ferry_msg_move);
+	case FERRY_MSG_BARRIER:
+	case FERRY_MSG_BARRIER_REL:
+		return sizeof(struct ferry_msg_barrier);
+	case FERRY_MSG_TABLE:
+	case FERRY_MSG_TABLE_ACK:
+		return sizeof(struct ferry_msg_table);
+	}
+	return 0;
+}
+
+/* a frame is padded to FERRY_MSG_ALIGN; @left bytes remain where @need are due */
+static int proto_pad_ok(size_t left, size_t need)
+{
+	return left >= need && left - need < FERRY_MSG_ALIGN;
+}
+
+#define PROTO_FAIL(msg)                                                                         \
+	do {                                                                                    \
+		*why_p = (msg);                                                                 \
+		return -FERRY_E_PROTO;                                                          \
+	} while (0)
+
+static int proto_parse_op(const uint8_t *p, size_t left, const struct ferry_proto_limits *lim,
+			  struct ferry_proto_view *v, const char **why_p)
+{
+	const struct ferry_msg_op *op = v->body;
+	size_t nvals = 0;
+
+	if (op->origin >= lim->world)
+		PROTO_FAIL("op: origin rank out of range");
+	if (op->op < FERRY_OP_PULL || op->op > FERRY_OP_SET)
+		PROTO_FAIL("op: unknown operation");
+	if (op->count == 0)
+		PROTO_FAIL("op: no keys");
+	if (op->count > left / sizeof(struct ferry_msg_key))
+		PROTO_FAIL("op: key count exceeds the frame");
+	v->count = op->count;
+	v->keys = (const struct ferry_msg_key *)p;
+	for (uint32_t i = 0; i < op->count; i++) {
+		const struct ferry_msg_key *k = &v->keys[i];
+
+		if (k->key >= lim->num_keys)
+			PROTO_FAIL("op: key out of range");
+		if (k->len != ferry__proto_value_len(lim, k->key))
+			PROTO_FAIL("op: value length differs from the table's");
+		nvals += k->len;
+	}
+	p += (size_t)op->count * sizeof(struct ferry_msg_key);
+	left -= (size_t)op->count * sizeof(struct ferry_msg_key);
+	if (op->op == FERRY_OP_PULL)
+		nvals = 0;
+	if (!proto_pad_ok(left, nvals * sizeof(float)))
+		PROTO_FAIL("op: value bytes differ from the keys' lengths");
+	v->vals = (const float *)p;
+	v->nvals = nvals;
+	return 0;
+}
+
+static int proto_parse_move(uint8_t type, const uint8_t *p, size_t left,
+			    const struct ferry_proto_limits *lim, struct ferry_proto_view *v,
+			    const char **why_p)
+{
+	const struct ferry_msg_move *mv = v->body;
+	size_t nvals = 0;
+
+	if (mv->requester >= lim->world)
+		PROTO_FAIL("move: requester rank out of range");
+	if (mv->count == 0)
+		PROTO_FAIL("move: no keys");
+	if (mv->count > left / sizeof(struct ferry_msg_mv))
+		PROTO_FAIL("move: key count exceeds the frame");
+	v->count = mv->count;
+	v->mvs = (const struct ferry_msg_mv *)p;
+	for (uint32_t i = 0; i < mv->count; i++) {
+		const struct ferry_msg_mv *m = &v->mvs[i];
+
+		if (m->key >= lim->num_keys)
+			PROTO_FAIL("move: key out of range");
+		if (type == FERRY_MSG_HANDOVER) {
+			if (m->len != ferry__proto_value_len(lim, m->key))
+				PROTO_FAIL("move: value length differs from the table's");
+			nvals += m->len;
+		} else if (m->len != 0) {
+			PROTO_FAIL("move: length set where no value travels");
+		}
+	}
+	left -= (size_t)mv->count * sizeof(struct ferry_msg_mv);
+	if (!proto_pad_ok(left, nvals * sizeof(float)))
+		PROTO_FAIL("move: value bytes differ from the keys' lengths");
+	v->vals = (const float *)(p + (size_t)mv->count * sizeof(struct ferry_msg_mv));
+	v->nvals = nvals;
+	return 0;
+}
+
+int ferry__proto_parse(const void *buf, size_t len, const struct ferry_proto_limits *lim,
+		       struct ferry_proto_view *view, const char **why_p)
+{
+	const struct ferry_msg_hdr *hdr = buf;
+	const uint8_t *p = buf;
+	size_t body, left;
+	const char *dummy;
+
+	if (!why_p)
+		why_p = &dummy;
+	if (len < sizeof(*hdr))
+		PROTO_FAIL("frame shorter than its header");
+	if (hdr->len != len)
+		PROTO_FAIL("frame length differs from the header's");
+	memset(view, 0, sizeof(*view));
+	view->hdr = hdr;
+	body = proto_body_size(hdr->type);
+	if (!body)
+		PROTO_FAIL("unknown message type");
+	if (len - sizeof(*hdr) < body)
+		PROTO_FAIL("frame shorter than its body");
+	view->body = p + sizeof(*hdr);
+	p += sizeof(*hdr) + body;
+	left = len - sizeof(*hdr) - body;
+
+	switch (hdr->type) {
+	case FERRY_MSG_OP:
+		if (!lim)
+			PROTO_FAIL("op: no table");
+		return proto_parse_op(p, left, lim, view, why_p);
+	case FERRY_MSG_LOCALIZE:
+	case FERRY_MSG_HANDOVER_REQ:
+	case FERRY_MSG_HANDOVER:
+	case FERRY_MSG_LOC_ACK:
+		if (!lim)
+			PROTO_FAIL("move: no table");
+		return proto_parse_move(hdr->type, p, left, lim, view, why_p);
+	case FERRY_MSG_REPLY: {
+		const struct ferry_msg_reply *r = view->body;
+
+		if (r->count == 0 || r->count > left / sizeof(uint32_t))
+			PROTO_FAIL("reply: index count out of range");
+		if (r->op < FERRY_OP_PULL || r->op > FERRY_OP_SET)
+			PROTO_FAIL("reply: unknown operation");
+		if (r->status > 0)
+			PROTO_FAIL("reply: positive status");
+		view->count = r->count;
+		view->idx = (const uint32_t *)p;
+		left -= (size_t)r->count * sizeof(uint32_t);
+		if (left % sizeof(float))
+			PROTO_FAIL("reply: value bytes not a whole number of floats");
+		if (r->op != FERRY_OP_PULL && !proto_pad_ok(left, 0))
+			PROTO_FAIL("reply: values on a reply without any");
+		view->vals = (const float *)(p + (size_t)r->count * sizeof(uint32_t));
+		view->nvals = left / sizeof(float);
+		return 0;
+	}
+	default:
+		if (!proto_pad_ok(left, 0))
+			PROTO_FAIL("trailing bytes after the body");
+		return 0;
+	}
+}

@@ -1,0 +1,205 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * proto.h - Ferry's wire format, one for every transport.
+ *
+ * A frame is a 16-byte header followed by a body whose layout depends on the
+ * type. Integers are little-endian (the host order of every supported
+ * machine; a big-endian host is refused at build time). A frame's length is
+ * a multiple of 8 (padded with zeros at the end), so frames packed back to
+ * back in a buffer that starts 8-byte aligned stay aligned. Every frame a node
+ * receives passes ferry__proto_check_hdr() in its transport and the type's
+ * parse function in the core before any field is used; a frame that fails is
+ * logged once and its connection dropped.
+ *
+ *   0      2   3    4          8          12         16
+ *   +------+---+----+----------+----------+----------+---- body ...
+ *   |magic |ver|type| len      | src rank | table id |
+ *   +------+---+----+----------+----------+----------+----
+ *
+ * docs/protocol.md describes each body; the structs below are the source.
+ */
+#ifndef FERRY_LIB_PROTO_H
+#define FERRY_LIB_PROTO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "Ferry's wire format assumes a little-endian host"
+#endif
+
+#define FERRY_MSG_MAGIC 0x5946u /* "FY" on the wire */
+#define FERRY_PROTO_VERSION 1
+#define FERRY_MSG_MAX (64u << 20) /* largest frame, header included */
+#define FERRY_MSG_ALIGN 8u	  /* every frame's len is a multiple: frames stay aligned */
+
+enum ferry_msg_type {
+	FERRY_MSG_HELLO = 1,	   /* connection handshake (transports) */
+	FERRY_MSG_OP,		   /* pull / push / set of keys, maybe forwarded */
+	FERRY_MSG_REPLY,	   /* results back to the origin */
+	FERRY_MSG_LOCALIZE,	   /* requester -> home: move these keys to me */
+	FERRY_MSG_HANDOVER_REQ,	   /* home -> current owner: give them to X */
+	FERRY_MSG_HANDOVER,	   /* old owner -> new owner: keys and values */
+	FERRY_MSG_LOC_ACK,	   /* home -> requester: already yours */
+	FERRY_MSG_BARRIER,	   /* node -> rank 0 */
+	FERRY_MSG_BARRIER_REL,	   /* rank 0 -> every node */
+	FERRY_MSG_TABLE,	   /* node -> rank 0: my table parameters */
+	FERRY_MSG_TABLE_ACK,	   /* rank 0 -> every node: verdict */
+	FERRY_MSG_TYPE_MAX
+};
+
+struct ferry_msg_hdr {
+	uint16_t magic;
+	uint8_t version;
+	uint8_t type;
+	uint32_t len; /* whole frame, header included */
+	uint32_t src; /* sender's rank */
+	uint32_t table;
+};
+
+/* FERRY_MSG_HELLO: the first frame on every connection, both ways */
+struct ferry_msg_hello {
+	uint64_t cluster_id;
+	uint32_t rank;
+	uint32_t world;
+};
+
+enum ferry_op {
+	FERRY_OP_PULL = 1,
+	FERRY_OP_PUSH,
+	FERRY_OP_SET,
+};
+
+/* FERRY_MSG_OP: count entries, then (push, set) their values back to back */
+struct ferry_msg_op {
+	uint32_t origin; /* rank that waits for the reply */
+	uint32_t worker; /* worker index there */
+	uint64_t req;	 /* ticket there */
+	uint8_t op;	 /* enum ferry_op */
+	uint8_t hops;	 /* forwards so far */
+	uint16_t pad;
+	uint32_t count;
+};
+
+struct ferry_msg_key {
+	uint64_t key;
+	uint32_t idx; /* position in the origin's request */
+	uint32_t len; /* floats of this key's value */
+};
+
+/* FERRY_MSG_REPLY: count idx values (uint32), then (pull) the values */
+struct ferry_msg_reply {
+	uint64_t req;
+	uint32_t worker;
+	uint32_t count;
+	int32_t status; /* 0 or a negative errno for every key of this reply */
+	uint32_t owner; /* rank that applied them: a location hint */
+	uint8_t op;
+	uint8_t pad[7];
+};
+
+/*
+ * FERRY_MSG_LOCALIZE, _HANDOVER_REQ, _LOC_ACK: count struct ferry_msg_mv.
+ * FERRY_MSG_HANDOVER: count struct ferry_msg_mv, then the values back to back.
+ */
+struct ferry_msg_move {
+	uint32_t requester; /* the new owner */
+	uint32_t count;
+};
+
+struct ferry_msg_mv {
+	uint64_t key;
+	uint32_t slot; /* the slot the requester prepared */
+	uint32_t len;  /* floats (HANDOVER); 0 otherwise */
+};
+
+/* FERRY_MSG_BARRIER, FERRY_MSG_BARRIER_REL */
+struct ferry_msg_barrier {
+	uint64_t gen;
+};
+
+/* FERRY_MSG_TABLE: the fields that must agree; _TABLE_ACK: status + field */
+struct ferry_msg_table {
+	uint64_t num_keys;
+	uint64_t lens_hash; /* hash of the per-key lengths, or of value_len */
+	uint64_t capacity;
+	uint32_t value_len;
+	uint32_t placement;
+	uint32_t vnodes;
+	uint32_t mode;
+	uint32_t no_local_fast_path;
+	int32_t status;	    /* TABLE_ACK: 0 or -FERRY_E_MISMATCH */
+	uint32_t field;	    /* TABLE_ACK: which field differed (enum below) */
+	uint32_t from_rank; /* TABLE_ACK: the rank that differed */
+};
+
+enum ferry_table_field {
+	FERRY_TF_NONE = 0,
+	FERRY_TF_NUM_KEYS,
+	FERRY_TF_VALUE_LENS,
+	FERRY_TF_CAPACITY,
+	FERRY_TF_PLACEMENT,
+	FERRY_TF_VNODES,
+	FERRY_TF_MODE,
+	FERRY_TF_FAST_PATH,
+};
+
+/* what a frame's keys are checked against */
+struct ferry_proto_limits {
+	uint32_t world;
+	uint64_t num_keys;
+	uint32_t value_len;	    /* when value_lens is NULL */
+	const uint32_t *value_lens; /* per key, or NULL */
+};
+
+/**
+ * ferry__proto_check_hdr - validate a frame header
+ * @hdr: the first sizeof(struct ferry_msg_hdr) bytes of a frame
+ * @world: ranks are < @world
+ * @why_p: on failure, a static description of what was wrong
+ *
+ * Checks magic, version, type, src and that len lies within
+ * [sizeof(hdr), FERRY_MSG_MAX]. Context: any thread.
+ * Return: 0 or -FERRY_E_PROTO.
+ */
+int ferry__proto_check_hdr(const struct ferry_msg_hdr *hdr, uint32_t world, const char **why_p);
+
+/* A parsed, validated view into a received frame (points into it). */
+struct ferry_proto_view {
+	const struct ferry_msg_hdr *hdr;
+	const void *body; /* the fixed part: struct ferry_msg_op, _reply, _move, ... */
+	uint32_t count;
+	const struct ferry_msg_key *keys;  /* OP */
+	const struct ferry_msg_mv *mvs;	   /* LOCALIZE, HANDOVER_REQ, HANDOVER, LOC_ACK */
+	const uint32_t *idx;		   /* REPLY */
+	const float *vals;		   /* values, where the type has them */
+	size_t nvals;			   /* floats at vals */
+};
+
+/**
+ * ferry__proto_parse - validate a whole frame and give a view into it
+ * @buf, @len: the frame; ferry__proto_check_hdr() passed on it
+ * @lim: the table's limits for types that carry keys (may be NULL for the
+ *       others); for REPLY the value count cannot be checked here (the
+ *       origin knows it), so vals/nvals cover everything after the indices
+ * @view: filled in on success
+ * @why_p: on failure, a static description of the bad field
+ *
+ * Return: 0, or -FERRY_E_PROTO.
+ */
+int ferry__proto_parse(const void *buf, size_t len, const struct ferry_proto_limits *lim,
+		       struct ferry_proto_view *view, const char **why_p);
+
+/** ferry__proto_hdr_init - fill a header for @type with total frame length @len */
+void ferry__proto_hdr_init(struct ferry_msg_hdr *hdr, uint8_t type, uint32_t len, uint32_t src,
+			   uint32_t table);
+
+/** ferry__proto_value_len - floats for @key under @lim (0 when out of range) */
+static inline uint32_t ferry__proto_value_len(const struct ferry_proto_limits *lim, uint64_t key)
+{
+	if (key >= lim->num_keys)
+		return 0;
+	return lim->value_lens ? lim->value_lens[key] : lim->value_len;
+}
+
+#endif /* FERRY_LIB_PROTO_H */

@@ -1,0 +1,135 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * transport.h - the internal provider interface between the Ferry core and
+ * its transports (tcp/, rdma/). Never installed.
+ *
+ *   core (lib/)                               transport (transport/<name>/)
+ *   ---------------------------------------   ---------------------------------
+ *   ferry__tp_create(ops, cfg)  ------------> ops->init(tp, cfg)
+ *   ferry__bootstrap: addr blobs <----------- ops->addr_get()
+ *                    all blobs -------------> ops->connect(tp, blobs, timeout)
+ *   ferry__tp_send(tp, dst, iov) -----------> ops->send()        any thread
+ *   arena memory ----------------------------> ops->mem_reg()     one per arena
+ *   remote pull (when CAP_READ) -------------> ops->read()        one-sided
+ *   handler->on_msg(src, frame) <------------ progress thread, frames in order
+ *   handler->on_peer_failed(src, err) <------ progress thread, once per peer
+ *   handler->on_rdma_done(ctx, status) <----- progress thread
+ *
+ * A transport owns exactly one progress thread per node. Every handler is
+ * called on it, one call at a time; messages from one source arrive in the
+ * order that source sent them (a FIFO per ordered pair of ranks, including
+ * a node sending to itself). send() never blocks on the network: what the
+ * socket or queue pair cannot take now is queued and flushed by the progress
+ * thread, so two nodes sending to each other can never deadlock.
+ *
+ * Frames are whole Ferry protocol messages (lib/proto.h): the first 16 bytes
+ * are a struct ferry_msg_hdr whose len field gives the frame's total length.
+ * A transport reads that header to frame a byte stream and checks
+ * magic, version and length with ferry__proto_check_hdr() before it trusts
+ * len; a frame that fails is a protocol error: the transport logs it,
+ * (Frame lengths are multiples of FERRY_MSG_ALIGN = 8; on_msg() must get
+ * each frame at an 8-byte-aligned address: keep receive buffers aligned.)
+ * drops that connection and calls on_peer_failed(). The core checks
+ * everything else.
+ */
+#ifndef FERRY_TRANSPORT_H
+#define FERRY_TRANSPORT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/uio.h>
+
+#include "lib/proto.h"
+#include "lib/log.h"
+
+/* capability bits: the core tests bits, never transport names */
+#define FERRY_TP_CAP_READ (1u << 0)   /* one-sided read of registered memory */
+#define FERRY_TP_CAP_WRITE (1u << 1)  /* one-sided write */
+#define FERRY_TP_CAP_ATOMIC (1u << 2) /* remote atomics */
+
+/* access for mem_reg(): the least that is needed */
+#define FERRY_TP_ACCESS_REMOTE_READ (1u << 0)
+#define FERRY_TP_ACCESS_REMOTE_WRITE (1u << 1)
+
+#define FERRY_TP_ADDR_MAX 256 /* bytes of a transport address blob */
+
+struct ferry_tp;
+
+struct ferry_tp_handler {
+	/* a whole frame from @src (may be our own rank); @buf valid during the call */
+	void (*on_msg)(void *core, uint32_t src, const void *buf, size_t len);
+	/* @src's connection failed or sent garbage; called once per peer */
+	void (*on_peer_failed)(void *core, uint32_t src, int err);
+	/* a one-sided read()/write() finished; @status 0 or a negative errno */
+	void (*on_rdma_done)(void *core, void *ctx, int status);
+	/* the progress thread starts / stops (to register with RCU) */
+	void (*on_thread_start)(void *core);
+	void (*on_thread_stop)(void *core);
+};
+
+struct ferry_tp_config {
+	uint32_t rank;
+	uint32_t world;
+	uint64_t cluster_id;	/* chosen by rank 0; every connection proves it */
+	const char *bind_addr;	/* IPv4 address or host name to listen on */
+	int busy_poll;		/* spin in the progress thread instead of sleeping */
+	int timeout_ms;		/* bound on connection setup */
+	const struct ferry_tp_handler *handler;
+	void *core;		/* first argument of every handler */
+};
+
+struct ferry_tp_mr {
+	void *addr;
+	size_t len;
+	uint64_t rkey; /* what a peer needs to access it; 0 where meaningless */
+};
+
+struct ferry_tp_ops {
+	size_t size;	 /* sizeof(struct ferry_tp_ops): lets the table grow */
+	const char *name;
+	uint32_t caps;	 /* FERRY_TP_CAP_* */
+	size_t tp_size;	 /* bytes of the transport object; embeds struct ferry_tp first */
+	size_t mr_size;	 /* bytes of a memory registration; embeds struct ferry_tp_mr first */
+
+	/* probe: 0 when this transport can run here; else a negative errno and
+	 * @why (may be NULL) receives a static explanation. Optional. */
+	int (*probe)(const char **why);
+
+	/* set up (listening socket, device, progress thread); cfg copied */
+	int (*init)(struct ferry_tp *tp, const struct ferry_tp_config *cfg);
+	/* this node's address blob for the bootstrap exchange; *len in/out */
+	int (*addr_get)(struct ferry_tp *tp, void *buf, size_t *len);
+	/* connect to every peer; @addrs[r] is rank r's blob of @lens[r] bytes;
+	 * returns when all connections stand or after timeout_ms (-ETIMEDOUT,
+	 * logging the ranks that did not connect) */
+	int (*connect)(struct ferry_tp *tp, const void *const *addrs, const size_t *lens);
+	/* queue one frame (the concatenation of @iov) to @dst, which may be
+	 * our own rank; never blocks on the network; any thread */
+	int (*send)(struct ferry_tp *tp, uint32_t dst, const struct iovec *iov, int iovcnt);
+	/* optional: register memory; a NULL op means no registration is needed */
+	int (*mem_reg)(struct ferry_tp *tp, void *addr, size_t len, unsigned access,
+		       struct ferry_tp_mr *mr);
+	void (*mem_dereg)(struct ferry_tp *tp, struct ferry_tp_mr *mr);
+	/* optional (CAP_READ): read @len bytes at @raddr/@rkey of @dst into
+	 * @local (inside @lmr); completion through on_rdma_done(@ctx) */
+	int (*read)(struct ferry_tp *tp, uint32_t dst, void *local, struct ferry_tp_mr *lmr,
+		    uint64_t raddr, uint64_t rkey, size_t len, void *ctx);
+	/* optional (CAP_WRITE): the same for a write */
+	int (*write)(struct ferry_tp *tp, uint32_t dst, const void *local, struct ferry_tp_mr *lmr,
+		     uint64_t raddr, uint64_t rkey, size_t len, void *ctx);
+	/* stop the progress thread (no handler runs after it returns), close
+	 * everything; the core frees the object */
+	void (*fini)(struct ferry_tp *tp);
+};
+
+/* the base every transport object embeds first */
+struct ferry_tp {
+	const struct ferry_tp_ops *ops;
+	struct ferry_tp_config cfg;
+};
+
+/* the transports that exist */
+extern const struct ferry_tp_ops ferry__tcp_ops;
+extern const struct ferry_tp_ops ferry__rdma_ops;
+
+#endif /* FERRY_TRANSPORT_H */
