@@ -5,6 +5,7 @@
  * (with overflow checks), keys against the table, ranks against the world.
  */
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "lib/proto.h"
@@ -19,6 +20,62 @@ void ferry__proto_hdr_init(struct ferry_msg_hdr *hdr, uint8_t type, uint32_t len
 	hdr->len = len;
 	hdr->src = src;
 	hdr->table = table;
+}
+
+void ferry__frame_begin(struct ferry_frame *f)
+{
+	f->buf = NULL;
+	f->len = 0;
+	f->cap = 0;
+	ferry__frame_put(f, sizeof(struct ferry_msg_hdr));
+}
+
+void *ferry__frame_put(struct ferry_frame *f, size_t n)
+{
+	void *p;
+
+	if (f->len == SIZE_MAX)
+		return NULL;
+	if (f->len + n > f->cap) {
+		size_t cap = f->cap ? f->cap * 2 : 256;
+		uint8_t *b;
+
+		while (cap < f->len + n)
+			cap *= 2;
+		b = realloc(f->buf, cap);
+		if (!b) {
+			f->len = SIZE_MAX;
+			return NULL;
+		}
+		f->buf = b;
+		f->cap = cap;
+	}
+	p = f->buf + f->len;
+	memset(p, 0, n);
+	f->len += n;
+	return p;
+}
+
+int ferry__frame_finish(struct ferry_frame *f, uint8_t type, uint32_t src, uint32_t table)
+{
+	size_t pad;
+
+	if (f->len == SIZE_MAX || !f->buf)
+		return -ENOMEM;
+	pad = (FERRY_MSG_ALIGN - f->len % FERRY_MSG_ALIGN) % FERRY_MSG_ALIGN;
+	if (pad && !ferry__frame_put(f, pad))
+		return -ENOMEM;
+	if (f->len > FERRY_MSG_MAX)
+		return -EMSGSIZE;
+	ferry__proto_hdr_init((struct ferry_msg_hdr *)f->buf, type, (uint32_t)f->len, src, table);
+	return 0;
+}
+
+void ferry__frame_free(struct ferry_frame *f)
+{
+	free(f->buf);
+	f->buf = NULL;
+	f->len = f->cap = 0;
 }
 
 int ferry__proto_check_hdr(const struct ferry_msg_hdr *hdr, uint32_t world, const char **why_p)

@@ -202,4 +202,20 @@ static inline uint32_t ferry__proto_value_len(const struct ferry_proto_limits *l
 	return lim->value_lens ? lim->value_lens[key] : lim->value_len;
 }
 
+/* ---- building frames ---------------------------------------------------- */
+
+struct ferry_frame {
+	uint8_t *buf;
+	size_t len, cap;
+};
+
+/* append @n bytes (zeroed); NULL on allocation failure (the frame is then
+ * poisoned and ferry__frame_finish fails) */
+void *ferry__frame_put(struct ferry_frame *f, size_t n);
+/* pad to FERRY_MSG_ALIGN and write the header; the frame starts with room
+ * for it (ferry__frame_begin). Return: 0 or -ENOMEM / -EMSGSIZE. */
+int ferry__frame_finish(struct ferry_frame *f, uint8_t type, uint32_t src, uint32_t table);
+void ferry__frame_begin(struct ferry_frame *f);
+void ferry__frame_free(struct ferry_frame *f);
+
 #endif /* FERRY_LIB_PROTO_H */

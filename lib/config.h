@@ -1,0 +1,35 @@
+/* SPDX-License-Identifier: MIT */
+/* config.h - a node's effective configuration: params, then FERRY_*, then launchers. */
+#ifndef FERRY_LIB_CONFIG_H
+#define FERRY_LIB_CONFIG_H
+
+#include "ferry/ferry.h"
+
+struct ferry_config {
+	int rank;
+	int world;
+	char rdv_host[256];
+	int rdv_port;
+	int rdv_fd;
+	char bind_addr[256];
+	enum ferry_transport_kind transport;
+	int timeout_ms;
+	int busy_poll;
+	const char *rank_src; /* where rank and world came from */
+	const char *rdv_src;  /* where the rendezvous came from */
+};
+
+/* one row of the options table that README and ferry-info print */
+struct ferry_option {
+	const char *env;
+	const char *param;
+	const char *def;
+	const char *what;
+};
+
+extern const struct ferry_option ferry__options[];
+
+/* Return: 0, or -EINVAL after one log line that names the bad setting. */
+int ferry__config_resolve(const struct ferry_params *params, struct ferry_config *c);
+
+#endif

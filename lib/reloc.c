@@ -1,0 +1,529 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * reloc.c - localize: Lapse's relocation protocol, with the requester
+ * preparing the slot the value lands in.
+ *
+ *  requester B            home H                    old owner C
+ *  -----------            ------                    -----------
+ *  reserve slot, mark
+ *  key "pending"
+ *  LOCALIZE {key,slot} -> owner[key] := B
+ *                         (serializes moves)
+ *                         HANDOVER_REQ {key,slot,B} -> lock slot, state MOVED,
+ *                                                      copy value, unlock;
+ *                                                      unpublish own[key];
+ *                                                      free slot after a grace
+ *                                                      period; hint := B
+ *  <-------------------------------------------------- HANDOVER {key,slot,value}
+ *  write value into the slot, replay in arrival order what reached B
+ *  early (operations; a hand-over request moves it on), publish own[key],
+ *  wake the localize waiters
+ *
+ * Exactly one live copy exists at any time: C stops serving the key (MOVED,
+ * under the slot's write lock, so no local update is lost) before the value
+ * leaves, and B serves it only after it arrived. An operation that reaches a
+ * node that neither owns nor expects the key goes to the key's home, and the
+ * home sends it to the owner it recorded last; if that owner is still
+ * waiting for the value it queues the operation and replays it in order.
+ * A hand-over request that reaches a node still waiting is queued the same
+ * way, so moves of one key happen in the order the home recorded them.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "lib/core.h"
+
+enum { PEND_OP = 1, PEND_HANDOVER };
+
+struct ferry_pend_item {
+	struct ferry_pend_item *next;
+	int kind;
+	struct ferry_msg_op op;	  /* PEND_OP */
+	struct ferry_msg_key key; /* PEND_OP */
+	uint32_t requester, slot; /* PEND_HANDOVER */
+	float vals[];		  /* PEND_OP push/set */
+};
+
+/* ---- the pending table (t->pend_lock held) ----------------------------- */
+
+static struct ferry_pend **pend_bucket(struct ferry_table *t, uint64_t key)
+{
+	return &t->pend[ferry__hash64(key) & (t->pend_buckets - 1)];
+}
+
+static struct ferry_pend *pend_find(struct ferry_table *t, uint64_t key)
+{
+	struct ferry_pend *e = *pend_bucket(t, key);
+
+	while (e && e->key != key)
+		e = e->next;
+	return e;
+}
+
+static void pend_unlink(struct ferry_table *t, struct ferry_pend *e)
+{
+	struct ferry_pend **pp = pend_bucket(t, e->key);
+
+	while (*pp != e)
+		pp = &(*pp)->next;
+	*pp = e->next;
+	t->npend--;
+}
+
+static void pend_free(struct ferry_pend *e)
+{
+	while (e->head) {
+		struct ferry_pend_item *it = e->head;
+
+		e->head = it->next;
+		free(it);
+	}
+	while (e->waiters) {
+		struct ferry_pend_waiter *wt = e->waiters;
+
+		e->waiters = wt->next;
+		free(wt);
+	}
+	free(e);
+}
+
+static void pend_append(struct ferry_pend *e, struct ferry_pend_item *it)
+{
+	it->next = NULL;
+	if (e->tail)
+		e->tail->next = it;
+	else
+		e->head = it;
+	e->tail = it;
+}
+
+void ferry__reloc_table_fini(struct ferry_table *t)
+{
+	if (!t->pend)
+		return;
+	for (uint32_t b = 0; b < t->pend_buckets; b++)
+		while (t->pend[b]) {
+			struct ferry_pend *e = t->pend[b];
+
+			t->pend[b] = e->next;
+			pend_free(e);
+		}
+	free(t->pend);
+	t->pend = NULL;
+}
+
+int ferry__reloc_queue_op(struct ferry_table *t, const struct ferry_msg_op *op,
+			  const struct ferry_msg_key *k, const float *vals)
+{
+	struct ferry_pend_item *it;
+	struct ferry_pend *e;
+	size_t nv = vals ? k->len : 0;
+
+	pthread_mutex_lock(&t->pend_lock);
+	e = pend_find(t, k->key);
+	if (!e) {
+		pthread_mutex_unlock(&t->pend_lock);
+		return 0;
+	}
+	it = malloc(sizeof(*it) + nv * sizeof(float));
+	if (!it) {
+		pthread_mutex_unlock(&t->pend_lock);
+		ferry_err("reloc: out of memory queueing an operation on key %llu",
+			  (unsigned long long)k->key);
+		ferry__ops_send_reply(t->fy, t, op, -ENOMEM, &k->idx, 1, NULL, 0);
+		return 1;
+	}
+	it->kind = PEND_OP;
+	it->op = *op;
+	it->key = *k;
+	if (nv)
+		memcpy(it->vals, vals, nv * sizeof(float));
+	pend_append(e, it);
+	pthread_mutex_unlock(&t->pend_lock);
+	return 1;
+}
+
+/* ---- requester: start ------------------------------------------------- */
+
+struct reloc_batch {
+	struct ferry_frame f;
+	uint32_t count;
+};
+
+/* @with_value: a HANDOVER entry, whose value the caller stages separately */
+static void reloc_batch_add(struct reloc_batch *b, uint64_t key, uint32_t slot, uint32_t len,
+			    int with_value, uint32_t requester)
+{
+	struct ferry_msg_mv *mv;
+
+	if (!b->f.buf) {
+		struct ferry_msg_move *m;
+
+		ferry__frame_begin(&b->f);
+		m = ferry__frame_put(&b->f, sizeof(*m));
+		if (m)
+			m->requester = requester;
+		b->count = 0;
+	}
+	mv = ferry__frame_put(&b->f, sizeof(*mv));
+	if (mv) {
+		mv->key = key;
+		mv->slot = slot;
+		mv->len = with_value ? len : 0;
+	}
+	b->count++;
+}
+
+/* finish and send one batch frame (values, if any, were staged in @vals) */
+static int reloc_batch_send(struct ferry *fy, struct ferry_table *t, struct reloc_batch *b,
+			    uint8_t type, uint32_t dst, struct ferry_frame *vals)
+{
+	struct ferry_msg_move *m;
+	int rc;
+
+	if (!b->f.buf)
+		return 0;
+	if (vals && vals->len) {
+		void *p = vals->len == SIZE_MAX ? NULL : ferry__frame_put(&b->f, vals->len);
+
+		if (p)
+			memcpy(p, vals->buf, vals->len);
+		else
+			b->f.len = SIZE_MAX;
+	}
+	rc = ferry__frame_finish(&b->f, type, fy->rank, t->id);
+	if (!rc) {
+		m = (struct ferry_msg_move *)(b->f.buf + sizeof(struct ferry_msg_hdr));
+		m->count = b->count;
+		rc = ferry__send(fy, dst, b->f.buf, b->f.len);
+	}
+	ferry__frame_free(&b->f);
+	b->count = 0;
+	return rc;
+}
+
+int ferry__reloc_start(struct ferry_worker *w, struct ferry_table *t, struct ferry_req *r,
+		       uint64_t ticket)
+{
+	struct ferry *fy = w->fy;
+	struct reloc_batch *to = calloc(fy->world, sizeof(*to));
+	uint32_t *done_idx = malloc((r->n ? r->n : 1) * sizeof(uint32_t));
+	uint32_t ndone = 0, nfail = 0;
+	int rc = 0;
+
+	if (!to || !done_idx) {
+		free(to);
+		free(done_idx);
+		ferry__ops_complete(fy, w->id, ticket, NULL, 0, 0, NULL, 0);
+		pthread_mutex_lock(&w->lock);
+		r->status = -ENOMEM;
+		r->remaining = 0;
+		pthread_mutex_unlock(&w->lock);
+		return -ENOMEM;
+	}
+	urcu_memb_read_lock();
+	pthread_mutex_lock(&t->pend_lock);
+	for (size_t i = 0; i < r->n; i++) {
+		uint64_t key = r->keys[i];
+		struct ferry_pend_waiter *wt;
+		struct ferry_pend *e;
+		uint32_t slot;
+
+		/* own[] is published under pend_lock: either it is here, or pending */
+		if (rcu_dereference(t->dir.own[key])) {
+			done_idx[ndone++] = (uint32_t)i;
+			continue;
+		}
+		wt = malloc(sizeof(*wt));
+		e = pend_find(t, key);
+		if (!e && wt) {
+			if (ferry__arena_alloc(&t->arena, &slot)) {
+				if (!nfail++)
+					ferry_err("localize: table %u is full on rank %u (capacity "
+						  "%u slots); key %llu stays where it is; raise the "
+						  "table's capacity",
+						  t->id, fy->rank, t->arena.capacity,
+						  (unsigned long long)key);
+				free(wt);
+				wt = NULL;
+				rc = -ENOSPC;
+			} else if (!(e = calloc(1, sizeof(*e)))) {
+				ferry__arena_free(&t->arena, slot);
+			} else {
+				uint32_t home = ferry__home(t, key);
+
+				e->key = key;
+				e->slot = slot;
+				e->next = *pend_bucket(t, key);
+				*pend_bucket(t, key) = e;
+				t->npend++;
+				reloc_batch_add(&to[home], key, slot, 0, 0, fy->rank);
+			}
+		}
+		if (!e || !wt) {
+			free(wt);
+			if (rc != -ENOSPC)
+				rc = -ENOMEM;
+			done_idx[ndone++] = (uint32_t)i;
+			continue;
+		}
+		wt->worker = w->id;
+		wt->ticket = ticket;
+		wt->idx = (uint32_t)i;
+		wt->next = e->waiters;
+		e->waiters = wt;
+	}
+	pthread_mutex_unlock(&t->pend_lock);
+	urcu_memb_read_unlock();
+
+	if (ndone)
+		ferry__ops_complete(fy, w->id, ticket, done_idx, ndone, rc, NULL, 0);
+	w->local_ops += ndone;
+	for (uint32_t d = 0; d < fy->world; d++) {
+		int src = reloc_batch_send(fy, t, &to[d], FERRY_MSG_LOCALIZE, d, NULL);
+
+		if (src)
+			ferry_err("localize: cannot reach home rank %u: %s", d, ferry_strerror(src));
+		/* the waiters of those keys time out; the log said why */
+	}
+	free(to);
+	free(done_idx);
+	return rc;
+}
+
+/* ---- home: record the new owner, ask the old one ------------------------ */
+
+void ferry__reloc_on_localize(struct ferry *fy, struct ferry_table *t, uint32_t src,
+			      const struct ferry_proto_view *v)
+{
+	const struct ferry_msg_move *m = v->body;
+	struct reloc_batch *to = calloc(fy->world, sizeof(*to));
+	struct reloc_batch ack = { 0 };
+
+	if (!to) {
+		ferry_err("localize: out of memory at the home of %u keys", v->count);
+		return;
+	}
+	if (m->requester != src) {
+		ferry_err("proto: rank %u asked to localize keys for rank %u; dropping rank %u",
+			  src, m->requester, src);
+		atomic_store(&fy->failed[src], true);
+		free(to);
+		return;
+	}
+	for (uint32_t i = 0; i < v->count; i++) {
+		const struct ferry_msg_mv *mv = &v->mvs[i];
+		uint32_t cur;
+
+		if (ferry__home(t, mv->key) != fy->rank) {
+			ferry_err("proto: rank %u sent localize of key %llu to rank %u, which is "
+				  "not its home; ignored",
+				  src, (unsigned long long)mv->key, fy->rank);
+			continue;
+		}
+		cur = t->dir.owner[mv->key];
+		if (cur == src) {
+			reloc_batch_add(&ack, mv->key, mv->slot, 0, 0, src);
+			continue;
+		}
+		t->dir.owner[mv->key] = src;
+		reloc_batch_add(&to[cur], mv->key, mv->slot, 0, 0, src);
+	}
+	reloc_batch_send(fy, t, &ack, FERRY_MSG_LOC_ACK, src, NULL);
+	for (uint32_t d = 0; d < fy->world; d++)
+		reloc_batch_send(fy, t, &to[d], FERRY_MSG_HANDOVER_REQ, d, NULL);
+	free(to);
+}
+
+/* ---- old owner: hand the value over ----------------------------------- */
+
+/* take a live slot out of service and stage its value; progress thread */
+static void reloc_give(struct ferry *fy, struct ferry_table *t, struct ferry_slot *s,
+		       uint64_t key, uint32_t new_owner, uint32_t slot, int published,
+		       struct reloc_batch *b, struct ferry_frame *vals)
+{
+	uint32_t len = ferry__value_len(t, key);
+	uint64_t ver = ferry__slot_lock(s);
+	float *dst;
+
+	/* under the write lock: every local update so far is in the copy, and
+	 * every later one sees MOVED and takes the slow path */
+	s->state = FERRY_SLOT_MOVED;
+	dst = ferry__frame_put(vals, len * sizeof(float));
+	if (dst)
+		memcpy(dst, s->val, len * sizeof(float));
+	ferry__slot_unlock(&t->arena, s, ver);
+	if (published)
+		rcu_assign_pointer(t->dir.own[key], NULL);
+	ferry__loc_set(t, key, new_owner);
+	ferry__arena_free_deferred(&t->arena, ferry__arena_idx(&t->arena, s));
+	reloc_batch_add(b, key, slot, len, 1, new_owner);
+	atomic_fetch_add_explicit(&fy->reloc_out, 1, memory_order_relaxed);
+}
+
+void ferry__reloc_on_handover_req(struct ferry *fy, struct ferry_table *t, uint32_t src,
+				  const struct ferry_proto_view *v)
+{
+	const struct ferry_msg_move *m = v->body;
+	struct reloc_batch b = { 0 };
+	struct ferry_frame vals = { 0 };
+
+	for (uint32_t i = 0; i < v->count; i++) {
+		const struct ferry_msg_mv *mv = &v->mvs[i];
+		struct ferry_slot *s;
+
+		if (ferry__home(t, mv->key) != src) {
+			ferry_err("proto: rank %u asked for key %llu but is not its home; ignored",
+				  src, (unsigned long long)mv->key);
+			continue;
+		}
+		pthread_mutex_lock(&t->pend_lock);
+		s = rcu_dereference(t->dir.own[mv->key]);
+		if (s) {
+			pthread_mutex_unlock(&t->pend_lock);
+			reloc_give(fy, t, s, mv->key, m->requester, mv->slot, 1, &b, &vals);
+			continue;
+		}
+		{
+			struct ferry_pend *e = pend_find(t, mv->key);
+			struct ferry_pend_item *it;
+
+			if (e && (it = calloc(1, sizeof(*it)))) {
+				it->kind = PEND_HANDOVER;
+				it->requester = m->requester;
+				it->slot = mv->slot;
+				pend_append(e, it);
+			} else {
+				ferry_err("reloc: rank %u asked rank %u to hand key %llu over, but it "
+					  "neither holds nor expects it; the move is lost",
+					  src, fy->rank, (unsigned long long)mv->key);
+			}
+		}
+		pthread_mutex_unlock(&t->pend_lock);
+	}
+	if (b.f.buf)
+		reloc_batch_send(fy, t, &b, FERRY_MSG_HANDOVER, m->requester, &vals);
+	ferry__frame_free(&vals);
+}
+
+/* ---- requester: the value arrives ------------------------------------- */
+
+static void reloc_wake(struct ferry *fy, struct ferry_pend *e, int status)
+{
+	for (struct ferry_pend_waiter *wt = e->waiters; wt; wt = wt->next)
+		ferry__ops_complete(fy, wt->worker, wt->ticket, &wt->idx, 1, status, NULL, 0);
+}
+
+/* install one arrived value and replay what queued; pend_lock held */
+static void reloc_install(struct ferry *fy, struct ferry_table *t, struct ferry_pend *e,
+			  const float *val, uint32_t len)
+{
+	struct ferry_slot *s = ferry__arena_slot(&t->arena, e->slot);
+	struct ferry_pend_item *it;
+	int owned = 1;
+
+	s->key = e->key;
+	s->len = len;
+	memcpy(s->val, val, len * sizeof(float));
+	__atomic_store_n(&s->state, FERRY_SLOT_LIVE, __ATOMIC_RELEASE);
+	atomic_fetch_add_explicit(&fy->reloc_in, 1, memory_order_relaxed);
+
+	while ((it = e->head)) {
+		e->head = it->next;
+		if (!owned && it->kind == PEND_OP) {
+			ferry__ops_forward_one(fy, t, &it->op, &it->key, it->vals);
+		} else if (it->kind == PEND_OP) {
+			float *out = NULL;
+			int rc;
+
+			if (it->op.op == FERRY_OP_PULL)
+				out = malloc(len * sizeof(float));
+			if (it->op.op == FERRY_OP_PULL && !out) {
+				rc = -ENOMEM;
+			} else if (it->op.op == FERRY_OP_PULL) {
+				memcpy(out, s->val, len * sizeof(float));
+				rc = 0;
+			} else {
+				uint64_t ver = ferry__slot_lock(s);
+
+				for (uint32_t j = 0; j < len; j++)
+					s->val[j] = it->op.op == FERRY_OP_PUSH ?
+							    s->val[j] + it->vals[j] :
+							    it->vals[j];
+				ferry__slot_unlock(&t->arena, s, ver);
+				rc = 0;
+			}
+			ferry__ops_send_reply(fy, t, &it->op, rc, &it->key.idx, 1, out,
+					      out ? len : 0);
+			atomic_fetch_add_explicit(&fy->served_ops, 1, memory_order_relaxed);
+			free(out);
+		} else {
+			/* moved on before anyone here saw it */
+			struct reloc_batch b = { 0 };
+			struct ferry_frame vals = { 0 };
+
+			reloc_give(fy, t, s, e->key, it->requester, it->slot, 0, &b, &vals);
+			reloc_batch_send(fy, t, &b, FERRY_MSG_HANDOVER, it->requester, &vals);
+			ferry__frame_free(&vals);
+			owned = 0;
+		}
+		free(it);
+	}
+	e->tail = NULL;
+	if (owned) {
+		ferry__loc_set(t, e->key, fy->rank);
+		rcu_assign_pointer(t->dir.own[e->key], s);
+	}
+}
+
+void ferry__reloc_on_handover(struct ferry *fy, struct ferry_table *t, uint32_t src,
+			      const struct ferry_proto_view *v)
+{
+	const float *val = v->vals;
+
+	for (uint32_t i = 0; i < v->count; i++) {
+		const struct ferry_msg_mv *mv = &v->mvs[i];
+		struct ferry_pend *e;
+
+		pthread_mutex_lock(&t->pend_lock);
+		e = pend_find(t, mv->key);
+		if (!e || e->slot != mv->slot) {
+			pthread_mutex_unlock(&t->pend_lock);
+			ferry_err("reloc: rank %u handed over key %llu, which this node does not "
+				  "expect (slot %u); value dropped",
+				  src, (unsigned long long)mv->key, mv->slot);
+			val += mv->len;
+			continue;
+		}
+		pend_unlink(t, e);
+		reloc_install(fy, t, e, val, mv->len);
+		pthread_mutex_unlock(&t->pend_lock);
+		reloc_wake(fy, e, 0);
+		pend_free(e);
+		val += mv->len;
+	}
+}
+
+void ferry__reloc_on_ack(struct ferry *fy, struct ferry_table *t, uint32_t src,
+			 const struct ferry_proto_view *v)
+{
+	for (uint32_t i = 0; i < v->count; i++) {
+		const struct ferry_msg_mv *mv = &v->mvs[i];
+		struct ferry_pend *e;
+
+		pthread_mutex_lock(&t->pend_lock);
+		e = pend_find(t, mv->key);
+		if (e && e->slot == mv->slot)
+			pend_unlink(t, e);
+		else
+			e = NULL;
+		pthread_mutex_unlock(&t->pend_lock);
+		if (!e)
+			continue;
+		/* the home says it is ours already: the reserved slot was never used */
+		ferry__arena_free(&t->arena, e->slot);
+		reloc_wake(fy, e, 0);
+		pend_free(e);
+	}
+}

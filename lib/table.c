@@ -1,0 +1,400 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * table.c - collective table creation. Each node builds its side (placement,
+ * directory, arena with the home's keys live at zero), registers it so that
+ * messages for it can be served, and sends its parameters to rank 0. Rank 0
+ * compares them with its own and acknowledges to everyone once all arrived,
+ * so when create returns anywhere, every node already serves the table.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "lib/core.h"
+
+static const char *const table_field_names[] = {
+	[FERRY_TF_NONE] = "none",
+	[FERRY_TF_NUM_KEYS] = "num_keys",
+	[FERRY_TF_VALUE_LENS] = "value_len/value_lens",
+	[FERRY_TF_CAPACITY] = "capacity",
+	[FERRY_TF_PLACEMENT] = "placement",
+	[FERRY_TF_VNODES] = "vnodes",
+	[FERRY_TF_MODE] = "mode",
+	[FERRY_TF_FAST_PATH] = "no_local_fast_path",
+};
+
+static uint32_t table_diff(const struct ferry_msg_table *a, const struct ferry_msg_table *b)
+{
+	if (a->num_keys != b->num_keys)
+		return FERRY_TF_NUM_KEYS;
+	if (a->lens_hash != b->lens_hash || a->value_len != b->value_len)
+		return FERRY_TF_VALUE_LENS;
+	if (a->capacity != b->capacity)
+		return FERRY_TF_CAPACITY;
+	if (a->placement != b->placement)
+		return FERRY_TF_PLACEMENT;
+	if (a->vnodes != b->vnodes)
+		return FERRY_TF_VNODES;
+	if (a->mode != b->mode)
+		return FERRY_TF_MODE;
+	if (a->no_local_fast_path != b->no_local_fast_path)
+		return FERRY_TF_FAST_PATH;
+	return FERRY_TF_NONE;
+}
+
+/* rank 0, with fy->lock held: decide once every rank's parameters are in */
+static void table_try_verdict(struct ferry *fy, uint32_t id)
+{
+	struct ferry_msg_table ack;
+	struct {
+		struct ferry_msg_hdr h;
+		struct ferry_msg_table m;
+	} msg;
+	uint32_t field = FERRY_TF_NONE, from = 0;
+
+	if (fy->table_nseen[id] < fy->world || fy->table_verdict[id])
+		return;
+	for (uint32_t r = 1; r < fy->world && field == FERRY_TF_NONE; r++) {
+		field = table_diff(&fy->table_seen[id][0], &fy->table_seen[id][r]);
+		from = r;
+	}
+	memset(&ack, 0, sizeof(ack));
+	ack.status = field ? -FERRY_E_MISMATCH : 0;
+	ack.field = field;
+	ack.from_rank = from;
+	fy->table_ack[id] = ack;
+	fy->table_verdict[id] = 1;
+	ferry__proto_hdr_init(&msg.h, FERRY_MSG_TABLE_ACK, sizeof(msg), fy->rank, id);
+	msg.m = ack;
+	pthread_mutex_unlock(&fy->lock);
+	for (uint32_t r = 1; r < fy->world; r++)
+		ferry__send(fy, r, &msg, sizeof(msg));
+	pthread_mutex_lock(&fy->lock);
+	pthread_cond_broadcast(&fy->cond);
+}
+
+/* rank 0 records one rank's parameters (its own included) */
+static void table_record(struct ferry *fy, uint32_t src, uint32_t id,
+			 const struct ferry_msg_table *m)
+{
+	if (!fy->table_seen[id]) {
+		fy->table_seen[id] = calloc(fy->world, sizeof(struct ferry_msg_table));
+		if (!fy->table_seen[id])
+			return;
+	}
+	/* a duplicate from one rank would be miscounted: keep the first */
+	if (fy->table_seen[id][src].value_len || fy->table_seen[id][src].num_keys)
+		return;
+	fy->table_seen[id][src] = *m;
+	fy->table_nseen[id]++;
+	table_try_verdict(fy, id);
+}
+
+void ferry__table_on_msg(struct ferry *fy, uint32_t src, const struct ferry_msg_hdr *hdr,
+			 const struct ferry_msg_table *m)
+{
+	uint32_t id = hdr->table;
+
+	if (id >= FERRY_MAX_TABLES) {
+		ferry_warn("table: rank %u sent a table id %u out of range; ignored", src, id);
+		return;
+	}
+	pthread_mutex_lock(&fy->lock);
+	if (hdr->type == FERRY_MSG_TABLE && fy->rank == 0) {
+		table_record(fy, src, id, m);
+	} else if (hdr->type == FERRY_MSG_TABLE_ACK && src == 0 && !fy->table_verdict[id]) {
+		fy->table_ack[id] = *m;
+		fy->table_verdict[id] = 1;
+		pthread_cond_broadcast(&fy->cond);
+	}
+	pthread_mutex_unlock(&fy->lock);
+}
+
+static int table_check_params(const struct ferry_table_params *p)
+{
+	if (!p->num_keys) {
+		ferry_err("table: num_keys is 0; a table needs at least one key");
+		return -EINVAL;
+	}
+	if (p->num_keys > (1ull << 40)) {
+		ferry_err("table: num_keys %llu is above the limit of 2^40",
+			  (unsigned long long)p->num_keys);
+		return -EINVAL;
+	}
+	if (!p->value_lens && (p->value_len == 0 || p->value_len > (1u << 22))) {
+		ferry_err("table: value_len %u must be 1 .. 4194304 floats", p->value_len);
+		return -EINVAL;
+	}
+	if (p->value_lens)
+		for (uint64_t k = 0; k < p->num_keys; k++)
+			if (p->value_lens[k] == 0 || p->value_lens[k] > (1u << 22)) {
+				ferry_err("table: value_lens[%llu] = %u must be 1 .. 4194304 floats",
+					  (unsigned long long)k, p->value_lens[k]);
+				return -EINVAL;
+			}
+	if (p->placement != FERRY_PLACEMENT_RANGE && p->placement != FERRY_PLACEMENT_HASH) {
+		ferry_err("table: placement %d is neither RANGE nor HASH", p->placement);
+		return -EINVAL;
+	}
+	if (p->mode != FERRY_MODE_DYNAMIC && p->mode != FERRY_MODE_CLASSIC) {
+		ferry_err("table: mode %d is neither DYNAMIC nor CLASSIC", p->mode);
+		return -EINVAL;
+	}
+	if (p->capacity > 0xffffffffull) {
+		ferry_err("table: capacity %llu is above 2^32-1 slots",
+			  (unsigned long long)p->capacity);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+static void table_free(struct ferry_table *t)
+{
+	ferry__reloc_table_fini(t);
+	if (t->arena.mr && t->fy->tp)
+		t->fy->tp->ops->mem_dereg(t->fy->tp, t->arena.mr);
+	free(t->arena.mr);
+	ferry__arena_fini(&t->arena);
+	ferry__placement_fini(&t->place);
+	free(t->dir.own);
+	free(t->dir.loc);
+	free(t->dir.owner);
+	free(t->value_lens);
+	free(t->value_offs);
+	pthread_mutex_destroy(&t->pend_lock);
+	free(t);
+}
+
+/* this node's side: placement, directory, arena with its home keys live */
+static int table_build(struct ferry *fy, const struct ferry_table_params *p,
+		       struct ferry_table *t)
+{
+	uint64_t n = p->num_keys, lens_hash = 0, cap;
+	int rc;
+
+	t->fy = fy;
+	t->params = *p;
+	t->params.vnodes = p->vnodes ? p->vnodes : 256;
+	t->params.value_lens = NULL;
+	pthread_mutex_init(&t->pend_lock, NULL);
+	t->max_len = p->value_len;
+	if (p->value_lens) {
+		t->value_lens = malloc(n * sizeof(uint32_t));
+		t->value_offs = malloc((n + 1) * sizeof(uint64_t));
+		if (!t->value_lens || !t->value_offs)
+			return -ENOMEM;
+		memcpy(t->value_lens, p->value_lens, n * sizeof(uint32_t));
+		t->max_len = 0;
+		t->value_offs[0] = 0;
+		for (uint64_t k = 0; k < n; k++) {
+			if (t->value_lens[k] > t->max_len)
+				t->max_len = t->value_lens[k];
+			t->value_offs[k + 1] = t->value_offs[k] + t->value_lens[k];
+			lens_hash = ferry__hash64(lens_hash ^ t->value_lens[k]);
+		}
+		t->params.value_len = 0;
+	}
+	t->lim = (struct ferry_proto_limits){ .world = fy->world, .num_keys = n,
+					      .value_len = t->params.value_len,
+					      .value_lens = t->value_lens };
+	rc = ferry__placement_init(&t->place, p->placement, n, fy->world, t->params.vnodes);
+	if (rc)
+		return rc;
+
+	t->dir.own = calloc(n, sizeof(*t->dir.own));
+	t->dir.loc = malloc(n * sizeof(*t->dir.loc));
+	t->dir.owner = malloc(n * sizeof(*t->dir.owner));
+	t->pend_buckets = 1024;
+	t->pend = calloc(t->pend_buckets, sizeof(*t->pend));
+	if (!t->dir.own || !t->dir.loc || !t->dir.owner || !t->pend)
+		return -ENOMEM;
+
+	cap = p->capacity ? p->capacity : n;
+	if (p->mode == FERRY_MODE_CLASSIC && !p->capacity) {
+		/* nothing ever moves: the home's keys are all it holds */
+		cap = 0;
+		for (uint64_t k = 0; k < n; k++)
+			cap += ferry__home(t, k) == fy->rank;
+	}
+	rc = ferry__arena_init(&t->arena, (uint32_t)(cap > 0xffffffffull ? 0xffffffffull : cap),
+			       t->max_len);
+	if (rc)
+		return rc;
+	if (fy->tp->ops->mem_reg) {
+		t->arena.mr = calloc(1, fy->tp->ops->mr_size);
+		if (!t->arena.mr)
+			return -ENOMEM;
+		rc = fy->tp->ops->mem_reg(fy->tp, t->arena.base, t->arena.bytes,
+					  FERRY_TP_ACCESS_REMOTE_READ |
+						  FERRY_TP_ACCESS_REMOTE_WRITE,
+					  t->arena.mr);
+		if (rc) {
+			free(t->arena.mr);
+			t->arena.mr = NULL;
+			return rc;
+		}
+	}
+
+	for (uint64_t k = 0; k < n; k++) {
+		uint32_t home = ferry__home(t, k), idx;
+		struct ferry_slot *s;
+
+		t->dir.loc[k] = home;
+		t->dir.owner[k] = home;
+		if (home != fy->rank)
+			continue;
+		rc = ferry__arena_alloc(&t->arena, &idx);
+		if (rc) {
+			ferry_err("table: capacity %llu slots is less than the %s keys this node "
+				  "is home of; raise the table's capacity",
+				  (unsigned long long)cap, "initial");
+			return rc;
+		}
+		s = ferry__arena_slot(&t->arena, idx);
+		s->key = k;
+		s->len = ferry__value_len(t, k);
+		s->state = FERRY_SLOT_LIVE;
+		t->dir.own[k] = s;
+	}
+
+	t->wire = (struct ferry_msg_table){
+		.num_keys = n,
+		.lens_hash = lens_hash,
+		.capacity = p->capacity,
+		.value_len = t->params.value_len,
+		.placement = (uint32_t)p->placement,
+		.vnodes = t->params.vnodes,
+		.mode = (uint32_t)p->mode,
+		.no_local_fast_path = (uint32_t)!!p->no_local_fast_path,
+	};
+	return 0;
+}
+
+int ferry_table_create(struct ferry *fy, const struct ferry_table_params *p,
+		       struct ferry_table **table_p)
+{
+	struct {
+		struct ferry_msg_hdr h;
+		struct ferry_msg_table m;
+	} msg;
+	struct ferry_msg_table ack;
+	struct ferry_table *t;
+	struct timespec ts;
+	uint32_t id;
+	int rc;
+
+	if (!fy || !p || !table_p)
+		return -EINVAL;
+	if (atomic_load(&fy->closed))
+		return -FERRY_E_CLOSED;
+	rc = table_check_params(p);
+	if (rc)
+		return rc;
+	t = calloc(1, sizeof(*t));
+	if (!t)
+		return -ENOMEM;
+	rc = table_build(fy, p, t);
+	if (rc) {
+		if (rc == -ENOMEM)
+			ferry_err("table: out of memory for %llu keys",
+				  (unsigned long long)p->num_keys);
+		goto err_free;
+	}
+
+	pthread_mutex_lock(&fy->lock);
+	if (fy->ntables >= FERRY_MAX_TABLES) {
+		pthread_mutex_unlock(&fy->lock);
+		ferry_err("table: this node already created %d tables, the limit",
+			  FERRY_MAX_TABLES);
+		rc = -ENOSPC;
+		goto err_free;
+	}
+	id = fy->ntables++;
+	t->id = id;
+	rcu_assign_pointer(fy->tables[id], t);
+	if (fy->rank == 0)
+		table_record(fy, 0, id, &t->wire);
+	pthread_mutex_unlock(&fy->lock);
+
+	if (fy->rank != 0) {
+		ferry__proto_hdr_init(&msg.h, FERRY_MSG_TABLE, sizeof(msg), fy->rank, id);
+		msg.m = t->wire;
+		rc = ferry__send(fy, 0, &msg, sizeof(msg));
+		if (rc)
+			goto err_unpublish;
+	}
+
+	ferry__deadline_ms(fy->timeout_ms, &ts);
+	pthread_mutex_lock(&fy->lock);
+	while (!fy->table_verdict[id] && !rc) {
+		if (atomic_load(&fy->closed))
+			rc = -FERRY_E_CLOSED;
+		else if (ferry__cond_wait_until(&fy->cond, &fy->lock, &ts) == ETIMEDOUT)
+			rc = -ETIMEDOUT;
+	}
+	ack = fy->table_ack[id];
+	pthread_mutex_unlock(&fy->lock);
+	if (rc == -ETIMEDOUT) {
+		ferry_err("table %u: not every node created it within %d ms; every node must "
+			  "call ferry_table_create() in the same order",
+			  id, fy->timeout_ms);
+		goto err_unpublish;
+	}
+	if (rc)
+		goto err_unpublish;
+	if (ack.status) {
+		ferry_err("table %u: rank %u created it with a different %s than rank 0; pass "
+			  "the same parameters on every node",
+			  id, ack.from_rank,
+			  ack.field < sizeof(table_field_names) / sizeof(table_field_names[0]) ?
+				  table_field_names[ack.field] :
+				  "field");
+		rc = ack.status;
+		goto err_unpublish;
+	}
+	atomic_fetch_add(&fy->refs, 1);
+	*table_p = t;
+	return 0;
+
+err_unpublish:
+	pthread_mutex_lock(&fy->lock);
+	rcu_assign_pointer(fy->tables[id], NULL);
+	pthread_mutex_unlock(&fy->lock);
+	urcu_memb_synchronize_rcu();
+err_free:
+	table_free(t);
+	return rc;
+}
+
+void ferry_table_destroy(struct ferry_table *t)
+{
+	struct ferry *fy;
+
+	if (!t)
+		return;
+	fy = t->fy;
+	pthread_mutex_lock(&fy->lock);
+	rcu_assign_pointer(fy->tables[t->id], NULL);
+	pthread_mutex_unlock(&fy->lock);
+	/* no handler sees the table after this; then let deferred frees run */
+	urcu_memb_synchronize_rcu();
+	urcu_memb_barrier();
+	table_free(t);
+	ferry__node_put(fy);
+}
+
+int ferry_table_home(const struct ferry_table *t, uint64_t key)
+{
+	if (!t)
+		return -EINVAL;
+	if (key >= t->params.num_keys)
+		return -ERANGE;
+	return (int)ferry__home(t, key);
+}
+
+uint32_t ferry_table_value_len(const struct ferry_table *t, uint64_t key)
+{
+	if (!t || key >= t->params.num_keys)
+		return 0;
+	return ferry__value_len(t, key);
+}
