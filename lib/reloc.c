@@ -222,6 +222,9 @@ int ferry__reloc_start(struct ferry_worker *w, struct ferry_table *t, struct fer
 		pthread_mutex_unlock(&w->lock);
 		return -ENOMEM;
 	}
+	/* keys that left recently hold slots until a grace period passes */
+	if (ferry__arena_avail(&t->arena) < r->n)
+		ferry__arena_reclaim(&t->arena);
 	urcu_memb_read_lock();
 	pthread_mutex_lock(&t->pend_lock);
 	for (size_t i = 0; i < r->n; i++) {

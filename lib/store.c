@@ -91,6 +91,7 @@ static void arena_free_rcu(struct rcu_head *head)
 {
 	struct arena_deferred *d = caa_container_of(head, struct arena_deferred, rcu);
 
+	__atomic_fetch_sub(&d->arena->ndeferred, 1, __ATOMIC_RELAXED);
 	ferry__arena_free(d->arena, d->idx);
 	free(d);
 }
@@ -107,7 +108,24 @@ void ferry__arena_free_deferred(struct ferry_arena *a, uint32_t idx)
 	}
 	d->arena = a;
 	d->idx = idx;
+	__atomic_fetch_add(&a->ndeferred, 1, __ATOMIC_RELAXED);
 	urcu_memb_call_rcu(&d->rcu, arena_free_rcu);
+}
+
+uint32_t ferry__arena_avail(struct ferry_arena *a)
+{
+	uint32_t n;
+
+	pthread_mutex_lock(&a->lock);
+	n = a->nfree + (a->capacity - a->next_fresh);
+	pthread_mutex_unlock(&a->lock);
+	return n;
+}
+
+void ferry__arena_reclaim(struct ferry_arena *a)
+{
+	if (__atomic_load_n(&a->ndeferred, __ATOMIC_RELAXED))
+		urcu_memb_barrier();
 }
 
 /*

@@ -55,6 +55,7 @@ struct ferry_arena {
 	uint32_t *free_stack;
 	uint32_t nfree;
 	uint32_t next_fresh; /* slots never used yet: [next_fresh, capacity) */
+	uint32_t ndeferred;  /* freed, waiting for a grace period (atomic) */
 	struct ferry_tp_mr *mr; /* NULL when the transport needs no registration */
 };
 
@@ -79,6 +80,12 @@ void ferry__arena_free(struct ferry_arena *a, uint32_t idx);
 /* Give a slot back after an RCU grace period (call_rcu); it returns with a
  * new epoch. Any RCU-registered thread; the slot is unpublished already. */
 void ferry__arena_free_deferred(struct ferry_arena *a, uint32_t idx);
+
+/* slots free now (a snapshot); any thread */
+uint32_t ferry__arena_avail(struct ferry_arena *a);
+/* make slots waiting for a grace period free now: call outside any RCU
+ * read-side section and without locks the callbacks take */
+void ferry__arena_reclaim(struct ferry_arena *a);
 
 /* tail version word of a slot */
 static inline uint64_t *ferry__slot_tail(const struct ferry_arena *a, struct ferry_slot *s)
