@@ -916,8 +916,10 @@ static int ops_async(struct ferry_worker *w, struct ferry_table *t, uint8_t op,
 	uint64_t ticket;
 	int idx;
 
-	if (!ticket_p)
+	if (!ticket_p) {
+		ferry_err("%s_start: NULL ticket pointer", ops_name(op));
 		return -EINVAL;
+	}
 	idx = ops_start(w, t, op, keys, n, in, out, 1, &ticket);
 	if (idx < 0)
 		return idx;
