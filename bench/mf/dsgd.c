@@ -85,8 +85,10 @@ struct mf_node {
 	struct ferry_table *tab;
 	struct ferry_table *stats;
 	pthread_barrier_t bar;
-	atomic_int abort;
-	int err; /* the first error; set together with abort */
+	atomic_int abort; /* some thread failed: stop at the next barrier */
+	int stop;	  /* abort as thread 0 saw it in the last barrier */
+	int err;	  /* the first error; set together with abort */
+	int no_start;	  /* a thread could not be created: the others return at once */
 	pthread_mutex_t lock;
 	struct ferry_stats last; /* counters at the previous epoch's end (thread 0) */
 };
@@ -296,6 +298,11 @@ static void mf_fail(struct mf_worker *wk, int rc, const char *what)
  * happened, so a failure stops the whole node at the next barrier instead of
  * leaving its threads waiting for each other.
  *
+ * All threads must take the same decision: they read node->stop, which
+ * thread 0 wrote before the second meeting and can write again only after
+ * every thread reached the next barrier; node->abort itself may be set by a
+ * fast thread that already left.
+ *
  * Return: 0, or -ECANCELED when this node gave up (the cause is in node->err).
  */
 static int mf_barrier(struct mf_worker *wk)
@@ -305,14 +312,17 @@ static int mf_barrier(struct mf_worker *wk)
 	int rc;
 
 	pthread_barrier_wait(&node->bar);
-	if (wk->t == 0 && !atomic_load(&node->abort)) {
-		rc = ferry_barrier(node->fy);
-		if (rc)
-			mf_fail(wk, rc, "ferry_barrier");
+	if (wk->t == 0) {
+		if (!atomic_load(&node->abort)) {
+			rc = ferry_barrier(node->fy);
+			if (rc)
+				mf_fail(wk, rc, "ferry_barrier");
+		}
+		node->stop = atomic_load(&node->abort);
 	}
 	pthread_barrier_wait(&node->bar);
 	wk->t_wait += mf_now() - t0;
-	return atomic_load(&node->abort) ? -ECANCELED : 0;
+	return node->stop ? -ECANCELED : 0;
 }
 
 /* Localize keys [first, first + n) in chunks, MF_INFLIGHT at a time. */
@@ -665,8 +675,9 @@ static void *mf_worker_main(void *arg)
 
 	/* mf_node_run holds the lock until every thread exists, or gave up */
 	pthread_mutex_lock(&node->lock);
+	rc = node->no_start;
 	pthread_mutex_unlock(&node->lock);
-	if (atomic_load(&node->abort))
+	if (rc)
 		return NULL;
 
 	rc = mf_worker_setup(wk);
@@ -802,7 +813,7 @@ static int mf_node_run(struct ferry *fy, const struct mf_config *cfg, const stru
 			fprintf(stderr, "ferry-mf: node %d: pthread_create failed: %s\n", node.rank,
 				strerror(-rc));
 			node.err = rc;
-			atomic_store(&node.abort, 1);
+			node.no_start = 1;
 			break;
 		}
 	}
