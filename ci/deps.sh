@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# ci/deps.sh - install the Debian/Ubuntu packages Ferry needs, and only those that are missing.
+#
+#   bash ci/deps.sh [build|vm|bench|all]...     (default: all)
+#
+# Groups:
+#   build  compile libferry and its Criterion tests, check formatting
+#   vm     run the RDMA suites on SoftRoCE inside QEMU (ci/softroce-vm.sh)
+#   bench  plot benchmark figures
+#
+# Idempotent: a package counts as present when dpkg says "install ok installed"; `apt-get update`
+# runs only when something is missing, at most once per call. Every apt call is bounded. Prints
+# one line per group. Exit status: 0 when every requested package is present afterwards.
+set -euo pipefail
+
+readonly GROUP_BUILD="cmake gcc make pkg-config liburcu-dev libcriterion-dev libibverbs-dev librdmacm-dev clang-format"
+readonly GROUP_VM="qemu-system-x86 busybox-static rdma-core ibverbs-utils rdmacm-utils perftest ibverbs-providers iproute2 cpio kmod"
+readonly GROUP_BENCH="gnuplot-nox"
+
+# Bounds, in seconds; override for slow mirrors.
+readonly UPDATE_TIMEOUT=${FERRY_APT_UPDATE_TIMEOUT:-300}
+readonly INSTALL_TIMEOUT=${FERRY_APT_INSTALL_TIMEOUT:-900}
+
+usage()
+{
+	sed -n '2,14s/^# \{0,1\}//p' "$0"
+}
+
+group_packages()
+{
+	case $1 in
+	build) echo "$GROUP_BUILD" ;;
+	vm) echo "$GROUP_VM" ;;
+	bench) echo "$GROUP_BENCH" ;;
+	*) return 1 ;;
+	esac
+}
+
+# Prints the packages of "$@" that dpkg does not report as installed.
+missing_packages()
+{
+	local p st
+	for p in "$@"; do
+		st=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
+		[[ $st == "install ok installed" ]] || printf '%s\n' "$p"
+	done
+}
+
+groups=()
+for arg in "$@"; do
+	case $arg in
+	-h | --help)
+		usage
+		exit 0
+		;;
+	all) groups+=(build vm bench) ;;
+	build | vm | bench) groups+=("$arg") ;;
+	*)
+		echo "deps: unknown group '$arg' (want build, vm, bench or all)" >&2
+		exit 2
+		;;
+	esac
+done
+[[ ${#groups[@]} -gt 0 ]] || groups=(build vm bench)
+
+if ! command -v dpkg-query >/dev/null 2>&1; then
+	echo "deps: dpkg-query not found: this script knows Debian and Ubuntu only; install by hand:" >&2
+	for g in "${groups[@]}"; do
+		echo "deps $g: $(group_packages "$g")" >&2
+	done
+	exit 1
+fi
+
+apt_prefix=()
+if [[ $(id -u) -ne 0 ]]; then
+	if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
+		apt_prefix=(sudo -n)
+	else
+		apt_prefix=(none)
+	fi
+fi
+
+export DEBIAN_FRONTEND=noninteractive
+apt_opts=(-y -q --no-install-recommends -o DPkg::Lock::Timeout=120 -o Dpkg::Use-Pty=0)
+updated=0
+status=0
+declare -A seen=()
+
+for g in "${groups[@]}"; do
+	[[ -z ${seen[$g]:-} ]] || continue
+	seen[$g]=1
+	read -r -a pkgs <<<"$(group_packages "$g")"
+	mapfile -t missing < <(missing_packages "${pkgs[@]}")
+	if [[ ${#missing[@]} -eq 0 ]]; then
+		echo "deps $g: ok, all ${#pkgs[@]} packages present"
+		continue
+	fi
+	if [[ ${apt_prefix[0]:-} == none ]]; then
+		echo "deps $g: MISSING ${missing[*]} (not root and no password-less sudo: install them by hand)"
+		status=1
+		continue
+	fi
+	if [[ $updated -eq 0 ]]; then
+		# A failed update (offline mirror) is not fatal: the install below may still
+		# succeed from the lists already on disk, and says so when it does not.
+		if ! timeout --kill-after=10 "$UPDATE_TIMEOUT" "${apt_prefix[@]}" apt-get -q \
+			-o DPkg::Lock::Timeout=120 update >/dev/null; then
+			echo "deps: apt-get update failed or timed out after ${UPDATE_TIMEOUT}s; trying the current lists" >&2
+		fi
+		updated=1
+	fi
+	if timeout --kill-after=10 "$INSTALL_TIMEOUT" "${apt_prefix[@]}" apt-get install \
+		"${apt_opts[@]}" "${missing[@]}" >/dev/null; then
+		mapfile -t still < <(missing_packages "${missing[@]}")
+	else
+		mapfile -t still < <(missing_packages "${missing[@]}")
+		[[ ${#still[@]} -gt 0 ]] || still=("(apt-get install failed)")
+	fi
+	if [[ ${#still[@]} -eq 0 ]]; then
+		echo "deps $g: installed ${missing[*]}"
+	else
+		echo "deps $g: FAILED to install ${still[*]}"
+		status=1
+	fi
+done
+exit "$status"

@@ -1,0 +1,167 @@
+#!/usr/bin/env bash
+# ci/test.sh - Ferry's whole test run, as CI runs it (`bash .ci/run`) and as people run it.
+#
+#   bash ci/test.sh [--quick] [--no-asan] [--no-vm] [--format] [--jobs N]
+#
+# Stages, each bounded with timeout(1), in this order:
+#   deps        ci/deps.sh build (and vm unless --no-vm)
+#   build       cmake -S . -B build -DFERRY_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo; build
+#   ctest       ctest --test-dir build --output-on-failure
+#   asan-build  the same into build-asan/ with -DFERRY_SANITIZE=address,undefined
+#   asan-ctest  ctest there, with ASAN_OPTIONS / UBSAN_OPTIONS that abort on the first finding
+#   vm          ci/softroce-vm.sh --build-dir build: the test binaries on SoftRoCE in QEMU
+#   format      (only with --format) clang-format --dry-run -Werror over the C sources
+#
+# Options:
+#   --quick     build + ctest only (no asan, no vm): the developer's loop
+#   --no-asan   skip the sanitizer build and run
+#   --no-vm     skip the SoftRoCE VM
+#   --format    also check formatting against .clang-format
+#   --jobs N    build parallelism (default 2)
+#
+# The whole run stays inside FERRY_CI_BUDGET seconds (default 1680): each stage's bound is cut
+# to what is left. FERRY_VM_TESTS (a glob, default 'test_*') picks the binaries the VM runs.
+# Prints one summary line per stage and last "N passed, N failed" (stages); exits non-zero when
+# a stage failed.
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+asan=1
+vm=1
+format=0
+jobs=2
+for arg in "$@"; do
+	case $arg in
+	--quick) asan=0; vm=0 ;;
+	--no-asan) asan=0 ;;
+	--no-vm) vm=0 ;;
+	--format) format=1 ;;
+	--jobs=*) jobs=${arg#--jobs=} ;;
+	-h | --help)
+		sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"
+		exit 0
+		;;
+	*)
+		if [[ ${prev:-} == --jobs ]]; then
+			jobs=$arg
+		else
+			echo "ci/test.sh: unknown option '$arg' (see --help)" >&2
+			exit 2
+		fi
+		;;
+	esac
+	prev=$arg
+done
+[[ $jobs =~ ^[1-9][0-9]*$ ]] || { echo "ci/test.sh: --jobs wants a number" >&2; exit 2; }
+
+budget=${FERRY_CI_BUDGET:-1680}
+run_start=$SECONDS
+names=()
+results=()
+passed=0
+failed=0
+
+# stage NAME LIMIT CMD...: runs CMD bounded by LIMIT seconds (cut to the budget left), records
+# PASS / FAIL / TIMEOUT. Returns CMD's status.
+stage()
+{
+	local name=$1 limit=$2 left rc=0 t0 st
+	shift 2
+	left=$((budget - (SECONDS - run_start)))
+	if [[ $left -lt 30 ]]; then
+		names+=("$name")
+		results+=("FAIL (no time left in the ${budget}s budget)")
+		failed=$((failed + 1))
+		return 1
+	fi
+	[[ $limit -le $left ]] || limit=$left
+	printf '\n==> %s (bound %ss): %s\n' "$name" "$limit" "$*"
+	t0=$SECONDS
+	timeout --kill-after=30 "$limit" "$@" </dev/null || rc=$?
+	if [[ $rc -eq 0 ]]; then
+		st=PASS
+		passed=$((passed + 1))
+	elif [[ $rc -eq 124 || $rc -eq 137 ]]; then
+		st="TIMEOUT after ${limit}s"
+		failed=$((failed + 1))
+	else
+		st="FAIL (status $rc)"
+		failed=$((failed + 1))
+	fi
+	printf '<== %s: %s in %ss\n' "$name" "$st" "$((SECONDS - t0))"
+	names+=("$name")
+	results+=("$st $((SECONDS - t0))s")
+	return "$rc"
+}
+
+skip()
+{
+	names+=("$1")
+	results+=("SKIP ($2)")
+}
+
+# Stage bodies that are more than one command; timeout(1) runs them through `bash -c`.
+configure_build()
+{
+	local dir=$1
+	shift
+	cmake -S . -B "$dir" -DFERRY_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" &&
+		cmake --build "$dir" -j"$jobs"
+}
+check_format()
+{
+	local files=()
+	mapfile -t files < <(git ls-files -- '*.c' '*.h')
+	[[ ${#files[@]} -eq 0 ]] || clang-format --dry-run -Werror "${files[@]}"
+}
+export -f configure_build check_format
+export jobs
+
+echo "ci/test.sh: $(uname -srm), $(nproc) cpus, CI=${CI:-false}, budget ${budget}s"
+
+dep_groups=(build)
+[[ $vm -eq 0 ]] || dep_groups+=(vm)
+stage deps 1200 bash ci/deps.sh "${dep_groups[@]}" || true
+
+build_ok=0
+stage build 900 bash -c 'configure_build build' && build_ok=1
+if [[ $build_ok -eq 1 ]]; then
+	stage ctest 900 ctest --test-dir build --output-on-failure || true
+else
+	skip ctest "build failed"
+fi
+
+if [[ $asan -eq 1 ]]; then
+	if stage asan-build 900 bash -c 'configure_build build-asan -DFERRY_SANITIZE=address,undefined'; then
+		ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+			UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+			stage asan-ctest 900 ctest --test-dir build-asan --output-on-failure || true
+	else
+		skip asan-ctest "asan-build failed"
+	fi
+else
+	skip asan-build "--no-asan"
+	skip asan-ctest "--no-asan"
+fi
+
+if [[ $vm -eq 0 ]]; then
+	skip vm "--no-vm"
+elif [[ $build_ok -eq 0 ]]; then
+	skip vm "build failed"
+else
+	# The VM's own bound (--timeout) sits inside the stage's, so it reports before being cut.
+	stage vm 1000 bash ci/softroce-vm.sh --build-dir build --timeout 900 \
+		--tests "${FERRY_VM_TESTS:-test_*}" || true
+fi
+
+if [[ $format -eq 1 ]]; then
+	stage format 300 bash -c check_format || true
+fi
+
+printf '\nci/test.sh summary (%ss):\n' "$((SECONDS - run_start))"
+for i in "${!names[@]}"; do
+	printf '  %-11s %s\n' "${names[$i]}" "${results[$i]}"
+done
+echo "$passed passed, $failed failed"
+[[ $failed -eq 0 ]]
