@@ -21,6 +21,7 @@
  * operation in flight is held back until that one completes.
  */
 #include <errno.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -671,9 +672,14 @@ static void ops_dispatch(struct ferry_worker *w, struct ferry_req *r)
 		for (size_t i = 0; i < r->n; i++) {
 			uint64_t key = r->keys[i];
 			uint32_t len = ferry__value_len(t, key);
-			int rc = ferry__ops_apply(t, r->op, key, r->in ? r->in + off : NULL,
-						  r->out ? r->out + off : NULL);
+			int rc;
 
+			if (r->done[i / 8] & (1u << (i % 8))) {
+				off += len;
+				continue;
+			}
+			rc = ferry__ops_apply(t, r->op, key, r->in ? r->in + off : NULL,
+					      r->out ? r->out + off : NULL);
 			off += len;
 			if (rc) {
 				all_local = 0;
@@ -727,7 +733,7 @@ static void ops_progress(struct ferry_worker *w)
 
 static int ops_start(struct ferry_worker *w, struct ferry_table *t, uint8_t op,
 		     const uint64_t *keys, size_t n, const float *in, float *out, int async,
-		     uint64_t *ticket_p)
+		     uint64_t *ticket_p, size_t ndone)
 {
 	static const char *const names[] = { [FERRY_OP_PULL] = "pull", [FERRY_OP_PUSH] = "push",
 					     [FERRY_OP_SET] = "set" };
@@ -736,10 +742,13 @@ static int ops_start(struct ferry_worker *w, struct ferry_table *t, uint8_t op,
 	uint32_t idx;
 	int rc, hold = 0;
 
-	rc = ops_check(w, t, keys, n, op == FERRY_OP_PULL ? (const void *)out : (const void *)in,
-		       op != FERRY_REQ_LOCALIZE, what);
-	if (rc)
-		return rc;
+	if (!ndone) {
+		rc = ops_check(w, t, keys, n,
+			       op == FERRY_OP_PULL ? (const void *)out : (const void *)in,
+			       op != FERRY_REQ_LOCALIZE, what);
+		if (rc)
+			return rc;
+	}
 	if (!ticket_p && async)
 		return -EINVAL;
 	if (!w->nfree) {
@@ -762,7 +771,10 @@ static int ops_start(struct ferry_worker *w, struct ferry_table *t, uint8_t op,
 	r->n = n;
 	r->in = in;
 	r->out = out;
-	r->remaining = n;
+	/* the fast path already served the first ndone keys */
+	for (size_t i = 0; i < ndone; i++)
+		r->done[i / 8] |= (uint8_t)(1u << (i % 8));
+	r->remaining = n - ndone;
 	if (op == FERRY_REQ_LOCALIZE && t->params.mode == FERRY_MODE_CLASSIC)
 		r->remaining = 0; /* static placement: nothing moves */
 	if (++w->gen == 0)
@@ -863,7 +875,12 @@ static int ops_wait_req(struct ferry_worker *w, struct ferry_req *r, int block)
 				continue;
 			}
 		}
-		__builtin_ia32_pause();
+		/* on a machine with few cores the progress threads need the CPU we
+		 * would burn: spin briefly, then yield while still polling */
+		if (iter < 256)
+			__builtin_ia32_pause();
+		else
+			sched_yield();
 	}
 	if (rc == -ETIMEDOUT) {
 		uint64_t key = 0;
@@ -899,10 +916,69 @@ static int ops_wait_req(struct ferry_worker *w, struct ferry_req *r, int block)
 	return rc;
 }
 
+/*
+ * The fast path of a synchronous operation: serve keys that live here in
+ * place, with no request, ticket or allocation, for as long as they do.
+ * Return: how many leading keys were served; the caller hands the rest to
+ * the request path. Context: the worker's thread.
+ */
+static size_t ops_fast(struct ferry_worker *w, struct ferry_table *t, uint8_t op,
+		       const uint64_t *keys, size_t n, const float *in, float *out)
+{
+	uint64_t num_keys = t->params.num_keys;
+	struct ferry_slot *s;
+	size_t i, off = 0;
+
+	if (t->params.no_local_fast_path || w->held_head || w->inflight_n ||
+	    (op == FERRY_OP_PULL ? !out : !in))
+		return 0;
+	urcu_memb_read_lock();
+	for (i = 0; i < n; i++) {
+		uint64_t key = keys[i];
+		uint32_t len;
+
+		if (key >= num_keys)
+			break; /* the request path reports it */
+		len = ferry__value_len(t, key);
+		s = rcu_dereference(t->dir.own[key]);
+		if (!s)
+			break;
+		if (op == FERRY_OP_PULL) {
+			if (ferry__slot_read(s, key, out + off, len))
+				break;
+		} else if (ferry__slot_update(&t->arena, s, key, in + off, len,
+					      op == FERRY_OP_PUSH)) {
+			break;
+		}
+		off += len;
+	}
+	urcu_memb_read_unlock();
+	w->local_ops += i;
+	return i;
+}
+
 static int ops_sync(struct ferry_worker *w, struct ferry_table *t, uint8_t op,
 		    const uint64_t *keys, size_t n, const float *in, float *out)
 {
-	int idx = ops_start(w, t, op, keys, n, in, out, 0, NULL);
+	size_t done;
+	int idx;
+
+	done = 0;
+	if (op != FERRY_REQ_LOCALIZE && w && t && keys && t->fy == w->fy &&
+	    !atomic_load_explicit(&w->fy->closed, memory_order_relaxed))
+		done = ops_fast(w, t, op, keys, n, in, out);
+	if (done == n)
+		return 0;
+	if (done) {
+		/* check the rest as the request path would have checked all */
+		int rc = ops_check(w, t, keys + done, n - done,
+				   op == FERRY_OP_PULL ? (const void *)out : (const void *)in, 1,
+				   ops_name(op));
+
+		if (rc)
+			return rc;
+	}
+	idx = ops_start(w, t, op, keys, n, in, out, 0, NULL, done);
 
 	if (idx < 0)
 		return idx;
@@ -920,7 +996,7 @@ static int ops_async(struct ferry_worker *w, struct ferry_table *t, uint8_t op,
 		ferry_err("%s_start: NULL ticket pointer", ops_name(op));
 		return -EINVAL;
 	}
-	idx = ops_start(w, t, op, keys, n, in, out, 1, &ticket);
+	idx = ops_start(w, t, op, keys, n, in, out, 1, &ticket, 0);
 	if (idx < 0)
 		return idx;
 	*ticket_p = ticket;

@@ -30,7 +30,7 @@ int ferry__placement_init(struct ferry_placement_map *m, uint32_t kind, uint64_t
 	m->world = world;
 	m->kind = kind;
 	m->home = NULL;
-	if (!world || world > 65535 || !num_keys)
+	if (!world || world > 65535 || !num_keys || (kind == FERRY_PLACEMENT_HASH && !vnodes))
 		return -EINVAL;
 	if (kind == FERRY_PLACEMENT_RANGE)
 		return 0;

@@ -128,33 +128,6 @@ void ferry__arena_reclaim(struct ferry_arena *a)
 		urcu_memb_barrier();
 }
 
-/*
- * The copy races with writers by design: the seqlock detects it. ThreadSanitizer
- * runs suppress exactly this function (tests/tsan.supp).
- */
-int ferry__slot_read(const struct ferry_slot *s, uint64_t key, float *out, uint32_t len)
-{
-	for (;;) {
-		uint64_t v1 = __atomic_load_n(&s->version, __ATOMIC_ACQUIRE);
-		uint32_t state;
-		uint64_t k;
-
-		if (v1 & 1) {
-			__builtin_ia32_pause();
-			continue;
-		}
-		state = __atomic_load_n(&s->state, __ATOMIC_RELAXED);
-		k = __atomic_load_n(&s->key, __ATOMIC_RELAXED);
-		memcpy(out, s->val, (size_t)len * sizeof(float));
-		__atomic_thread_fence(__ATOMIC_ACQUIRE);
-		if (__atomic_load_n(&s->version, __ATOMIC_RELAXED) != v1)
-			continue;
-		if (state != FERRY_SLOT_LIVE || k != key)
-			return -EAGAIN;
-		return 0;
-	}
-}
-
 int ferry__slot_update(const struct ferry_arena *a, struct ferry_slot *s, uint64_t key,
 		       const float *in, uint32_t len, int add)
 {

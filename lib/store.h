@@ -21,6 +21,7 @@
 #ifndef FERRY_LIB_STORE_H
 #define FERRY_LIB_STORE_H
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <string.h>
@@ -130,7 +131,31 @@ static inline void ferry__slot_unlock(const struct ferry_arena *a, struct ferry_
  * Return: 0 with @out filled; -EAGAIN when the slot no longer holds @key
  * live (moved, freed, reused): look the key up again.
  */
-int ferry__slot_read(const struct ferry_slot *s, uint64_t key, float *out, uint32_t len);
+static inline int ferry__slot_read(const struct ferry_slot *s, uint64_t key, float *out,
+				   uint32_t len)
+{
+	for (;;) {
+		uint64_t v1 = __atomic_load_n(&s->version, __ATOMIC_ACQUIRE);
+		uint32_t state;
+		uint64_t k;
+
+		if (__builtin_expect(v1 & 1, 0)) {
+			__builtin_ia32_pause();
+			continue;
+		}
+		state = __atomic_load_n(&s->state, __ATOMIC_RELAXED);
+		k = __atomic_load_n(&s->key, __ATOMIC_RELAXED);
+		/* races with writers by design: the version check below detects
+		 * it (ThreadSanitizer runs suppress this function) */
+		memcpy(out, s->val, (size_t)len * sizeof(float));
+		__atomic_thread_fence(__ATOMIC_ACQUIRE);
+		if (__builtin_expect(__atomic_load_n(&s->version, __ATOMIC_RELAXED) != v1, 0))
+			continue;
+		if (__builtin_expect(state != FERRY_SLOT_LIVE || k != key, 0))
+			return -EAGAIN;
+		return 0;
+	}
+}
 
 /*
  * ferry__slot_update - apply a push (add) or set to a live slot
