@@ -114,6 +114,12 @@ static void inflight_del(struct ferry_worker *w, uint64_t key)
 	}
 }
 
+/* counters: written by the worker's thread only, read by ferry_stats() */
+static inline void ops_count(uint64_t *c, uint64_t n)
+{
+	__atomic_store_n(c, __atomic_load_n(c, __ATOMIC_RELAXED) + n, __ATOMIC_RELAXED);
+}
+
 /* ---- workers ---------------------------------------------------------- */
 
 int ferry_worker_create(struct ferry *fy, struct ferry_worker **worker_p)
@@ -643,7 +649,7 @@ static void ops_send_remote(struct ferry_worker *w, struct ferry_req *r, uint64_
 		if (r->tracked && !inflight_add(w, key))
 			r->done[(r->n + 7) / 8 + i / 8] |= (uint8_t)(1u << (i % 8));
 	}
-	w->remote_ops += nremote;
+	ops_count(&w->remote_ops, nremote);
 	if (outs == &one) {
 		ops_out_flush(fy, t, &one);
 		return;
@@ -689,7 +695,7 @@ static void ops_dispatch(struct ferry_worker *w, struct ferry_req *r)
 			nlocal++;
 		}
 		urcu_memb_read_unlock();
-		w->local_ops += nlocal;
+		ops_count(&w->local_ops, nlocal);
 		/* nothing remote yet: the progress thread cannot race on r */
 		r->remaining -= nlocal;
 		if (all_local)
@@ -836,9 +842,13 @@ static const char *ops_name(uint8_t op)
 static int ops_wait_req(struct ferry_worker *w, struct ferry_req *r, int block)
 {
 	struct ferry *fy = w->fy;
-	int64_t deadline = ops_now_ns() + (int64_t)fy->timeout_ms * 1000000;
-	int64_t spin_until = ops_now_ns() + (fy->busy_poll ? INT64_MAX / 2 : 50000);
+	int64_t deadline, spin_until;
 	int rc = 0;
+
+	if (!r->held && !__atomic_load_n(&r->remaining, __ATOMIC_ACQUIRE) && !w->held_head)
+		goto collect; /* served in place: no clock needed */
+	deadline = ops_now_ns() + (int64_t)fy->timeout_ms * 1000000;
+	spin_until = ops_now_ns() + (fy->busy_poll ? INT64_MAX / 2 : 50000);
 
 	for (unsigned iter = 0;; iter++) {
 		if (w->held_head)
@@ -908,6 +918,7 @@ static int ops_wait_req(struct ferry_worker *w, struct ferry_req *r, int block)
 				w->held_tail = prev;
 		}
 	} else if (!rc) {
+collect:
 		pthread_mutex_lock(&w->lock);
 		rc = r->status;
 		pthread_mutex_unlock(&w->lock);
@@ -953,7 +964,7 @@ static size_t ops_fast(struct ferry_worker *w, struct ferry_table *t, uint8_t op
 		off += len;
 	}
 	urcu_memb_read_unlock();
-	w->local_ops += i;
+	ops_count(&w->local_ops, i);
 	return i;
 }
 

@@ -282,7 +282,7 @@ int ferry__reloc_start(struct ferry_worker *w, struct ferry_table *t, struct fer
 
 	if (ndone)
 		ferry__ops_complete(fy, w->id, ticket, done_idx, ndone, rc, NULL, 0);
-	w->local_ops += ndone;
+	__atomic_store_n(&w->local_ops, w->local_ops + ndone, __ATOMIC_RELAXED);
 	for (uint32_t d = 0; d < fy->world; d++) {
 		int src = reloc_batch_send(fy, t, &to[d], FERRY_MSG_LOCALIZE, d, NULL);
 

@@ -139,8 +139,12 @@ int ferry__slot_update(const struct ferry_arena *a, struct ferry_slot *s, uint64
 		return -EAGAIN;
 	}
 	if (add) {
+		float *restrict dst = s->val;
+		const float *restrict src = in;
+
+		/* vectorizes: the delta never aliases the slot */
 		for (uint32_t i = 0; i < len; i++)
-			s->val[i] += in[i];
+			dst[i] += src[i];
 	} else {
 		memcpy(s->val, in, (size_t)len * sizeof(float));
 	}
