@@ -29,29 +29,32 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 asan=1
 vm=1
+asan_why=--no-asan
+vm_why=--no-vm
 format=0
 jobs=2
-for arg in "$@"; do
-	case $arg in
-	--quick) asan=0; vm=0 ;;
+while [[ $# -gt 0 ]]; do
+	case $1 in
+	--quick) asan=0; vm=0; asan_why=--quick; vm_why=--quick ;;
 	--no-asan) asan=0 ;;
 	--no-vm) vm=0 ;;
 	--format) format=1 ;;
-	--jobs=*) jobs=${arg#--jobs=} ;;
+	--jobs=*) jobs=${1#--jobs=} ;;
+	--jobs)
+		[[ $# -ge 2 ]] || { echo "ci/test.sh: --jobs needs a number" >&2; exit 2; }
+		jobs=$2
+		shift
+		;;
 	-h | --help)
 		sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"
 		exit 0
 		;;
 	*)
-		if [[ ${prev:-} == --jobs ]]; then
-			jobs=$arg
-		else
-			echo "ci/test.sh: unknown option '$arg' (see --help)" >&2
-			exit 2
-		fi
+		echo "ci/test.sh: unknown option '$1' (see --help)" >&2
+		exit 2
 		;;
 	esac
-	prev=$arg
+	shift
 done
 [[ $jobs =~ ^[1-9][0-9]*$ ]] || { echo "ci/test.sh: --jobs wants a number" >&2; exit 2; }
 
@@ -141,12 +144,12 @@ if [[ $asan -eq 1 ]]; then
 		skip asan-ctest "asan-build failed"
 	fi
 else
-	skip asan-build "--no-asan"
-	skip asan-ctest "--no-asan"
+	skip asan-build "$asan_why"
+	skip asan-ctest "$asan_why"
 fi
 
 if [[ $vm -eq 0 ]]; then
-	skip vm "--no-vm"
+	skip vm "$vm_why"
 elif [[ $build_ok -eq 0 ]]; then
 	skip vm "build failed"
 else
