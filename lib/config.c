@@ -21,7 +21,8 @@ const struct ferry_option ferry__options[] = {
 	{ "FERRY_RENDEZVOUS", "rendezvous", "MASTER_ADDR:MASTER_PORT+1",
 	  "host:port where rank 0 gathers the nodes' addresses" },
 	{ "FERRY_BIND_ADDR", "bind_addr", "rendezvous host", "address this node listens on" },
-	{ "FERRY_TRANSPORT", "transport", "auto", "auto, tcp or rdma" },
+	{ "FERRY_TRANSPORT", "transport", "auto",
+	  "auto, tcp or rdma (loop: tests, one-sided access emulated in one process)" },
 	{ "FERRY_TIMEOUT_MS", "timeout_ms", "30000", "bound on every wait, in milliseconds" },
 	{ "FERRY_BUSY_POLL", "busy_poll", "0", "1: spin instead of sleeping (lower latency)" },
 	{ "FERRY_LOG_LEVEL", "ferry_log_set()", "warn", "none, error, warn, info, debug" },
@@ -179,8 +180,10 @@ int ferry__config_resolve(const struct ferry_params *params, struct ferry_config
 			c->transport = FERRY_TRANSPORT_TCP;
 		else if (!strcasecmp(s, "rdma"))
 			c->transport = FERRY_TRANSPORT_RDMA;
+		else if (!strcasecmp(s, "loop"))
+			c->transport = FERRY_TRANSPORT_LOOP;
 		else if (strcasecmp(s, "auto")) {
-			ferry_err("config: FERRY_TRANSPORT=%s is not auto, tcp or rdma", s);
+			ferry_err("config: FERRY_TRANSPORT=%s is not auto, tcp, rdma or loop", s);
 			return -EINVAL;
 		}
 	}

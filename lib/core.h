@@ -76,6 +76,8 @@ struct ferry_table {
 	struct ferry_proto_limits lim;
 	struct ferry_dir dir;
 	struct ferry_arena arena;
+	struct ferry_msg_arena *peer_arena; /* one-sided transports: every rank's arena */
+	bool onesided;			    /* the transport reads slots one-sided */
 
 	pthread_mutex_t pend_lock;
 	struct ferry_pend **pend; /* hash buckets */
@@ -125,6 +127,8 @@ struct ferry_worker {
 	uint32_t inflight_n;
 	/* counters, written by this worker's thread only */
 	uint64_t local_ops, remote_ops;
+	/* landing areas for one-sided reads, per table (created on first use) */
+	struct ferry_rd_pool *rd_pools[FERRY_MAX_TABLES];
 };
 
 struct ferry {
@@ -152,11 +156,13 @@ struct ferry {
 	uint32_t table_nseen[FERRY_MAX_TABLES];
 	int table_verdict[FERRY_MAX_TABLES]; /* 1 + status once acked */
 	struct ferry_msg_table table_ack[FERRY_MAX_TABLES];
+	struct ferry_msg_arena *table_arenas[FERRY_MAX_TABLES]; /* from the ack */
 
 	/* counters of the progress thread and of destroyed workers */
 	atomic_uint_fast64_t served_ops, forwards, reloc_in, reloc_out;
 	atomic_uint_fast64_t msgs_sent, msgs_recv, bytes_sent, bytes_recv;
 	atomic_uint_fast64_t gone_local_ops, gone_remote_ops;
+	atomic_uint_fast64_t onesided_reads, onesided_retries, onesided_fallbacks;
 };
 
 /* node.c */
@@ -184,6 +190,11 @@ void ferry__ops_forward_one(struct ferry *fy, struct ferry_table *t, const struc
 int ferry__ops_apply(struct ferry_table *t, uint8_t op, uint64_t key, const float *in,
 		     float *out);
 
+/* a one-sided read finished (transport handler; any registered thread) */
+void ferry__ops_on_rdma_done(struct ferry *fy, void *ctx, int status);
+/* free a worker's landing areas (worker destroy) */
+void ferry__ops_rd_fini(struct ferry_worker *w);
+
 /* reloc.c */
 int ferry__reloc_start(struct ferry_worker *w, struct ferry_table *t, struct ferry_req *r,
 		       uint64_t ticket);
@@ -201,8 +212,7 @@ int ferry__reloc_queue_op(struct ferry_table *t, const struct ferry_msg_op *op,
 void ferry__reloc_table_fini(struct ferry_table *t);
 
 /* table.c */
-void ferry__table_on_msg(struct ferry *fy, uint32_t src, const struct ferry_msg_hdr *hdr,
-			 const struct ferry_msg_table *m);
+void ferry__table_on_msg(struct ferry *fy, uint32_t src, const struct ferry_proto_view *v);
 
 /* small helpers */
 static inline uint32_t ferry__value_len(const struct ferry_table *t, uint64_t key)
@@ -215,14 +225,40 @@ static inline uint32_t ferry__home(const struct ferry_table *t, uint64_t key)
 	return ferry__placement_home(&t->place, key);
 }
 
+/*
+ * A location hint is one word: bits 0-15 the owner's rank, 16-31 the low
+ * bits of its slot's epoch, 32-63 the slot index + 1 (0: slot unknown). It
+ * is only a hint: a one-sided reader checks key, epoch and state in the slot.
+ */
 static inline uint32_t ferry__loc_get(const struct ferry_table *t, uint64_t key)
 {
-	return (uint32_t)__atomic_load_n(&t->dir.loc[key], __ATOMIC_RELAXED);
+	return (uint32_t)(__atomic_load_n(&t->dir.loc[key], __ATOMIC_RELAXED) & 0xffff);
 }
 
 static inline void ferry__loc_set(struct ferry_table *t, uint64_t key, uint32_t rank)
 {
 	__atomic_store_n(&t->dir.loc[key], (uint64_t)rank, __ATOMIC_RELAXED);
+}
+
+static inline void ferry__loc_set_slot(struct ferry_table *t, uint64_t key, uint32_t rank,
+				       uint32_t slot, uint32_t epoch)
+{
+	uint64_t w = (uint64_t)rank | (uint64_t)(epoch & 0xffff) << 16 |
+		     (uint64_t)(slot + 1) << 32;
+
+	__atomic_store_n(&t->dir.loc[key], w, __ATOMIC_RELAXED);
+}
+
+/* 1 with rank, slot and epoch (low 16 bits) when the slot is known */
+static inline int ferry__loc_slot(const struct ferry_table *t, uint64_t key, uint32_t *rank,
+				  uint32_t *slot, uint32_t *epoch16)
+{
+	uint64_t w = __atomic_load_n(&t->dir.loc[key], __ATOMIC_RELAXED);
+
+	*rank = (uint32_t)(w & 0xffff);
+	*epoch16 = (uint32_t)(w >> 16) & 0xffff;
+	*slot = (uint32_t)(w >> 32) - 1;
+	return (w >> 32) != 0;
 }
 
 #endif /* FERRY_LIB_CORE_H */

@@ -152,6 +152,7 @@ static void node_on_msg(void *core, uint32_t src, const void *buf, size_t len)
 {
 	struct ferry *fy = core;
 	const struct ferry_msg_hdr *hdr = buf;
+	struct ferry_proto_limits node_lim = { .world = fy->world };
 	struct ferry_proto_view v;
 	struct ferry_table *t = NULL;
 	const char *why = NULL;
@@ -206,15 +207,15 @@ static void node_on_msg(void *core, uint32_t src, const void *buf, size_t len)
 		goto out;
 	case FERRY_MSG_BARRIER:
 	case FERRY_MSG_BARRIER_REL:
-		if (ferry__proto_parse(buf, len, NULL, &v, &why))
+		if (ferry__proto_parse(buf, len, &node_lim, &v, &why))
 			break;
 		node_barrier_on_msg(fy, src, hdr->type, v.body);
 		goto out;
 	case FERRY_MSG_TABLE:
 	case FERRY_MSG_TABLE_ACK:
-		if (ferry__proto_parse(buf, len, NULL, &v, &why))
+		if (ferry__proto_parse(buf, len, &node_lim, &v, &why))
 			break;
-		ferry__table_on_msg(fy, src, hdr, v.body);
+		ferry__table_on_msg(fy, src, &v);
 		goto out;
 	default:
 		why = "unexpected message type";
@@ -225,7 +226,15 @@ out:
 	urcu_memb_read_unlock();
 }
 
+static void node_on_rdma_done(void *core, void *ctx, int status)
+{
+	urcu_memb_read_lock();
+	ferry__ops_on_rdma_done(core, ctx, status);
+	urcu_memb_read_unlock();
+}
+
 static const struct ferry_tp_handler node_handler = {
+	.on_rdma_done = node_on_rdma_done,
 	.on_msg = node_on_msg,
 	.on_peer_failed = node_on_peer_failed,
 	.on_thread_start = node_on_thread_start,
@@ -238,6 +247,10 @@ static const struct ferry_tp_ops *node_pick_transport(enum ferry_transport_kind 
 {
 	const char *why = "this build has no RDMA transport (libibverbs/librdmacm missing)";
 
+	if (kind == FERRY_TRANSPORT_LOOP) {
+		ferry_info("transport: loop (tcp messages, one-sided access emulated in-process)");
+		return &ferry__loop_ops;
+	}
 #ifdef FERRY_HAVE_RDMA
 	if (kind != FERRY_TRANSPORT_TCP) {
 		int rc = ferry__rdma_ops.probe ? ferry__rdma_ops.probe(&why) : 0;
@@ -263,8 +276,10 @@ static void node_free(struct ferry *fy)
 {
 	free(fy->failed);
 	free(fy->barrier_arrived);
-	for (int i = 0; i < FERRY_MAX_TABLES; i++)
+	for (int i = 0; i < FERRY_MAX_TABLES; i++) {
 		free(fy->table_seen[i]);
+		free(fy->table_arenas[i]);
+	}
 	pthread_mutex_destroy(&fy->lock);
 	pthread_cond_destroy(&fy->cond);
 	free(fy);
@@ -466,6 +481,9 @@ int ferry_stats(struct ferry *fy, struct ferry_stats *s)
 	s->msgs_recv = atomic_load(&fy->msgs_recv);
 	s->bytes_sent = atomic_load(&fy->bytes_sent);
 	s->bytes_recv = atomic_load(&fy->bytes_recv);
+	s->onesided_reads = atomic_load(&fy->onesided_reads);
+	s->onesided_retries = atomic_load(&fy->onesided_retries);
+	s->onesided_fallbacks = atomic_load(&fy->onesided_fallbacks);
 	return 0;
 }
 

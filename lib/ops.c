@@ -186,6 +186,7 @@ void ferry_worker_destroy(struct ferry_worker *w)
 	for (uint32_t i = 0; i < FERRY_MAX_INFLIGHT; i++)
 		if (w->reqs[i].ticket)
 			ops_req_free(w, &w->reqs[i]);
+	ferry__ops_rd_fini(w);
 	atomic_fetch_add(&fy->gone_local_ops, w->local_ops);
 	atomic_fetch_add(&fy->gone_remote_ops, w->remote_ops);
 	if (--ops_rcu_regs == 0)
@@ -200,14 +201,26 @@ void ferry_worker_destroy(struct ferry_worker *w)
 
 /* ---- applying operations to slots -------------------------------------- */
 
+static int ops_apply_slot(struct ferry_table *t, uint8_t op, uint64_t key, const float *in,
+			  float *out, uint64_t *hint);
+
 int ferry__ops_apply(struct ferry_table *t, uint8_t op, uint64_t key, const float *in,
 		     float *out)
+{
+	return ops_apply_slot(t, op, key, in, out, NULL);
+}
+
+static int ops_apply_slot(struct ferry_table *t, uint8_t op, uint64_t key, const float *in,
+			  float *out, uint64_t *hint)
 {
 	struct ferry_slot *s = rcu_dereference(t->dir.own[key]);
 	uint32_t len = ferry__value_len(t, key);
 
 	if (!s)
 		return -EAGAIN;
+	if (hint)
+		*hint = (uint64_t)ferry__arena_idx(&t->arena, s) << 32 |
+			__atomic_load_n(&s->epoch, __ATOMIC_RELAXED);
 	if (op == FERRY_OP_PULL)
 		return ferry__slot_read(s, key, out, len);
 	return ferry__slot_update(&t->arena, s, key, in, len, op == FERRY_OP_PUSH);
@@ -247,7 +260,8 @@ static void ops_mark_done(struct ferry_worker *w, struct ferry_req *r, uint32_t 
 
 static int ops_complete_locked(struct ferry_table *t, struct ferry_worker *w,
 			       struct ferry_req *r, const uint32_t *idx, uint32_t count,
-			       int status, const float *vals, size_t nvals, uint32_t owner)
+			       int status, const float *vals, size_t nvals, uint32_t owner,
+			       const uint64_t *slots)
 {
 	size_t need = 0;
 
@@ -270,8 +284,13 @@ static int ops_complete_locked(struct ferry_table *t, struct ferry_worker *w,
 			memcpy(r->out + ops_req_off(t, r, i), vals, len * sizeof(float));
 			vals += len;
 		}
-		if (owner != t->fy->rank && owner < t->fy->world && !status)
-			ferry__loc_set(t, key, owner);
+		if (owner != t->fy->rank && owner < t->fy->world && !status) {
+			if (slots)
+				ferry__loc_set_slot(t, key, owner, (uint32_t)(slots[c] >> 32),
+						    (uint32_t)slots[c]);
+			else
+				ferry__loc_set(t, key, owner);
+		}
 		ops_mark_done(w, r, i, status);
 	}
 	return 0;
@@ -291,7 +310,7 @@ void ferry__ops_complete(struct ferry *fy, uint32_t worker, uint64_t ticket, con
 	pthread_mutex_lock(&w->lock);
 	r = ops_req_find(w, ticket);
 	if (r)
-		ops_complete_locked(r->t, w, r, idx, count, status, vals, nvals, fy->rank);
+		ops_complete_locked(r->t, w, r, idx, count, status, vals, nvals, fy->rank, NULL);
 	pthread_mutex_unlock(&w->lock);
 }
 
@@ -314,7 +333,7 @@ void ferry__ops_on_reply(struct ferry *fy, struct ferry_table *t, uint32_t src,
 	if (r && r->t == t && r->op == rep->op)
 		rc = ops_complete_locked(t, w, r, v->idx, v->count, rep->status,
 					 rep->op == FERRY_OP_PULL ? v->vals : NULL, v->nvals,
-					 rep->owner);
+					 rep->owner, v->slots);
 	pthread_mutex_unlock(&w->lock);
 	if (!rc)
 		return;
@@ -327,6 +346,11 @@ bad:
 
 /* ---- sending operations, replies and forwards ------------------------- */
 
+static void ops_send_reply_slots(struct ferry *fy, struct ferry_table *t,
+				 const struct ferry_msg_op *op, int status, const uint32_t *idx,
+				 uint32_t count, const uint64_t *slots, const float *vals,
+				 size_t nvals);
+
 struct ops_dest {
 	struct ferry_frame f;
 	uint32_t count;
@@ -336,6 +360,15 @@ struct ops_dest {
 void ferry__ops_send_reply(struct ferry *fy, struct ferry_table *t, const struct ferry_msg_op *op,
 			   int status, const uint32_t *idx, uint32_t count, const float *vals,
 			   size_t nvals)
+{
+	ops_send_reply_slots(fy, t, op, status, idx, count, NULL, vals, nvals);
+}
+
+/* @slots: per key (slot << 32 | epoch) for one-sided origins, or NULL */
+static void ops_send_reply_slots(struct ferry *fy, struct ferry_table *t,
+				 const struct ferry_msg_op *op, int status, const uint32_t *idx,
+				 uint32_t count, const uint64_t *slots, const float *vals,
+				 size_t nvals)
 {
 	struct ferry_frame f;
 	struct ferry_msg_reply *rep;
@@ -356,10 +389,18 @@ void ferry__ops_send_reply(struct ferry *fy, struct ferry_table *t, const struct
 		rep->status = status;
 		rep->owner = fy->rank;
 		rep->op = op->op;
+		rep->flags = slots && !status ? FERRY_REPLY_F_SLOTS : 0;
 	}
 	p = ferry__frame_put(&f, count * sizeof(uint32_t));
 	if (p)
 		memcpy(p, idx, count * sizeof(uint32_t));
+	if (slots && !status) {
+		if (count & 1)
+			ferry__frame_put(&f, sizeof(uint32_t)); /* keep the hints aligned */
+		p = ferry__frame_put(&f, count * sizeof(uint64_t));
+		if (p)
+			memcpy(p, slots, count * sizeof(uint64_t));
+	}
 	if (nvals && !status) {
 		p = ferry__frame_put(&f, nvals * sizeof(float));
 		if (p)
@@ -498,6 +539,9 @@ void ferry__ops_on_op(struct ferry *fy, struct ferry_table *t, uint32_t src,
 	const struct ferry_msg_op *op = v->body;
 	const float *in = v->vals;
 	uint32_t *idx = malloc(v->count * sizeof(uint32_t));
+	uint64_t *slots = t->onesided && op->origin != fy->rank ?
+				  malloc(v->count * sizeof(uint64_t)) :
+				  NULL;
 	float *out = NULL;
 	size_t nout = 0, nserved = 0, out_cap = 0;
 	struct ops_out *fwd = NULL;
@@ -519,7 +563,8 @@ void ferry__ops_on_op(struct ferry *fy, struct ferry_table *t, uint32_t src,
 		const float *kin = op->op == FERRY_OP_PULL ? NULL : in;
 		uint32_t home, dst;
 
-		if (!ferry__ops_apply(t, op->op, k->key, kin, out ? out + nout : NULL)) {
+		if (!ops_apply_slot(t, op->op, k->key, kin, out ? out + nout : NULL,
+				    slots ? &slots[nserved] : NULL)) {
 			idx[nserved++] = k->idx;
 			if (out)
 				nout += k->len;
@@ -538,14 +583,224 @@ void ferry__ops_on_op(struct ferry *fy, struct ferry_table *t, uint32_t src,
 	}
 	if (nserved) {
 		atomic_fetch_add_explicit(&fy->served_ops, nserved, memory_order_relaxed);
-		ferry__ops_send_reply(fy, t, op, 0, idx, (uint32_t)nserved, out, nout);
+		ops_send_reply_slots(fy, t, op, 0, idx, (uint32_t)nserved, slots, out, nout);
 	}
 	for (uint32_t r = 0; r < fy->world; r++)
 		ops_out_flush(fy, t, &fwd[r]);
 out:
 	free(fwd);
 	free(idx);
+	free(slots);
 	free(out);
+}
+
+/* ---- one-sided pulls ----------------------------------------------------- */
+
+/*
+ * A pull of a key whose owner and slot the hint names is one READ of the
+ * whole slot into a landing area of the worker's. The image is accepted when
+ * head and tail versions are equal and even and key, epoch and state match;
+ * a torn image (a write overlapped) is read again, a few times; a slot that
+ * moved or was reused sends the pull by message, through the home.
+ */
+#define OPS_RD_POOL 64
+#define OPS_RD_TRIES 16
+
+struct ferry_rd {
+	struct ferry_rd_pool *pool;
+	uint64_t ticket;
+	uint64_t key;
+	uint32_t idx, owner, slot, epoch16, tries;
+	uint8_t *buf;
+};
+
+struct ferry_rd_pool {
+	struct ferry_worker *w;
+	struct ferry_table *t;
+	struct ferry_tp_mr *mr;
+	uint8_t *mem;
+	size_t stride;
+	pthread_mutex_t lock; /* free list: worker takes, completions give back */
+	uint32_t nfree;
+	uint32_t inflight;
+	uint32_t free[OPS_RD_POOL];
+	struct ferry_rd rd[OPS_RD_POOL];
+};
+
+static struct ferry_rd_pool *ops_rd_pool(struct ferry_worker *w, struct ferry_table *t)
+{
+	struct ferry_tp *tp = w->fy->tp;
+	struct ferry_rd_pool *p = w->rd_pools[t->id];
+	size_t bytes;
+
+	if (p && p->t == t)
+		return p;
+	if (p)
+		return NULL; /* an old table's pool still has reads in flight */
+	p = calloc(1, sizeof(*p));
+	if (!p)
+		return NULL;
+	p->w = w;
+	p->t = t;
+	p->stride = t->arena.stride;
+	bytes = p->stride * OPS_RD_POOL;
+	p->mr = calloc(1, tp->ops->mr_size);
+	if (!p->mr || posix_memalign((void **)&p->mem, 64, bytes)) {
+		free(p->mr);
+		free(p);
+		return NULL;
+	}
+	if (tp->ops->mem_reg(tp, p->mem, bytes, 0, p->mr)) {
+		ferry_warn("ops: cannot register %zu bytes for one-sided reads; pulls go by "
+			   "message",
+			   bytes);
+		free(p->mem);
+		free(p->mr);
+		free(p);
+		return NULL;
+	}
+	pthread_mutex_init(&p->lock, NULL);
+	for (uint32_t i = 0; i < OPS_RD_POOL; i++) {
+		p->rd[i].pool = p;
+		p->rd[i].buf = p->mem + i * p->stride;
+		p->free[i] = i;
+	}
+	p->nfree = OPS_RD_POOL;
+	w->rd_pools[t->id] = p;
+	return p;
+}
+
+static void ops_rd_put(struct ferry_rd *rd)
+{
+	struct ferry_rd_pool *p = rd->pool;
+
+	pthread_mutex_lock(&p->lock);
+	p->free[p->nfree++] = (uint32_t)(rd - p->rd);
+	p->inflight--;
+	pthread_mutex_unlock(&p->lock);
+}
+
+static int ops_rd_post(struct ferry *fy, struct ferry_rd *rd)
+{
+	struct ferry_rd_pool *p = rd->pool;
+	const struct ferry_msg_arena *ar = &p->t->peer_arena[rd->owner];
+
+	atomic_fetch_add_explicit(&fy->onesided_reads, 1, memory_order_relaxed);
+	return fy->tp->ops->read(fy->tp, rd->owner, rd->buf, p->mr,
+				 ar->addr + (uint64_t)rd->slot * p->stride, ar->rkey, p->stride, rd);
+}
+
+/* a landing area for key @i of @r when its slot is known; posted later */
+static struct ferry_rd *ops_rd_prepare(struct ferry_worker *w, struct ferry_req *r,
+				       uint64_t ticket, size_t i)
+{
+	struct ferry *fy = w->fy;
+	struct ferry_table *t = r->t;
+	uint32_t owner, slot, epoch16;
+	struct ferry_rd_pool *p;
+	struct ferry_rd *rd;
+
+	if (!ferry__loc_slot(t, r->keys[i], &owner, &slot, &epoch16) || owner == fy->rank ||
+	    owner >= fy->world || slot >= t->arena.capacity ||
+	    atomic_load_explicit(&fy->failed[owner], memory_order_relaxed))
+		return NULL;
+	p = ops_rd_pool(w, t);
+	if (!p)
+		return NULL;
+	pthread_mutex_lock(&p->lock);
+	if (!p->nfree) {
+		pthread_mutex_unlock(&p->lock);
+		return NULL;
+	}
+	rd = &p->rd[p->free[--p->nfree]];
+	p->inflight++;
+	pthread_mutex_unlock(&p->lock);
+	rd->ticket = ticket;
+	rd->key = r->keys[i];
+	rd->idx = (uint32_t)i;
+	rd->owner = owner;
+	rd->slot = slot;
+	rd->epoch16 = epoch16;
+	rd->tries = 0;
+	return rd;
+}
+
+void ferry__ops_on_rdma_done(struct ferry *fy, void *ctx, int status)
+{
+	struct ferry_rd *rd = ctx;
+	struct ferry_rd_pool *p = rd->pool;
+	struct ferry_table *t = p->t;
+	const struct ferry_slot *img = (const void *)rd->buf;
+	struct ferry_msg_op tmpl = { .origin = fy->rank, .worker = p->w->id, .req = rd->ticket,
+				     .op = FERRY_OP_PULL };
+	struct ferry_msg_key k = { .key = rd->key, .idx = rd->idx,
+				   .len = ferry__value_len(t, rd->key) };
+
+	if (!status) {
+		uint64_t head = img->version;
+		uint64_t tail = *(const uint64_t *)(rd->buf + p->stride - sizeof(uint64_t));
+
+		if ((head & 1) || head != tail) {
+			/* a write overlapped the read: read again */
+			if (rd->tries++ < OPS_RD_TRIES && !ops_rd_post(fy, rd)) {
+				atomic_fetch_add_explicit(&fy->onesided_retries, 1,
+							  memory_order_relaxed);
+				return;
+			}
+		} else if (img->key == rd->key && img->state == FERRY_SLOT_LIVE &&
+			   (img->epoch & 0xffff) == rd->epoch16 && img->len == k.len) {
+			ferry__ops_complete(fy, p->w->id, rd->ticket, &rd->idx, 1, 0, img->val,
+					    k.len);
+			ops_rd_put(rd);
+			return;
+		} else {
+			/* moved away or reused: the home knows where it went */
+			ferry__loc_set(t, rd->key, ferry__home(t, rd->key));
+		}
+	}
+	atomic_fetch_add_explicit(&fy->onesided_fallbacks, 1, memory_order_relaxed);
+	{
+		struct ops_out o = { .used = 0 };
+		uint32_t dst = ferry__loc_get(t, rd->key);
+
+		ops_out_add(&o, &tmpl, dst < fy->world ? dst : ferry__home(t, rd->key), &k, NULL);
+		ops_out_flush(fy, t, &o);
+	}
+	ops_rd_put(rd);
+}
+
+static void ops_rd_post_all(struct ferry *fy, struct ferry_rd **reads, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		if (ops_rd_post(fy, reads[i])) {
+			/* the transport refused: the fallback sends it by message */
+			urcu_memb_read_lock();
+			ferry__ops_on_rdma_done(fy, reads[i], -EIO);
+			urcu_memb_read_unlock();
+		}
+}
+
+void ferry__ops_rd_fini(struct ferry_worker *w)
+{
+	for (int i = 0; i < FERRY_MAX_TABLES; i++) {
+		struct ferry_rd_pool *p = w->rd_pools[i];
+
+		if (!p)
+			continue;
+		if (__atomic_load_n(&p->inflight, __ATOMIC_ACQUIRE)) {
+			/* a timed-out read may still land here: keep the memory */
+			ferry_warn("worker %u: %u one-sided reads still in flight; their landing "
+				   "area is kept",
+				   w->id, p->inflight);
+			continue;
+		}
+		if (w->fy->tp && w->fy->tp->ops->mem_dereg)
+			w->fy->tp->ops->mem_dereg(w->fy->tp, p->mr);
+		pthread_mutex_destroy(&p->lock);
+		free(p->mem);
+		free(p->mr);
+		free(p);
+	}
 }
 
 /* ---- requests (worker thread) ------------------------------------------ */
@@ -616,8 +871,9 @@ static void ops_send_remote(struct ferry_worker *w, struct ferry_req *r, uint64_
 	struct ferry_msg_op tmpl = { .origin = fy->rank, .worker = w->id, .req = ticket,
 				     .op = r->op };
 	struct ops_out one = { .used = 0 }, *outs = &one;
+	struct ferry_rd *reads[OPS_RD_POOL];
 	uint32_t first_dst = UINT32_MAX;
-	size_t off = 0, nremote = 0;
+	size_t off = 0, nremote = 0, nreads = 0;
 
 	for (size_t i = 0; i < r->n; i++) {
 		uint64_t key = r->keys[i];
@@ -629,6 +885,14 @@ static void ops_send_remote(struct ferry_worker *w, struct ferry_req *r, uint64_
 		off += len;
 		if (r->done[i / 8] & (1u << (i % 8)))
 			continue;
+		if (r->op == FERRY_OP_PULL && t->onesided && nreads < OPS_RD_POOL &&
+		    (reads[nreads] = ops_rd_prepare(w, r, ticket, i))) {
+			nreads++;
+			nremote++;
+			if (r->tracked && !inflight_add(w, key))
+				r->done[(r->n + 7) / 8 + i / 8] |= (uint8_t)(1u << (i % 8));
+			continue;
+		}
 		dst = ferry__loc_get(t, key);
 		if (dst >= fy->world)
 			dst = ferry__home(t, key);
@@ -650,6 +914,8 @@ static void ops_send_remote(struct ferry_worker *w, struct ferry_req *r, uint64_
 			r->done[(r->n + 7) / 8 + i / 8] |= (uint8_t)(1u << (i % 8));
 	}
 	ops_count(&w->remote_ops, nremote);
+	/* completions may start now: the loop above no longer reads r->done */
+	ops_rd_post_all(fy, reads, nreads);
 	if (outs == &one) {
 		ops_out_flush(fy, t, &one);
 		return;

@@ -256,17 +256,39 @@ int ferry__proto_parse(const void *buf, size_t len, const struct ferry_proto_lim
 			PROTO_FAIL("reply: unknown operation");
 		if (r->status > 0)
 			PROTO_FAIL("reply: positive status");
+		if (r->flags & ~FERRY_REPLY_F_SLOTS)
+			PROTO_FAIL("reply: unknown flags");
 		view->count = r->count;
 		view->idx = (const uint32_t *)p;
 		left -= (size_t)r->count * sizeof(uint32_t);
+		p += (size_t)r->count * sizeof(uint32_t);
+		if (r->flags & FERRY_REPLY_F_SLOTS) {
+			/* the indices end 8-aligned when count is even; else 4 bytes pad */
+			size_t skip = (r->count & 1) ? sizeof(uint32_t) : 0;
+
+			if (left < skip || (left - skip) / sizeof(uint64_t) < r->count)
+				PROTO_FAIL("reply: slot hints exceed the frame");
+			view->slots = (const uint64_t *)(p + skip);
+			left -= skip + (size_t)r->count * sizeof(uint64_t);
+			p += skip + (size_t)r->count * sizeof(uint64_t);
+		}
 		if (left % sizeof(float))
 			PROTO_FAIL("reply: value bytes not a whole number of floats");
 		if (r->op != FERRY_OP_PULL && !proto_pad_ok(left, 0))
 			PROTO_FAIL("reply: values on a reply without any");
-		view->vals = (const float *)(p + (size_t)r->count * sizeof(uint32_t));
+		view->vals = (const float *)p;
 		view->nvals = left / sizeof(float);
 		return 0;
 	}
+	case FERRY_MSG_TABLE_ACK:
+		/* an arena trailer of exactly world entries, or none */
+		if (!left)
+			return 0;
+		if (!lim || left != (size_t)lim->world * sizeof(struct ferry_msg_arena))
+			PROTO_FAIL("table ack: arena list does not match the world size");
+		view->arenas = (const struct ferry_msg_arena *)p;
+		view->count = lim->world;
+		return 0;
 	default:
 		if (!proto_pad_ok(left, 0))
 			PROTO_FAIL("trailing bytes after the body");

@@ -95,8 +95,13 @@ struct ferry_msg_reply {
 	int32_t status; /* 0 or a negative errno for every key of this reply */
 	uint32_t owner; /* rank that applied them: a location hint */
 	uint8_t op;
-	uint8_t pad[7];
+	uint8_t flags;	/* FERRY_REPLY_F_* */
+	uint8_t pad[6];
 };
+
+/* after the indices: count uint64 slot hints, (slot << 32) | epoch, one per
+ * key, for origins that read slots one-sided */
+#define FERRY_REPLY_F_SLOTS 1u
 
 /*
  * FERRY_MSG_LOCALIZE, _HANDOVER_REQ, _LOC_ACK: count struct ferry_msg_mv.
@@ -131,6 +136,17 @@ struct ferry_msg_table {
 	int32_t status;	    /* TABLE_ACK: 0 or -FERRY_E_MISMATCH */
 	uint32_t field;	    /* TABLE_ACK: which field differed (enum below) */
 	uint32_t from_rank; /* TABLE_ACK: the rank that differed */
+	uint32_t pad;
+	/* TABLE: where the sender's arena is, for one-sided access (0 if none) */
+	uint64_t arena_addr;
+	uint64_t arena_rkey;
+	uint64_t arena_stride;
+};
+
+/* TABLE_ACK (one-sided transports): world entries after the body, rank order */
+struct ferry_msg_arena {
+	uint64_t addr;
+	uint64_t rkey;
 };
 
 enum ferry_table_field {
@@ -172,6 +188,8 @@ struct ferry_proto_view {
 	const struct ferry_msg_key *keys;  /* OP */
 	const struct ferry_msg_mv *mvs;	   /* LOCALIZE, HANDOVER_REQ, HANDOVER, LOC_ACK */
 	const uint32_t *idx;		   /* REPLY */
+	const uint64_t *slots;		   /* REPLY with FERRY_REPLY_F_SLOTS */
+	const struct ferry_msg_arena *arenas; /* TABLE_ACK with a trailer */
 	const float *vals;		   /* values, where the type has them */
 	size_t nvals;			   /* floats at vals */
 };
@@ -179,8 +197,8 @@ struct ferry_proto_view {
 /**
  * ferry__proto_parse - validate a whole frame and give a view into it
  * @buf, @len: the frame; ferry__proto_check_hdr() passed on it
- * @lim: the table's limits for types that carry keys (may be NULL for the
- *       others); for REPLY the value count cannot be checked here (the
+ * @lim: the table's limits for types that carry keys; for the others only
+ *       lim->world is used (TABLE_ACK's trailer); may be NULL then; for REPLY the value count cannot be checked here (the
  *       origin knows it), so vals/nvals cover everything after the indices
  * @view: filled in on success
  * @why_p: on failure, a static description of the bad field

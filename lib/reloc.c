@@ -347,7 +347,7 @@ static void reloc_give(struct ferry *fy, struct ferry_table *t, struct ferry_slo
 		       struct reloc_batch *b, struct ferry_frame *vals)
 {
 	uint32_t len = ferry__value_len(t, key);
-	uint64_t ver = ferry__slot_lock(s);
+	uint64_t ver = ferry__slot_lock(&t->arena, s);
 	float *dst;
 
 	/* under the write lock: every local update so far is in the copy, and
@@ -448,7 +448,7 @@ static void reloc_install(struct ferry *fy, struct ferry_table *t, struct ferry_
 				memcpy(out, s->val, len * sizeof(float));
 				rc = 0;
 			} else {
-				uint64_t ver = ferry__slot_lock(s);
+				uint64_t ver = ferry__slot_lock(&t->arena, s);
 
 				for (uint32_t j = 0; j < len; j++)
 					s->val[j] = it->op.op == FERRY_OP_PUSH ?

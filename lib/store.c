@@ -131,7 +131,7 @@ void ferry__arena_reclaim(struct ferry_arena *a)
 int ferry__slot_update(const struct ferry_arena *a, struct ferry_slot *s, uint64_t key,
 		       const float *in, uint32_t len, int add)
 {
-	uint64_t v = ferry__slot_lock(s);
+	uint64_t v = ferry__slot_lock(a, s);
 
 	if (s->state != FERRY_SLOT_LIVE || s->key != key) {
 		/* nothing written: give the version back unchanged */

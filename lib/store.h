@@ -98,8 +98,14 @@ static inline uint64_t *ferry__slot_tail(const struct ferry_arena *a, struct fer
  * Writer side. ferry__slot_lock() spins until it owns the slot (version odd)
  * and returns the even version it started from; ferry__slot_unlock() publishes
  * version + 2. Writers are this node's worker threads and its progress thread.
+ *
+ * The tail is made odd too, before the value changes: a one-sided reader
+ * copies head, value, tail in address order, so if its copy of the value
+ * overlaps a write, its tail is odd or newer than its head. (Were the tail
+ * written only after the value, a reader could copy the old head, a torn
+ * value and the old tail, and accept it: test_onesided catches that.)
  */
-static inline uint64_t ferry__slot_lock(struct ferry_slot *s)
+static inline uint64_t ferry__slot_lock(const struct ferry_arena *a, struct ferry_slot *s)
 {
 	uint64_t v = __atomic_load_n(&s->version, __ATOMIC_RELAXED);
 
@@ -110,7 +116,8 @@ static inline uint64_t ferry__slot_lock(struct ferry_slot *s)
 		__builtin_ia32_pause();
 		v = __atomic_load_n(&s->version, __ATOMIC_RELAXED);
 	}
-	/* order the odd version before the writes that follow (for readers
+	__atomic_store_n(ferry__slot_tail(a, s), v + 1, __ATOMIC_RELAXED);
+	/* order the odd versions before the writes that follow (for readers
 	 * that see the writes, and for one-sided READs) */
 	__atomic_thread_fence(__ATOMIC_RELEASE);
 	return v;

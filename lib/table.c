@@ -46,14 +46,25 @@ static uint32_t table_diff(const struct ferry_msg_table *a, const struct ferry_m
 static void table_try_verdict(struct ferry *fy, uint32_t id)
 {
 	struct ferry_msg_table ack;
-	struct {
-		struct ferry_msg_hdr h;
-		struct ferry_msg_table m;
-	} msg;
+	struct ferry_msg_arena *arenas;
+	struct ferry_msg_hdr *h;
 	uint32_t field = FERRY_TF_NONE, from = 0;
+	size_t len = sizeof(*h) + sizeof(ack) + fy->world * sizeof(*arenas);
 
 	if (fy->table_nseen[id] < fy->world || fy->table_verdict[id])
 		return;
+	h = calloc(1, len);
+	arenas = calloc(fy->world, sizeof(*arenas));
+	if (!h || !arenas) {
+		free(h);
+		free(arenas);
+		ferry_err("table %u: out of memory at rank 0", id);
+		return; /* the others time out, and the log said why */
+	}
+	for (uint32_t r = 0; r < fy->world; r++) {
+		arenas[r].addr = fy->table_seen[id][r].arena_addr;
+		arenas[r].rkey = fy->table_seen[id][r].arena_rkey;
+	}
 	for (uint32_t r = 1; r < fy->world && field == FERRY_TF_NONE; r++) {
 		field = table_diff(&fy->table_seen[id][0], &fy->table_seen[id][r]);
 		from = r;
@@ -64,11 +75,14 @@ static void table_try_verdict(struct ferry *fy, uint32_t id)
 	ack.from_rank = from;
 	fy->table_ack[id] = ack;
 	fy->table_verdict[id] = 1;
-	ferry__proto_hdr_init(&msg.h, FERRY_MSG_TABLE_ACK, sizeof(msg), fy->rank, id);
-	msg.m = ack;
+	fy->table_arenas[id] = arenas;
+	ferry__proto_hdr_init(h, FERRY_MSG_TABLE_ACK, (uint32_t)len, fy->rank, id);
+	memcpy(h + 1, &ack, sizeof(ack));
+	memcpy((uint8_t *)(h + 1) + sizeof(ack), arenas, fy->world * sizeof(*arenas));
 	pthread_mutex_unlock(&fy->lock);
 	for (uint32_t r = 1; r < fy->world; r++)
-		ferry__send(fy, r, &msg, sizeof(msg));
+		ferry__send(fy, r, h, len);
+	free(h);
 	pthread_mutex_lock(&fy->lock);
 	pthread_cond_broadcast(&fy->cond);
 }
@@ -90,9 +104,10 @@ static void table_record(struct ferry *fy, uint32_t src, uint32_t id,
 	table_try_verdict(fy, id);
 }
 
-void ferry__table_on_msg(struct ferry *fy, uint32_t src, const struct ferry_msg_hdr *hdr,
-			 const struct ferry_msg_table *m)
+void ferry__table_on_msg(struct ferry *fy, uint32_t src, const struct ferry_proto_view *v)
 {
+	const struct ferry_msg_hdr *hdr = v->hdr;
+	const struct ferry_msg_table *m = v->body;
 	uint32_t id = hdr->table;
 
 	if (id >= FERRY_MAX_TABLES) {
@@ -105,6 +120,12 @@ void ferry__table_on_msg(struct ferry *fy, uint32_t src, const struct ferry_msg_
 	} else if (hdr->type == FERRY_MSG_TABLE_ACK && src == 0 && !fy->table_verdict[id]) {
 		fy->table_ack[id] = *m;
 		fy->table_verdict[id] = 1;
+		if (v->arenas) {
+			fy->table_arenas[id] = malloc(fy->world * sizeof(*v->arenas));
+			if (fy->table_arenas[id])
+				memcpy(fy->table_arenas[id], v->arenas,
+				       fy->world * sizeof(*v->arenas));
+		}
 		pthread_cond_broadcast(&fy->cond);
 	}
 	pthread_mutex_unlock(&fy->lock);
@@ -161,6 +182,7 @@ static void table_free(struct ferry_table *t)
 	free(t->dir.owner);
 	free(t->value_lens);
 	free(t->value_offs);
+	free(t->peer_arena);
 	pthread_mutex_destroy(&t->pend_lock);
 	free(t);
 }
@@ -170,6 +192,7 @@ static int table_build(struct ferry *fy, const struct ferry_table_params *p,
 		       struct ferry_table *t)
 {
 	uint64_t n = p->num_keys, lens_hash = 0, cap;
+	uint32_t *next_slot;
 	int rc;
 
 	t->fy = fy;
@@ -235,11 +258,16 @@ static int table_build(struct ferry *fy, const struct ferry_table_params *p,
 		}
 	}
 
+	next_slot = calloc(fy->world, sizeof(*next_slot));
+	if (!next_slot)
+		return -ENOMEM;
 	for (uint64_t k = 0; k < n; k++) {
 		uint32_t home = ferry__home(t, k), idx;
 		struct ferry_slot *s;
 
-		t->dir.loc[k] = home;
+		/* every home fills its fresh arena in key order, so every node
+		 * knows where each key starts out */
+		ferry__loc_set_slot(t, k, home, next_slot[home]++, 0);
 		t->dir.owner[k] = home;
 		if (home != fy->rank)
 			continue;
@@ -256,6 +284,7 @@ static int table_build(struct ferry *fy, const struct ferry_table_params *p,
 		s->state = FERRY_SLOT_LIVE;
 		t->dir.own[k] = s;
 	}
+	free(next_slot);
 
 	t->wire = (struct ferry_msg_table){
 		.num_keys = n,
@@ -267,6 +296,12 @@ static int table_build(struct ferry *fy, const struct ferry_table_params *p,
 		.mode = (uint32_t)p->mode,
 		.no_local_fast_path = (uint32_t)!!p->no_local_fast_path,
 	};
+	if (t->arena.mr && (fy->tp->ops->caps & FERRY_TP_CAP_READ)) {
+		t->onesided = true;
+		t->wire.arena_addr = (uint64_t)(uintptr_t)t->arena.base;
+		t->wire.arena_rkey = t->arena.mr->rkey;
+		t->wire.arena_stride = t->arena.stride;
+	}
 	return 0;
 }
 
@@ -351,6 +386,18 @@ int ferry_table_create(struct ferry *fy, const struct ferry_table_params *p,
 				  "field");
 		rc = ack.status;
 		goto err_unpublish;
+	}
+	if (t->onesided) {
+		pthread_mutex_lock(&fy->lock);
+		t->peer_arena = fy->table_arenas[id];
+		fy->table_arenas[id] = NULL;
+		pthread_mutex_unlock(&fy->lock);
+		if (!t->peer_arena) {
+			ferry_err("table %u: rank 0 sent no arena addresses; one-sided reads are "
+				  "off for this table",
+				  id);
+			t->onesided = false;
+		}
 	}
 	atomic_fetch_add(&fy->refs, 1);
 	*table_p = t;

@@ -13,7 +13,7 @@
  *   remote pull (when CAP_READ) -------------> ops->read()        one-sided
  *   handler->on_msg(src, frame) <------------ progress thread, frames in order
  *   handler->on_peer_failed(src, err) <------ progress thread, once per peer
- *   handler->on_rdma_done(ctx, status) <----- progress thread
+ *   handler->on_rdma_done(ctx, status) <----- progress thread (loop: inline)
  *
  * A transport owns exactly one progress thread per node. Every handler is
  * called on it, one call at a time; messages from one source arrive in the
@@ -131,5 +131,6 @@ struct ferry_tp {
 /* the transports that exist */
 extern const struct ferry_tp_ops ferry__tcp_ops;
 extern const struct ferry_tp_ops ferry__rdma_ops;
+extern const struct ferry_tp_ops ferry__loop_ops; /* tests: tcp + in-process one-sided */
 
 #endif /* FERRY_TRANSPORT_H */

@@ -83,6 +83,7 @@ enum ferry_transport_kind {
 	FERRY_TRANSPORT_AUTO = 0, /* rdma when a usable device and port exist, else tcp */
 	FERRY_TRANSPORT_TCP,
 	FERRY_TRANSPORT_RDMA,
+	FERRY_TRANSPORT_LOOP, /* tests: tcp messages, one-sided access emulated in one process */
 };
 
 /**
@@ -285,6 +286,9 @@ struct ferry_stats {
 	uint64_t msgs_recv;
 	uint64_t bytes_sent;
 	uint64_t bytes_recv;
+	uint64_t onesided_reads;     /* one-sided reads posted (pulls, retries included) */
+	uint64_t onesided_retries;   /* reads repeated because the slot was being written */
+	uint64_t onesided_fallbacks; /* pulls that fell back to a message (moved, stale) */
 };
 
 /**
