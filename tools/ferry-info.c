@@ -1,0 +1,192 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * ferry-info - what Ferry sees on this machine: the version, the effective
+ * configuration (every option, its value and where it came from), the
+ * transports built in and whether each can run, the RDMA devices with their
+ * ports, states, MTUs and GIDs, the memlock limit, and the transport "auto"
+ * would pick. It changes nothing.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+
+#ifdef FERRY_HAVE_RDMA
+#include <infiniband/verbs.h>
+#endif
+
+#include "lib/config.h"
+#include "transport/transport.h"
+
+static void print_limit(const char *what, rlim_t v)
+{
+	if (v == RLIM_INFINITY)
+		printf("  %-22s unlimited\n", what);
+	else
+		printf("  %-22s %llu KiB\n", what, (unsigned long long)v / 1024);
+}
+
+#ifdef FERRY_HAVE_RDMA
+static const char *port_state(enum ibv_port_state s)
+{
+	switch (s) {
+	case IBV_PORT_ACTIVE:
+		return "ACTIVE";
+	case IBV_PORT_DOWN:
+		return "DOWN";
+	case IBV_PORT_INIT:
+		return "INIT";
+	case IBV_PORT_ARMED:
+		return "ARMED";
+	default:
+		return "other";
+	}
+}
+
+static void print_gids(const char *dev, int port)
+{
+	char path[256], gid[64], type[64];
+
+	for (int i = 0; i < 16; i++) {
+		FILE *f;
+
+		snprintf(path, sizeof(path), "/sys/class/infiniband/%s/ports/%d/gids/%d", dev, port,
+			 i);
+		f = fopen(path, "r");
+		if (!f)
+			break;
+		if (!fgets(gid, sizeof(gid), f))
+			gid[0] = '\0';
+		fclose(f);
+		gid[strcspn(gid, "\n")] = '\0';
+		if (!strcmp(gid, "0000:0000:0000:0000:0000:0000:0000:0000"))
+			continue;
+		snprintf(path, sizeof(path),
+			 "/sys/class/infiniband/%s/ports/%d/gid_attrs/types/%d", dev, port, i);
+		f = fopen(path, "r");
+		type[0] = '\0';
+		if (f) {
+			if (!fgets(type, sizeof(type), f))
+				type[0] = '\0';
+			fclose(f);
+			type[strcspn(type, "\n")] = '\0';
+		}
+		printf("      gid[%d] %s %s\n", i, gid, type);
+	}
+}
+
+static void print_devices(void)
+{
+	struct ibv_device **list;
+	int n = 0;
+
+	list = ibv_get_device_list(&n);
+	if (!list || n == 0) {
+		printf("  none (ibv_get_device_list found no device; see docs/rdma.md for "
+		       "SoftRoCE)\n");
+		if (list)
+			ibv_free_device_list(list);
+		return;
+	}
+	for (int i = 0; i < n; i++) {
+		const char *name = ibv_get_device_name(list[i]);
+		struct ibv_context *ctx = ibv_open_device(list[i]);
+		struct ibv_device_attr da;
+
+		if (!ctx || ibv_query_device(ctx, &da)) {
+			printf("  %s: cannot open (%s)\n", name, ctx ? "query failed" : "open failed");
+			if (ctx)
+				ibv_close_device(ctx);
+			continue;
+		}
+		printf("  %s: %u port(s), max_qp %d, max_mr_size %llu\n", name, da.phys_port_cnt,
+		       da.max_qp, (unsigned long long)da.max_mr_size);
+		for (int p = 1; p <= da.phys_port_cnt; p++) {
+			struct ibv_port_attr pa;
+
+			if (ibv_query_port(ctx, (uint8_t)p, &pa))
+				continue;
+			printf("    port %d: %s, active MTU %d, link %s\n", p, port_state(pa.state),
+			       128 << pa.active_mtu,
+			       pa.link_layer == IBV_LINK_LAYER_ETHERNET ? "Ethernet (RoCE)" :
+									  "InfiniBand");
+			print_gids(name, p);
+		}
+		ibv_close_device(ctx);
+	}
+	ibv_free_device_list(list);
+}
+#endif
+
+int main(int argc, char **argv)
+{
+	const struct ferry_tp_ops *tps[] = {
+		&ferry__tcp_ops,
+#ifdef FERRY_HAVE_RDMA
+		&ferry__rdma_ops,
+#endif
+	};
+	struct ferry_config c;
+	struct rlimit rl;
+	const char *pick = "tcp";
+	int rc;
+
+	if (argc > 1) {
+		fprintf(stderr, "usage: %s\n  prints what Ferry sees here; takes no arguments\n",
+			argv[0]);
+		return strcmp(argv[1], "-h") && strcmp(argv[1], "--help") ? 2 : 0;
+	}
+	printf("Ferry %s\n\n", ferry_version());
+
+	printf("Options (params > FERRY_* > launchers' variables > default):\n");
+	printf("  %-22s %-14s %s\n", "variable", "value", "meaning");
+	for (const struct ferry_option *o = ferry__options; o->env; o++) {
+		const char *v = getenv(o->env);
+
+		printf("  %-22s %-14s %s (default: %s)\n", o->env, v ? v : "(unset)", o->what,
+		       o->def);
+	}
+	rc = ferry__config_resolve(NULL, &c);
+	if (rc) {
+		printf("\nEffective configuration: invalid (%s; the line above says why)\n",
+		       ferry_strerror(rc));
+	} else {
+		printf("\nEffective configuration:\n");
+		printf("  rank %d of %d (from %s)\n", c.rank, c.world, c.rank_src);
+		printf("  rendezvous %s:%d (from %s), bind %s\n", c.rdv_host, c.rdv_port, c.rdv_src,
+		       c.bind_addr);
+		printf("  timeout %d ms, busy poll %s\n", c.timeout_ms, c.busy_poll ? "on" : "off");
+	}
+
+	printf("\nTransports:\n");
+	for (size_t i = 0; i < sizeof(tps) / sizeof(tps[0]); i++) {
+		const char *why = NULL;
+		int ok = tps[i]->probe ? tps[i]->probe(&why) : 0;
+
+		printf("  %-6s %s%s%s\n", tps[i]->name, ok ? "unusable: " : "usable",
+		       ok && why ? why : "", ok && !why ? ferry_strerror(ok) : "");
+		if (!ok && tps[i] != &ferry__tcp_ops)
+			pick = tps[i]->name;
+	}
+#ifndef FERRY_HAVE_RDMA
+	printf("  rdma   not built (libibverbs-dev and librdmacm-dev were missing)\n");
+#endif
+	printf("  auto would pick: %s\n", pick);
+
+	printf("\nRDMA devices:\n");
+#ifdef FERRY_HAVE_RDMA
+	print_devices();
+#else
+	printf("  (not built with RDMA)\n");
+#endif
+
+	printf("\nLimits:\n");
+	if (!getrlimit(RLIMIT_MEMLOCK, &rl)) {
+		print_limit("memlock (soft)", rl.rlim_cur);
+		print_limit("memlock (hard)", rl.rlim_max);
+		if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < (64ull << 20))
+			printf("  note: RDMA registers every table's arena; raise the limit with "
+			       "`ulimit -l unlimited` or memlock in /etc/security/limits.conf\n");
+	}
+	return 0;
+}
