@@ -36,6 +36,12 @@
 #define FERRY_MAX_INFLIGHT 1024 /* tickets per worker */
 #define FERRY_MAX_HOPS 32	/* forwards before an operation is given up */
 
+/* what a one-sided operation's completion context starts with */
+enum { FERRY_RDMA_CTX_READ = 1, FERRY_RDMA_CTX_WRITE };
+struct ferry_rdma_ctx {
+	int kind;
+};
+
 /* ---- location hints: owner rank in one 64-bit word per key ------------- */
 
 #define FERRY_LOC_NONE UINT64_MAX
@@ -210,6 +216,8 @@ void ferry__reloc_on_ack(struct ferry *fy, struct ferry_table *t, uint32_t src,
 int ferry__reloc_queue_op(struct ferry_table *t, const struct ferry_msg_op *op,
 			  const struct ferry_msg_key *k, const float *vals);
 void ferry__reloc_table_fini(struct ferry_table *t);
+/* a hand-over write finished (on_rdma_done with a FERRY_RDMA_CTX_WRITE) */
+void ferry__reloc_on_write_done(struct ferry *fy, void *ctx, int status);
 
 /* table.c */
 void ferry__table_on_msg(struct ferry *fy, uint32_t src, const struct ferry_proto_view *v);

@@ -170,6 +170,7 @@ static void node_on_msg(void *core, uint32_t src, const void *buf, size_t len)
 	case FERRY_MSG_HANDOVER_REQ:
 	case FERRY_MSG_HANDOVER:
 	case FERRY_MSG_LOC_ACK:
+	case FERRY_MSG_HANDOVER_DONE:
 		t = node_table(fy, hdr->table);
 		if (!t) {
 			if (hdr->table < fy->ntables) {
@@ -198,6 +199,7 @@ static void node_on_msg(void *core, uint32_t src, const void *buf, size_t len)
 			ferry__reloc_on_handover_req(fy, t, src, &v);
 			break;
 		case FERRY_MSG_HANDOVER:
+		case FERRY_MSG_HANDOVER_DONE:
 			ferry__reloc_on_handover(fy, t, src, &v);
 			break;
 		case FERRY_MSG_LOC_ACK:

@@ -607,6 +607,7 @@ out:
 #define OPS_RD_TRIES 16
 
 struct ferry_rd {
+	struct ferry_rdma_ctx ctx; /* FERRY_RDMA_CTX_READ */
 	struct ferry_rd_pool *pool;
 	uint64_t ticket;
 	uint64_t key;
@@ -661,6 +662,7 @@ static struct ferry_rd_pool *ops_rd_pool(struct ferry_worker *w, struct ferry_ta
 	}
 	pthread_mutex_init(&p->lock, NULL);
 	for (uint32_t i = 0; i < OPS_RD_POOL; i++) {
+		p->rd[i].ctx.kind = FERRY_RDMA_CTX_READ;
 		p->rd[i].pool = p;
 		p->rd[i].buf = p->mem + i * p->stride;
 		p->free[i] = i;
@@ -728,14 +730,23 @@ static struct ferry_rd *ops_rd_prepare(struct ferry_worker *w, struct ferry_req 
 void ferry__ops_on_rdma_done(struct ferry *fy, void *ctx, int status)
 {
 	struct ferry_rd *rd = ctx;
-	struct ferry_rd_pool *p = rd->pool;
-	struct ferry_table *t = p->t;
-	const struct ferry_slot *img = (const void *)rd->buf;
-	struct ferry_msg_op tmpl = { .origin = fy->rank, .worker = p->w->id, .req = rd->ticket,
-				     .op = FERRY_OP_PULL };
-	struct ferry_msg_key k = { .key = rd->key, .idx = rd->idx,
-				   .len = ferry__value_len(t, rd->key) };
+	struct ferry_rd_pool *p;
+	struct ferry_table *t;
+	const struct ferry_slot *img;
+	struct ferry_msg_op tmpl;
+	struct ferry_msg_key k;
 
+	if (((struct ferry_rdma_ctx *)ctx)->kind == FERRY_RDMA_CTX_WRITE) {
+		ferry__reloc_on_write_done(fy, ctx, status);
+		return;
+	}
+	p = rd->pool;
+	t = p->t;
+	img = (const void *)rd->buf;
+	tmpl = (struct ferry_msg_op){ .origin = fy->rank, .worker = p->w->id, .req = rd->ticket,
+				      .op = FERRY_OP_PULL };
+	k = (struct ferry_msg_key){ .key = rd->key, .idx = rd->idx,
+				    .len = ferry__value_len(t, rd->key) };
 	if (!status) {
 		uint64_t head = img->version;
 		uint64_t tail = *(const uint64_t *)(rd->buf + p->stride - sizeof(uint64_t));

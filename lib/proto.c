@@ -115,6 +115,7 @@ static size_t proto_body_size(uint8_t type)
 	case FERRY_MSG_HANDOVER_REQ:
 	case FERRY_MSG_HANDOVER:
 	case FERRY_MSG_LOC_ACK:
+	case FERRY_MSG_HANDOVER_DONE:
 		return sizeof(struct ferry_msg_move);
 	case FERRY_MSG_BARRIER:
 	case FERRY_MSG_BARRIER_REL:
@@ -244,6 +245,7 @@ int ferry__proto_parse(const void *buf, size_t len, const struct ferry_proto_lim
 	case FERRY_MSG_HANDOVER_REQ:
 	case FERRY_MSG_HANDOVER:
 	case FERRY_MSG_LOC_ACK:
+	case FERRY_MSG_HANDOVER_DONE:
 		if (!lim)
 			PROTO_FAIL("move: no table");
 		return proto_parse_move(hdr->type, p, left, lim, view, why_p);

@@ -45,6 +45,8 @@ enum ferry_msg_type {
 	FERRY_MSG_BARRIER_REL,	   /* rank 0 -> every node */
 	FERRY_MSG_TABLE,	   /* node -> rank 0: my table parameters */
 	FERRY_MSG_TABLE_ACK,	   /* rank 0 -> every node: verdict */
+	FERRY_MSG_HANDOVER_DONE,   /* old owner -> new owner: values already written
+				      one-sided into the prepared slots */
 	FERRY_MSG_TYPE_MAX
 };
 
@@ -104,7 +106,7 @@ struct ferry_msg_reply {
 #define FERRY_REPLY_F_SLOTS 1u
 
 /*
- * FERRY_MSG_LOCALIZE, _HANDOVER_REQ, _LOC_ACK: count struct ferry_msg_mv.
+ * FERRY_MSG_LOCALIZE, _HANDOVER_REQ, _LOC_ACK, _HANDOVER_DONE: count struct ferry_msg_mv.
  * FERRY_MSG_HANDOVER: count struct ferry_msg_mv, then the values back to back.
  */
 struct ferry_msg_move {

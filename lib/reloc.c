@@ -341,28 +341,129 @@ void ferry__reloc_on_localize(struct ferry *fy, struct ferry_table *t, uint32_t 
 
 /* ---- old owner: hand the value over ----------------------------------- */
 
-/* take a live slot out of service and stage its value; progress thread */
-static void reloc_give(struct ferry *fy, struct ferry_table *t, struct ferry_slot *s,
-		       uint64_t key, uint32_t new_owner, uint32_t slot, int published,
-		       struct reloc_batch *b, struct ferry_frame *vals)
+/*
+ * Take a live slot out of service; progress thread. Under the write lock:
+ * every local update so far is in the value, and every later one sees MOVED
+ * and takes the slow path, so the value no longer changes.
+ */
+static void reloc_take(struct ferry *fy, struct ferry_table *t, struct ferry_slot *s,
+		       uint64_t key, uint32_t new_owner, int published)
 {
-	uint32_t len = ferry__value_len(t, key);
 	uint64_t ver = ferry__slot_lock(&t->arena, s);
-	float *dst;
 
-	/* under the write lock: every local update so far is in the copy, and
-	 * every later one sees MOVED and takes the slow path */
 	s->state = FERRY_SLOT_MOVED;
-	dst = ferry__frame_put(vals, len * sizeof(float));
-	if (dst)
-		memcpy(dst, s->val, len * sizeof(float));
 	ferry__slot_unlock(&t->arena, s, ver);
 	if (published)
 		rcu_assign_pointer(t->dir.own[key], NULL);
 	ferry__loc_set(t, key, new_owner);
+	atomic_fetch_add_explicit(&fy->reloc_out, 1, memory_order_relaxed);
+}
+
+/* stage a taken slot's value for a HANDOVER message, then free the slot */
+static void reloc_stage(struct ferry_table *t, struct ferry_slot *s, uint64_t key,
+			uint32_t new_owner, uint32_t slot, struct reloc_batch *b,
+			struct ferry_frame *vals)
+{
+	uint32_t len = ferry__value_len(t, key);
+	float *dst = ferry__frame_put(vals, len * sizeof(float));
+
+	if (dst)
+		memcpy(dst, s->val, len * sizeof(float));
 	ferry__arena_free_deferred(&t->arena, ferry__arena_idx(&t->arena, s));
 	reloc_batch_add(b, key, slot, len, 1, new_owner);
-	atomic_fetch_add_explicit(&fy->reloc_out, 1, memory_order_relaxed);
+}
+
+/* take a live slot out of service and hand its value over by message */
+static void reloc_give(struct ferry *fy, struct ferry_table *t, struct ferry_slot *s,
+		       uint64_t key, uint32_t new_owner, uint32_t slot, int published,
+		       struct reloc_batch *b, struct ferry_frame *vals)
+{
+	reloc_take(fy, t, s, key, new_owner, published);
+	reloc_stage(t, s, key, new_owner, slot, b, vals);
+}
+
+/*
+ * One-sided hand-over: the values go by RDMA WRITE straight into the slots
+ * the requester prepared; once every write completed here (so the data sits
+ * in the requester's memory ahead of anything sent after it), one
+ * HANDOVER_DONE names the keys. A failed write sends the values by message
+ * instead: they are still in this node's slots, which are freed only then.
+ */
+struct reloc_wentry {
+	uint64_t key;
+	uint32_t rslot; /* the requester's */
+	struct ferry_slot *s;
+};
+
+struct reloc_wbatch {
+	struct ferry_rdma_ctx ctx; /* FERRY_RDMA_CTX_WRITE */
+	struct ferry_table *t;
+	uint32_t requester;
+	uint32_t n;
+	int pending; /* writes not completed, plus one while posting */
+	int failed;
+	struct reloc_wentry e[];
+};
+
+static void reloc_wbatch_put(struct ferry *fy, struct reloc_wbatch *wb)
+{
+	struct ferry_table *t = wb->t;
+	struct reloc_batch b = { 0 };
+	struct ferry_frame vals = { 0 };
+
+	if (__atomic_sub_fetch(&wb->pending, 1, __ATOMIC_ACQ_REL))
+		return;
+	for (uint32_t i = 0; i < wb->n; i++) {
+		if (wb->failed) {
+			reloc_stage(t, wb->e[i].s, wb->e[i].key, wb->requester, wb->e[i].rslot, &b,
+				    &vals);
+		} else {
+			reloc_batch_add(&b, wb->e[i].key, wb->e[i].rslot, 0, 0, wb->requester);
+			ferry__arena_free_deferred(&t->arena,
+						   ferry__arena_idx(&t->arena, wb->e[i].s));
+		}
+	}
+	if (wb->failed)
+		ferry_warn("reloc: a one-sided hand-over to rank %u failed; sending the %u "
+			   "values by message",
+			   wb->requester, wb->n);
+	reloc_batch_send(fy, t, &b, wb->failed ? FERRY_MSG_HANDOVER : FERRY_MSG_HANDOVER_DONE,
+			 wb->requester, wb->failed ? &vals : NULL);
+	ferry__frame_free(&vals);
+	free(wb);
+}
+
+void ferry__reloc_on_write_done(struct ferry *fy, void *ctx, int status)
+{
+	struct reloc_wbatch *wb = ctx;
+
+	if (status)
+		__atomic_store_n(&wb->failed, 1, __ATOMIC_RELAXED);
+	reloc_wbatch_put(fy, wb);
+}
+
+static void reloc_wbatch_post(struct ferry *fy, struct reloc_wbatch *wb)
+{
+	struct ferry_table *t = wb->t;
+	const struct ferry_msg_arena *ar = &t->peer_arena[wb->requester];
+
+	wb->pending = (int)wb->n + 1;
+	for (uint32_t i = 0; i < wb->n; i++) {
+		struct reloc_wentry *e = &wb->e[i];
+		uint32_t len = ferry__value_len(t, e->key);
+		int rc;
+
+		/* every write completes with the batch as its context */
+		rc = fy->tp->ops->write(fy->tp, wb->requester, e->s->val, t->arena.mr,
+					ar->addr + (uint64_t)e->rslot * t->arena.stride +
+						FERRY_SLOT_HDR,
+					ar->rkey, len * sizeof(float), wb);
+		if (rc) {
+			__atomic_store_n(&wb->failed, 1, __ATOMIC_RELAXED);
+			reloc_wbatch_put(fy, wb);
+		}
+	}
+	reloc_wbatch_put(fy, wb);
 }
 
 void ferry__reloc_on_handover_req(struct ferry *fy, struct ferry_table *t, uint32_t src,
@@ -371,6 +472,16 @@ void ferry__reloc_on_handover_req(struct ferry *fy, struct ferry_table *t, uint3
 	const struct ferry_msg_move *m = v->body;
 	struct reloc_batch b = { 0 };
 	struct ferry_frame vals = { 0 };
+	struct reloc_wbatch *wb = NULL;
+
+	if (t->onesided && fy->tp->ops->write && m->requester != fy->rank) {
+		wb = calloc(1, sizeof(*wb) + v->count * sizeof(wb->e[0]));
+		if (wb) {
+			wb->ctx.kind = FERRY_RDMA_CTX_WRITE;
+			wb->t = t;
+			wb->requester = m->requester;
+		}
+	}
 
 	for (uint32_t i = 0; i < v->count; i++) {
 		const struct ferry_msg_mv *mv = &v->mvs[i];
@@ -385,7 +496,15 @@ void ferry__reloc_on_handover_req(struct ferry *fy, struct ferry_table *t, uint3
 		s = rcu_dereference(t->dir.own[mv->key]);
 		if (s) {
 			pthread_mutex_unlock(&t->pend_lock);
-			reloc_give(fy, t, s, mv->key, m->requester, mv->slot, 1, &b, &vals);
+			if (wb) {
+				reloc_take(fy, t, s, mv->key, m->requester, 1);
+				wb->e[wb->n++] = (struct reloc_wentry){ .key = mv->key,
+									.rslot = mv->slot,
+									.s = s };
+			} else {
+				reloc_give(fy, t, s, mv->key, m->requester, mv->slot, 1, &b,
+					   &vals);
+			}
 			continue;
 		}
 		{
@@ -408,6 +527,10 @@ void ferry__reloc_on_handover_req(struct ferry *fy, struct ferry_table *t, uint3
 	if (b.f.buf)
 		reloc_batch_send(fy, t, &b, FERRY_MSG_HANDOVER, m->requester, &vals);
 	ferry__frame_free(&vals);
+	if (wb && wb->n)
+		reloc_wbatch_post(fy, wb);
+	else
+		free(wb);
 }
 
 /* ---- requester: the value arrives ------------------------------------- */
@@ -428,7 +551,8 @@ static void reloc_install(struct ferry *fy, struct ferry_table *t, struct ferry_
 
 	s->key = e->key;
 	s->len = len;
-	memcpy(s->val, val, len * sizeof(float));
+	if (val) /* NULL: it was written one-sided already */
+		memcpy(s->val, val, len * sizeof(float));
 	__atomic_store_n(&s->state, FERRY_SLOT_LIVE, __ATOMIC_RELEASE);
 	atomic_fetch_add_explicit(&fy->reloc_in, 1, memory_order_relaxed);
 
@@ -500,7 +624,8 @@ void ferry__reloc_on_handover(struct ferry *fy, struct ferry_table *t, uint32_t 
 			continue;
 		}
 		pend_unlink(t, e);
-		reloc_install(fy, t, e, val, mv->len);
+		reloc_install(fy, t, e, v->hdr->type == FERRY_MSG_HANDOVER_DONE ? NULL : val,
+			      ferry__value_len(t, mv->key));
 		pthread_mutex_unlock(&t->pend_lock);
 		reloc_wake(fy, e, 0);
 		pend_free(e);
