@@ -254,7 +254,10 @@ static void ops_mark_done(struct ferry_worker *w, struct ferry_req *r, uint32_t 
 	r->done[i / 8] |= (uint8_t)(1u << (i % 8));
 	if (status && !r->status)
 		r->status = status;
-	if (--r->remaining == 0 && w->sleeping)
+	/* written under worker.lock, read without it by the waiter: the release
+	 * publishes the values copied before it */
+	__atomic_store_n(&r->remaining, r->remaining - 1, __ATOMIC_RELEASE);
+	if (!r->remaining && w->sleeping)
 		pthread_cond_broadcast(&w->cond);
 }
 
@@ -974,7 +977,7 @@ static void ops_dispatch(struct ferry_worker *w, struct ferry_req *r)
 		urcu_memb_read_unlock();
 		ops_count(&w->local_ops, nlocal);
 		/* nothing remote yet: the progress thread cannot race on r */
-		r->remaining -= nlocal;
+		__atomic_store_n(&r->remaining, r->remaining - nlocal, __ATOMIC_RELEASE);
 		if (all_local)
 			return;
 	}

@@ -218,7 +218,7 @@ int ferry__reloc_start(struct ferry_worker *w, struct ferry_table *t, struct fer
 		ferry__ops_complete(fy, w->id, ticket, NULL, 0, 0, NULL, 0);
 		pthread_mutex_lock(&w->lock);
 		r->status = -ENOMEM;
-		r->remaining = 0;
+		__atomic_store_n(&r->remaining, 0, __ATOMIC_RELEASE);
 		pthread_mutex_unlock(&w->lock);
 		return -ENOMEM;
 	}
