@@ -10,6 +10,9 @@
  * waits on the node's condvar with a deadline. Handlers never assert: they
  * count, and the test thread asserts on the counts.
  *
+ * The loop transport (tcp messages, in-process one-sided access) runs the
+ * same message cases as tcp; the raw-socket cases are tcp's alone.
+ *
  * Test frames: a struct ferry_msg_hdr whose table field carries
  * (sender thread << 24 | sequence number), then a byte pattern derived from
  * (src, table, offset), so that a lost, reordered, shifted or torn frame is
@@ -52,6 +55,7 @@
 
 static const struct ferry_tp_ops *const tp_table[] = {
 	&ferry__tcp_ops,
+	&ferry__loop_ops,
 #ifdef FERRY_HAVE_RDMA
 	&ferry__rdma_ops,
 #endif

@@ -1241,7 +1241,9 @@ static int tcp_setup_publish(struct tcp_setup *s)
  * tcp_connect - connect to every peer
  *
  * Blocks the calling thread for at most cfg.timeout_ms. Context: once per
- * transport, after init(), before any send() to a peer.
+ * transport, after init(), before any send() to a peer. The HELLO carries
+ * tp->cfg.cluster_id as it is now: the core learns the id in the bootstrap,
+ * after init(), and stores it there before calling connect().
  * Return: 0; -ETIMEDOUT (the log names the ranks that never connected);
  * -EINVAL for an address blob that is not ours; -EALREADY when called twice.
  */
