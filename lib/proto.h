@@ -47,6 +47,8 @@ enum ferry_msg_type {
 	FERRY_MSG_TABLE_ACK,	   /* rank 0 -> every node: verdict */
 	FERRY_MSG_HANDOVER_DONE,   /* old owner -> new owner: values already written
 				      one-sided into the prepared slots */
+	FERRY_MSG_BYE,		   /* header only: the sender closes on purpose
+				      (transports consume it; the core never sees it) */
 	FERRY_MSG_TYPE_MAX
 };
 

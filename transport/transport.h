@@ -100,6 +100,8 @@ struct ferry_tp_ops {
 	/* this node's address blob for the bootstrap exchange; *len in/out */
 	int (*addr_get)(struct ferry_tp *tp, void *buf, size_t *len);
 	/* connect to every peer; @addrs[r] is rank r's blob of @lens[r] bytes;
+	 * reads tp->cfg.cluster_id now (the core sets it after init, once
+	 * the bootstrap chose it);
 	 * returns when all connections stand or after timeout_ms (-ETIMEDOUT,
 	 * logging the ranks that did not connect) */
 	int (*connect)(struct ferry_tp *tp, const void *const *addrs, const size_t *lens);
@@ -118,7 +120,8 @@ struct ferry_tp_ops {
 	int (*write)(struct ferry_tp *tp, uint32_t dst, const void *local, struct ferry_tp_mr *lmr,
 		     uint64_t raddr, uint64_t rkey, size_t len, void *ctx);
 	/* stop the progress thread (no handler runs after it returns), close
-	 * everything; the core frees the object */
+	 * everything; the core frees the object. Peers are told with a
+	 * FERRY_MSG_BYE frame first, so they log a departure, not a failure */
 	void (*fini)(struct ferry_tp *tp);
 };
 

@@ -132,6 +132,7 @@ struct tcp_conn {
 
 	/* progress thread only */
 	int reported; /* on_peer_failed() was called */
+	int bye;      /* the peer said FERRY_MSG_BYE: its close is a departure */
 	unsigned char *rbuf;
 	size_t rcap;
 	size_t rhead;
@@ -468,6 +469,10 @@ static int tcp_conn_deliver(struct tcp_tp *t, struct tcp_conn *c)
 		/* rbuf is malloc-aligned and every len a multiple of FERRY_MSG_ALIGN */
 		c->rhead += hdr.len;
 		c->rneed = 0;
+		if (hdr.type == FERRY_MSG_BYE) {
+			c->bye = 1; /* the transport's own: the core never sees it */
+			continue;
+		}
 		h->on_msg(t->base.cfg.core, c->rank, frame, hdr.len);
 	}
 	if (c->rhead == c->rtail) {
@@ -488,7 +493,10 @@ static void tcp_conn_eof(struct tcp_tp *t, struct tcp_conn *c)
 	uint32_t me = t->base.cfg.rank;
 
 	if (!have) {
-		if (__atomic_load_n(&t->closing, __ATOMIC_ACQUIRE))
+		if (c->bye)
+			ferry_info("tcp: rank %u left (it closed its connection to rank %u)",
+				   c->rank, me);
+		else if (__atomic_load_n(&t->closing, __ATOMIC_ACQUIRE))
 			ferry_info(
 				"tcp: rank %u closed its connection to rank %u; marking it failed",
 				c->rank, me);
@@ -838,11 +846,20 @@ err_close_listen:
  * Flushes queued frames for at most TCP_DRAIN_MS first. No handler runs
  * after it returns. Context: not concurrently with any other op of @tp.
  */
+static int tcp_send(struct ferry_tp *tp, uint32_t dst, const struct iovec *iov, int iovcnt);
+
 static void tcp_fini(struct ferry_tp *tp)
 {
 	struct tcp_tp *t = to_tcp(tp);
 	struct tcp_selfmsg *m, *next;
+	struct ferry_msg_hdr bye;
+	struct iovec iov = { .iov_base = &bye, .iov_len = sizeof(bye) };
 
+	/* tell the peers this close is on purpose; queued, flushed while draining */
+	ferry__proto_hdr_init(&bye, FERRY_MSG_BYE, sizeof(bye), t->base.cfg.rank, 0);
+	for (uint32_t r = 0; r < t->base.cfg.world; r++)
+		if (r != t->base.cfg.rank)
+			tcp_send(tp, r, &iov, 1);
 	__atomic_store_n(&t->closing, 1, __ATOMIC_RELEASE);
 	tcp_wake(t);
 	pthread_join(t->thread, NULL);
