@@ -55,6 +55,7 @@
 #define _GNU_SOURCE /* accept4, pthread_setname_np, IOV_MAX */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <sched.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <netdb.h>
@@ -648,6 +649,8 @@ static void *tcp_progress(void *arg)
 				  t->base.cfg.rank, strerror(errno));
 			break;
 		}
+		if (busy && n == 0)
+			sched_yield(); /* spin, but let runnable threads have the core */
 		for (int i = 0; i < n; i++) {
 			if (!evs[i].data.ptr)
 				tcp_wake_input(t);
