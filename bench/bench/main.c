@@ -1,0 +1,884 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * ferry-bench - Ferry's benchmark suite, each figure beside a baseline taken
+ * in the same run: options, the run context, the table and the JSON file.
+ * The scenarios are in local.c, remote.c and localize.c; fb.h says how they
+ * run on threads, processes or an externally launched cluster.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <getopt.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/utsname.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "fb.h"
+#include "fb_git.h"
+
+static const char usage_text[] =
+	"usage: ferry-bench [options]\n"
+	"\n"
+	"Scenarios and what they run on:\n"
+	"  -s, --scenario LIST     local,remote,localize or all (default all);\n"
+	"                          localize = move,batch-localize,hot-key\n"
+	"      --mode MODE         dynamic (default) or classic (static placement)\n"
+	"      --no-fast-path      local keys too go through the progress thread\n"
+	"  -t, --transport KIND    tcp (default), rdma or auto (loop: the tests'\n"
+	"                          one-process transport with emulated one-sided reads)\n"
+	"      --procs             nodes are forked processes (default: threads)\n"
+	"      --external          this process is one node of a cluster launched\n"
+	"                          from outside: FERRY_RANK, FERRY_WORLD,\n"
+	"                          FERRY_RENDEZVOUS (and FERRY_BIND_ADDR) say which\n"
+	"      --busy-poll         progress threads and baselines spin, never sleep\n"
+	"      --bind ADDR         address the nodes (and the raw baseline) use\n"
+	"      --link NAME         what the link is, for the record (default\n"
+	"                          loopback, or external)\n"
+	"      --timeout-ms MS     Ferry's bound on every wait\n"
+	"\n"
+	"How much:\n"
+	"  -q, --quick             a short run (< 20 s): CI's smoke test\n"
+	"      --sizes LIST        value sizes in bytes (default 8,64,512,4096,65536;\n"
+	"                          K suffix allowed; multiples of 4)\n"
+	"      --keys LIST         local: keys (default 10000,10000000; 1e7 allowed)\n"
+	"      --threads LIST      local: reader threads (default 1 and the cores)\n"
+	"      --cell-ms MS        local: time per measured cell (default 200)\n"
+	"      --mem-mb MB         local: skip sizes whose table and baseline array\n"
+	"                          need more (default 2048)\n"
+	"      --iters N           remote, localize: timed operations per row\n"
+	"                          (default 2000)\n"
+	"      --windows LIST      remote: requests in flight (default 8,64)\n"
+	"      --batch N           remote: keys per batch call (default 100)\n"
+	"      --localize-sizes L  batch localize value sizes (default 8,8192)\n"
+	"      --localize-batch N  keys per batch localize (default 1000)\n"
+	"      --localize-reps N   timed batches (default 20)\n"
+	"      --hot-seconds S     hot-key run time (default 2)\n"
+	"      --hot-nodes N       hot-key nodes (default 2; external: the cluster)\n"
+	"\n"
+	"Baselines other than the built-in raw TCP ones (for --transport rdma):\n"
+	"      --baseline-file F   perftest output (ib_read_lat: pull; ib_write_lat,\n"
+	"                          doubled: a message round trip); repeatable\n"
+	"      --baseline-cmd CMD  run CMD (sh -c) per value size, {bytes} replaced,\n"
+	"                          and parse its perftest output\n"
+	"      --baseline-us P50[,P99]  a raw round trip measured elsewhere\n"
+	"      --baseline-cycles   the perftest figures are cycles (perftest -C, whose\n"
+	"                          header still says usec): divide by the cpu MHz\n"
+	"\n"
+	"Output:\n"
+	"  -j, --json FILE         also write the context and results as JSON\n"
+	"  -v, --verbose           say what runs\n"
+	"  -h, --help              this text\n"
+	"\n"
+	"Exit status: 0; 1 when something broke (an operation failed, a lost update);\n"
+	"2 for bad options. Never on speed.\n";
+
+enum {
+	OPT_MODE = 256,
+	OPT_NO_FAST_PATH,
+	OPT_PROCS,
+	OPT_EXTERNAL,
+	OPT_BUSY_POLL,
+	OPT_BIND,
+	OPT_LINK,
+	OPT_TIMEOUT,
+	OPT_SIZES,
+	OPT_KEYS,
+	OPT_THREADS,
+	OPT_CELL_MS,
+	OPT_MEM_MB,
+	OPT_ITERS,
+	OPT_WINDOWS,
+	OPT_BATCH,
+	OPT_LSIZES,
+	OPT_LBATCH,
+	OPT_LREPS,
+	OPT_HOT_S,
+	OPT_HOT_NODES,
+	OPT_BASE_FILE,
+	OPT_BASE_CMD,
+	OPT_BASE_US,
+	OPT_BASE_CYCLES,
+};
+
+static const struct option long_opts[] = {
+	{ "scenario", required_argument, NULL, 's' },
+	{ "mode", required_argument, NULL, OPT_MODE },
+	{ "no-fast-path", no_argument, NULL, OPT_NO_FAST_PATH },
+	{ "transport", required_argument, NULL, 't' },
+	{ "procs", no_argument, NULL, OPT_PROCS },
+	{ "external", no_argument, NULL, OPT_EXTERNAL },
+	{ "busy-poll", no_argument, NULL, OPT_BUSY_POLL },
+	{ "bind", required_argument, NULL, OPT_BIND },
+	{ "link", required_argument, NULL, OPT_LINK },
+	{ "timeout-ms", required_argument, NULL, OPT_TIMEOUT },
+	{ "quick", no_argument, NULL, 'q' },
+	{ "sizes", required_argument, NULL, OPT_SIZES },
+	{ "keys", required_argument, NULL, OPT_KEYS },
+	{ "threads", required_argument, NULL, OPT_THREADS },
+	{ "cell-ms", required_argument, NULL, OPT_CELL_MS },
+	{ "mem-mb", required_argument, NULL, OPT_MEM_MB },
+	{ "iters", required_argument, NULL, OPT_ITERS },
+	{ "windows", required_argument, NULL, OPT_WINDOWS },
+	{ "batch", required_argument, NULL, OPT_BATCH },
+	{ "localize-sizes", required_argument, NULL, OPT_LSIZES },
+	{ "localize-batch", required_argument, NULL, OPT_LBATCH },
+	{ "localize-reps", required_argument, NULL, OPT_LREPS },
+	{ "hot-seconds", required_argument, NULL, OPT_HOT_S },
+	{ "hot-nodes", required_argument, NULL, OPT_HOT_NODES },
+	{ "baseline-file", required_argument, NULL, OPT_BASE_FILE },
+	{ "baseline-cmd", required_argument, NULL, OPT_BASE_CMD },
+	{ "baseline-us", required_argument, NULL, OPT_BASE_US },
+	{ "baseline-cycles", no_argument, NULL, OPT_BASE_CYCLES },
+	{ "json", required_argument, NULL, 'j' },
+	{ "verbose", no_argument, NULL, 'v' },
+	{ "help", no_argument, NULL, 'h' },
+	{ NULL, 0, NULL, 0 },
+};
+
+static int bad_option(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+static int bad_option(const char *fmt, ...)
+{
+	va_list ap;
+
+	fprintf(stderr, "ferry-bench: ");
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fprintf(stderr, "\n\n%s", usage_text);
+	return 2;
+}
+
+/* a number with an optional K/M/G suffix (binary) or in 1e7 notation */
+static int parse_num(const char *s, double lo, double hi, double *v)
+{
+	char *end;
+	double d;
+
+	errno = 0;
+	d = strtod(s, &end);
+	if (end == s || errno)
+		return -1;
+	if (*end == 'K' || *end == 'k')
+		d *= 1024, end++;
+	else if (*end == 'M' || *end == 'm')
+		d *= 1048576, end++;
+	else if (*end == 'G' || *end == 'g')
+		d *= 1073741824.0, end++;
+	if (*end || d < lo || d > hi)
+		return -1;
+	*v = d;
+	return 0;
+}
+
+static int parse_list(const char *s, double lo, double hi, int integer, double *out, int *n)
+{
+	char buf[256], *save = NULL;
+
+	if (strlen(s) >= sizeof(buf))
+		return -1;
+	snprintf(buf, sizeof(buf), "%s", s);
+	*n = 0;
+	for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+		double v;
+
+		if (*n >= FB_MAX_LIST || parse_num(tok, lo, hi, &v))
+			return -1;
+		if (integer && v != (double)(uint64_t)v)
+			return -1;
+		out[(*n)++] = v;
+	}
+	return *n ? 0 : -1;
+}
+
+struct opt_seen {
+	int sizes, keys, threads, cell, iters, windows, lsizes, lreps, hot_s;
+};
+
+static int parse_opts(int argc, char **argv, struct fb_opts *o)
+{
+	struct opt_seen seen = { 0 };
+	const char *files[4];
+	int nfiles = 0;
+	double v[FB_MAX_LIST], d;
+	int c, n;
+	size_t off = 0;
+
+	memset(o, 0, sizeof(*o));
+	o->scenarios = FB_SCEN_ALL;
+	o->transport = FERRY_TRANSPORT_TCP;
+	o->mode = FERRY_MODE_DYNAMIC;
+	o->batch = 100;
+	o->lbatch = 1000;
+	o->hot_nodes = 2;
+	o->mem_mb = 2048;
+	for (int i = 0; i < argc && off < sizeof(o->cmdline); i++)
+		off += (size_t)snprintf(o->cmdline + off, sizeof(o->cmdline) - off, "%s%s",
+					i ? " " : "", argv[i]);
+
+	while ((c = getopt_long(argc, argv, "s:t:qj:vh", long_opts, NULL)) != -1) {
+		switch (c) {
+		case 's': {
+			char buf[128], *save = NULL;
+
+			snprintf(buf, sizeof(buf), "%s", optarg);
+			o->scenarios = 0;
+			for (char *tok = strtok_r(buf, ",", &save); tok;
+			     tok = strtok_r(NULL, ",", &save)) {
+				if (!strcmp(tok, "local"))
+					o->scenarios |= FB_SCEN_LOCAL;
+				else if (!strcmp(tok, "remote"))
+					o->scenarios |= FB_SCEN_REMOTE;
+				else if (!strcmp(tok, "localize"))
+					o->scenarios |= FB_SCEN_LOCALIZE;
+				else if (!strcmp(tok, "move"))
+					o->scenarios |= FB_SCEN_MOVE;
+				else if (!strcmp(tok, "batch-localize"))
+					o->scenarios |= FB_SCEN_LBATCH;
+				else if (!strcmp(tok, "hot-key"))
+					o->scenarios |= FB_SCEN_HOT;
+				else if (!strcmp(tok, "all"))
+					o->scenarios |= FB_SCEN_ALL;
+				else
+					return bad_option("unknown scenario '%s' (local, remote, "
+							  "localize, move, batch-localize, "
+							  "hot-key, all)",
+							  tok);
+			}
+			if (!o->scenarios)
+				return bad_option("--scenario '%s' names none", optarg);
+			break;
+		}
+		case OPT_MODE:
+			if (!strcmp(optarg, "dynamic"))
+				o->mode = FERRY_MODE_DYNAMIC;
+			else if (!strcmp(optarg, "classic"))
+				o->mode = FERRY_MODE_CLASSIC;
+			else
+				return bad_option("--mode '%s': want dynamic or classic", optarg);
+			break;
+		case OPT_NO_FAST_PATH:
+			o->no_fast_path = 1;
+			break;
+		case 't':
+			if (!strcmp(optarg, "tcp"))
+				o->transport = FERRY_TRANSPORT_TCP;
+			else if (!strcmp(optarg, "rdma"))
+				o->transport = FERRY_TRANSPORT_RDMA;
+			else if (!strcmp(optarg, "auto"))
+				o->transport = FERRY_TRANSPORT_AUTO;
+			else if (!strcmp(optarg, "loop"))
+				o->transport = FERRY_TRANSPORT_LOOP;
+			else
+				return bad_option("--transport '%s': want tcp, rdma or auto",
+						  optarg);
+			break;
+		case OPT_PROCS:
+			if (o->nodes_as == FB_NODES_EXTERNAL)
+				return bad_option("%s",
+						  "--procs and --external exclude each other");
+			o->nodes_as = FB_NODES_PROCS;
+			break;
+		case OPT_EXTERNAL:
+			if (o->nodes_as == FB_NODES_PROCS)
+				return bad_option("%s",
+						  "--procs and --external exclude each other");
+			o->nodes_as = FB_NODES_EXTERNAL;
+			break;
+		case OPT_BUSY_POLL:
+			o->busy_poll = 1;
+			break;
+		case OPT_BIND:
+			o->bind_addr = optarg;
+			break;
+		case OPT_LINK:
+			o->link = optarg;
+			break;
+		case OPT_TIMEOUT:
+			if (parse_num(optarg, 100, 3600000, &d))
+				return bad_option("--timeout-ms '%s': want 100 to 3600000", optarg);
+			o->timeout_ms = (int)d;
+			break;
+		case 'q':
+			o->quick = 1;
+			break;
+		case OPT_SIZES:
+		case OPT_LSIZES:
+			if (parse_list(optarg, 4, 4 << 20, 1, v, &n))
+				return bad_option("bad size list '%s' (4 B to 4 MiB each)", optarg);
+			for (int i = 0; i < n; i++) {
+				if ((uint64_t)v[i] % 4)
+					return bad_option(
+						"sizes are whole floats: '%s' has one that "
+						"is not a multiple of 4",
+						optarg);
+				if (c == OPT_SIZES)
+					o->sizes[i] = (uint32_t)v[i];
+				else
+					o->lsizes[i] = (uint32_t)v[i];
+			}
+			if (c == OPT_SIZES)
+				o->nsizes = n, seen.sizes = 1;
+			else
+				o->nlsizes = n, seen.lsizes = 1;
+			break;
+		case OPT_KEYS:
+			if (parse_list(optarg, 1, 1e9, 1, v, &n))
+				return bad_option("--keys '%s': want counts from 1 to 1e9", optarg);
+			for (int i = 0; i < n; i++)
+				o->keys[i] = (uint64_t)v[i];
+			o->nkeys = n;
+			seen.keys = 1;
+			break;
+		case OPT_THREADS:
+			if (parse_list(optarg, 1, 256, 1, v, &n))
+				return bad_option("--threads '%s': want counts from 1 to 256",
+						  optarg);
+			for (int i = 0; i < n; i++)
+				o->threads[i] = (int)v[i];
+			o->nthreads = n;
+			seen.threads = 1;
+			break;
+		case OPT_CELL_MS:
+			if (parse_num(optarg, 1, 600000, &d))
+				return bad_option("--cell-ms '%s': want 1 to 600000", optarg);
+			o->cell_s = d / 1000;
+			seen.cell = 1;
+			break;
+		case OPT_MEM_MB:
+			if (parse_num(optarg, 1, 1 << 30, &d))
+				return bad_option("--mem-mb '%s': want a size in MiB", optarg);
+			o->mem_mb = (size_t)d;
+			break;
+		case OPT_ITERS:
+			if (parse_num(optarg, 10, 1e8, &d))
+				return bad_option("--iters '%s': want 10 to 1e8", optarg);
+			o->iters = (long)d;
+			seen.iters = 1;
+			break;
+		case OPT_WINDOWS:
+			if (parse_list(optarg, 1, 512, 1, v, &n))
+				return bad_option("--windows '%s': want 1 to 512 each", optarg);
+			for (int i = 0; i < n; i++)
+				o->windows[i] = (int)v[i];
+			o->nwindows = n;
+			seen.windows = 1;
+			break;
+		case OPT_BATCH:
+			if (parse_num(optarg, 1, 1000, &d) || d != (double)(int)d)
+				return bad_option("--batch '%s': want 1 to 1000", optarg);
+			o->batch = (uint32_t)d;
+			break;
+		case OPT_LBATCH:
+			if (parse_num(optarg, 1, 100000, &d) || d != (double)(int)d)
+				return bad_option("--localize-batch '%s': want 1 to 100000",
+						  optarg);
+			o->lbatch = (uint32_t)d;
+			break;
+		case OPT_LREPS:
+			if (parse_num(optarg, 1, 100000, &d) || d != (double)(int)d)
+				return bad_option("--localize-reps '%s': want 1 to 100000", optarg);
+			o->lreps = (int)d;
+			seen.lreps = 1;
+			break;
+		case OPT_HOT_S:
+			if (parse_num(optarg, 0.01, 3600, &d))
+				return bad_option("--hot-seconds '%s': want 0.01 to 3600", optarg);
+			o->hot_s = d;
+			seen.hot_s = 1;
+			break;
+		case OPT_HOT_NODES:
+			if (parse_num(optarg, 2, 64, &d) || d != (double)(int)d)
+				return bad_option("--hot-nodes '%s': want 2 to 64", optarg);
+			o->hot_nodes = (int)d;
+			break;
+		case OPT_BASE_FILE:
+			if (nfiles >= 4)
+				return bad_option("%s", "at most 4 --baseline-file options");
+			files[nfiles++] = optarg;
+			break;
+		case OPT_BASE_CYCLES:
+			o->pt_cycles = 1;
+			break;
+		case OPT_BASE_CMD:
+			o->baseline_cmd = optarg;
+			break;
+		case OPT_BASE_US: {
+			char *end;
+
+			o->given_us = strtod(optarg, &end);
+			o->given_p99_us = 0;
+			if (*end == ',')
+				o->given_p99_us = strtod(end + 1, &end);
+			if (*end || o->given_us <= 0 || o->given_p99_us < 0)
+				return bad_option("--baseline-us '%s': want P50[,P99] in "
+						  "microseconds",
+						  optarg);
+			break;
+		}
+		case 'j':
+			o->json_path = optarg;
+			break;
+		case 'v':
+			o->verbose = 1;
+			break;
+		case 'h':
+			fputs(usage_text, stdout);
+			exit(0);
+		default:
+			/* getopt_long already named the option */
+			fprintf(stderr, "\n%s", usage_text);
+			return 2;
+		}
+	}
+	if (optind < argc)
+		return bad_option("unexpected argument '%s'", argv[optind]);
+	for (int i = 0; i < nfiles; i++) {
+		struct fb_perftest pt = { 0 };
+
+		if (fb_perftest_file(files[i], o->pt_cycles, &pt))
+			return bad_option("--baseline-file '%s': no perftest latency result in "
+					  "it%s",
+					  files[i],
+					  o->pt_cycles ? " (or no cpu MHz in /proc/cpuinfo)" : "");
+		if (pt.is_write)
+			o->pt_write = pt;
+		else
+			o->pt_read = pt;
+	}
+
+	/* what --quick changes, unless given */
+	if (!seen.sizes) {
+		static const uint32_t full[] = { 8, 64, 512, 4096, 65536 }, quick[] = { 8, 4096 };
+		const uint32_t *s = o->quick ? quick : full;
+
+		o->nsizes = o->quick ? 2 : 5;
+		memcpy(o->sizes, s, (size_t)o->nsizes * sizeof(*s));
+	}
+	if (!seen.lsizes) {
+		o->lsizes[0] = 8;
+		o->lsizes[1] = 8192;
+		o->nlsizes = 2;
+	}
+	if (!seen.keys) {
+		o->keys[0] = 10000;
+		o->keys[1] = 10000000;
+		o->nkeys = o->quick ? 1 : 2;
+	}
+	if (!seen.threads) {
+		long cores = sysconf(_SC_NPROCESSORS_ONLN);
+
+		o->threads[0] = 1;
+		o->nthreads = 1;
+		if (!o->quick && cores > 1)
+			o->threads[o->nthreads++] = (int)(cores > 256 ? 256 : cores);
+	}
+	if (!seen.cell)
+		o->cell_s = o->quick ? 0.03 : 0.2;
+	if (!seen.iters)
+		o->iters = o->quick ? 200 : 2000;
+	if (!seen.windows) {
+		o->windows[0] = o->quick ? 16 : 8;
+		o->windows[1] = 64;
+		o->nwindows = o->quick ? 1 : 2;
+	}
+	if (!seen.lreps)
+		o->lreps = o->quick ? 3 : 20;
+	if (!seen.hot_s)
+		o->hot_s = o->quick ? 0.5 : 2;
+	if (!o->link)
+		o->link = o->nodes_as == FB_NODES_EXTERNAL ? "external" : "loopback";
+	return 0;
+}
+
+/* ---- context -------------------------------------------------------------- */
+
+struct fb_context {
+	char commit[64];
+	char kernel[224];
+	char cpu[128];
+	long cores;
+	char load0[64], load1[64];
+	char date[32];
+};
+
+static void read_line(const char *path, char *buf, size_t len)
+{
+	FILE *f = fopen(path, "r");
+
+	buf[0] = '\0';
+	if (f) {
+		if (fgets(buf, (int)len, f))
+			buf[strcspn(buf, "\n")] = '\0';
+		fclose(f);
+	}
+}
+
+static void context_load(char *buf, size_t len)
+{
+	char l[128];
+
+	read_line("/proc/loadavg", l, sizeof(l));
+	/* the three averages only */
+	{
+		char *p = l;
+
+		for (int i = 0; i < 3 && p; i++)
+			p = strchr(p + 1, ' ');
+		if (p)
+			*p = '\0';
+	}
+	snprintf(buf, len, "%s", l);
+}
+
+static void context_get(struct fb_context *c)
+{
+	struct utsname u;
+	FILE *f;
+	time_t now = time(NULL);
+	struct tm tm;
+
+	memset(c, 0, sizeof(*c));
+	snprintf(c->commit, sizeof(c->commit), "%s", FB_GIT_COMMIT);
+	if (!uname(&u))
+		snprintf(c->kernel, sizeof(c->kernel), "%s %s %s", u.sysname, u.release, u.machine);
+	f = fopen("/proc/cpuinfo", "r");
+	if (f) {
+		char line[256];
+
+		while (fgets(line, sizeof(line), f)) {
+			char *p = strchr(line, ':');
+
+			if (!strncmp(line, "model name", 10) && p) {
+				p++;
+				while (*p == ' ' || *p == '\t')
+					p++;
+				p[strcspn(p, "\n")] = '\0';
+				snprintf(c->cpu, sizeof(c->cpu), "%s", p);
+				break;
+			}
+		}
+		fclose(f);
+	}
+	if (!c->cpu[0])
+		snprintf(c->cpu, sizeof(c->cpu), "unknown");
+	c->cores = sysconf(_SC_NPROCESSORS_ONLN);
+	context_load(c->load0, sizeof(c->load0));
+	gmtime_r(&now, &tm);
+	strftime(c->date, sizeof(c->date), "%Y-%m-%dT%H:%M:%SZ", &tm);
+}
+
+const char *fb_transport_name(enum ferry_transport_kind k)
+{
+	switch (k) {
+	case FERRY_TRANSPORT_RDMA:
+		return "rdma";
+	case FERRY_TRANSPORT_TCP:
+		return "tcp";
+	case FERRY_TRANSPORT_LOOP:
+		return "loop";
+	default:
+		return "auto";
+	}
+}
+
+static const char *nodes_as_name(enum fb_nodes_as a)
+{
+	return a == FB_NODES_PROCS ? "processes" : a == FB_NODES_EXTERNAL ? "external" : "threads";
+}
+
+/* ---- the table ------------------------------------------------------------ */
+
+static void print_us(double us)
+{
+	if (us <= 0)
+		printf(" %10s", "-");
+	else if (us < 10)
+		printf(" %10.3f", us);
+	else
+		printf(" %10.1f", us);
+}
+
+static void print_rule(void)
+{
+	printf("-----------------------------------------------------------------------------"
+	       "-----------------------------------------------------------------------------"
+	       "-------\n");
+}
+
+static void print_header(const struct fb_opts *o, const struct fb_context *c)
+{
+	print_rule();
+	printf(" ferry-bench %s (commit %s)   transport %s   mode %s%s   nodes as %s   %s   "
+	       "link %s\n",
+	       ferry_version(), c->commit, fb_transport_name(o->transport),
+	       o->mode == FERRY_MODE_CLASSIC ? "classic" : "dynamic",
+	       o->no_fast_path ? " (no fast path)" : "", nodes_as_name(o->nodes_as),
+	       o->busy_poll ? "busy-poll" : "blocking", o->link);
+	printf(" %s   %s x %ld   load %s   %s%s\n", c->kernel, c->cpu, c->cores, c->load0, c->date,
+	       o->quick ? "   QUICK" : "");
+	printf(" ratio = Ferry time per operation / baseline time (p50 against p50; throughput "
+	       "rows: ops/s inverted)\n");
+	print_rule();
+	printf(" %-8s %-13s %7s %9s %3s %2s %10s %10s %10s %12s %9s %-18s %10s %10s %12s %7s  "
+	       "%s\n",
+	       "scenario", "op", "bytes", "keys", "thr", "wr", "p50[us]", "p99[us]", "p99.9[us]",
+	       "ops/s", "MB/s", "baseline", "b.p50[us]", "b.p99[us]", "b.ops/s", "ratio", "note");
+}
+
+static void print_row(const struct fb_result *r)
+{
+	printf(" %-8s %-13s %7u %9llu %3u %2d", r->scenario, r->op, r->value_bytes,
+	       (unsigned long long)r->keys, r->threads, r->writer);
+	print_us(r->p50_us);
+	print_us(r->p99_us);
+	print_us(r->p999_us);
+	printf(" %12.0f %9.1f %-18s", r->ops_per_s, r->mb_per_s, r->baseline);
+	print_us(r->base_p50_us);
+	print_us(r->base_p99_us);
+	if (r->base_ops_per_s > 0)
+		printf(" %12.0f", r->base_ops_per_s);
+	else
+		printf(" %12s", "-");
+	if (r->ratio > 0)
+		printf(" %7.2f", r->ratio);
+	else
+		printf(" %7s", "-");
+	printf("  %s\n", r->note);
+}
+
+/* ---- goals: reported, never judged by the exit status --------------------- */
+
+static void print_goals(const struct fb_opts *o, const struct fb_shared *sh)
+{
+	int n = atomic_load(&sh->nresults);
+	double worst_local = 0, worst_remote = 0, worst_home = 0, worst_third = 0;
+	double b8 = -1, b8k = -1;
+	int seen_hot = 0;
+
+	for (int i = 0; i < n; i++) {
+		const struct fb_result *r = &sh->results[i];
+
+		/* the goal is about pulls alone; writer rows show the interference */
+		if (!strcmp(r->scenario, "local") && !strcmp(r->op, "pull") && !r->writer &&
+		    r->ratio > worst_local)
+			worst_local = r->ratio;
+		if (!strcmp(r->scenario, "remote") && !strcmp(r->op, "pull") &&
+		    r->ratio > worst_remote)
+			worst_remote = r->ratio;
+		if (!strcmp(r->op, "move-home") && r->ratio > worst_home)
+			worst_home = r->ratio;
+		if (!strcmp(r->op, "move-third") && r->ratio > worst_third)
+			worst_third = r->ratio;
+		if (!strncmp(r->op, "batch", 5) && r->value_bytes == 8)
+			b8 = r->ops_per_s;
+		if (!strncmp(r->op, "batch", 5) && r->value_bytes == 8192)
+			b8k = r->mb_per_s;
+		if (!strcmp(r->op, "hot-key"))
+			seen_hot = 1;
+	}
+	printf("# goals (benchmark goals, not tests; worst row shown):\n");
+	if (o->mode == FERRY_MODE_CLASSIC) {
+		/* localize moves nothing there: its rows say nothing about relocation */
+		worst_home = worst_third = 0;
+		b8 = b8k = -1;
+		printf("#   relocation goals: not applicable in classic mode\n");
+	}
+	if (worst_local > 0)
+		printf("#   local pull (no writer) <= 1.5 x randcopy %5.2f  %s\n", worst_local,
+		       worst_local <= 1.5 ? "met" : "MISSED");
+	if (worst_remote > 0)
+		printf("#   remote pull p50 <= 1.5 x raw round trip %6.2f  %s\n", worst_remote,
+		       worst_remote <= 1.5 ? "met" : "MISSED");
+	if (worst_home > 0)
+		printf("#   move, owner = home <= 2 round trips     %6.2f  %s\n", worst_home,
+		       worst_home <= 2 ? "met" : "MISSED");
+	if (worst_third > 0)
+		printf("#   move, owner != home <= 3 round trips    %6.2f  %s\n", worst_third,
+		       worst_third <= 3 ? "met" : "MISSED");
+	if (b8 >= 0)
+		printf("#   batch localize, 8 B >= 3e6 keys/s       %6.2fM %s\n", b8 / 1e6,
+		       b8 >= 3e6 ? "met" : "MISSED");
+	if (b8k >= 0)
+		printf("#   batch localize, 8 KiB >= 1 GB/s         %6.2fG %s\n", b8k / 1e3,
+		       b8k >= 1e3 ? "met" : "MISSED");
+	if (seen_hot)
+		printf("#   hot key loses no update                         %s\n",
+		       atomic_load(&sh->failures) ? "see FAILED above" : "met");
+}
+
+/* ---- JSON ----------------------------------------------------------------- */
+
+static void json_str(FILE *f, const char *s)
+{
+	fputc('"', f);
+	for (; *s; s++) {
+		unsigned char ch = (unsigned char)*s;
+
+		if (ch == '"' || ch == '\\')
+			fprintf(f, "\\%c", ch);
+		else if (ch < 0x20)
+			fprintf(f, "\\u%04x", ch);
+		else
+			fputc(ch, f);
+	}
+	fputc('"', f);
+}
+
+static void json_num(FILE *f, double v)
+{
+	if (v != v || v > 1e300 || v < -1e300)
+		fputs("null", f);
+	else if (v == (double)(int64_t)v && v < 1e15 && v > -1e15)
+		fprintf(f, "%.0f", v); /* counts stay integers: 10000000, not 1e+07 */
+	else
+		fprintf(f, "%.6g", v);
+}
+
+static void json_kv_s(FILE *f, const char *k, const char *v, int comma)
+{
+	json_str(f, k);
+	fputs(": ", f);
+	json_str(f, v);
+	if (comma)
+		fputs(", ", f);
+}
+
+static void json_kv_n(FILE *f, const char *k, double v, int comma)
+{
+	json_str(f, k);
+	fputs(": ", f);
+	json_num(f, v);
+	if (comma)
+		fputs(", ", f);
+}
+
+/* one result per line, keys in a fixed order: plot.sh reads it with awk */
+static int json_write(const char *path, const struct fb_opts *o, const struct fb_context *c,
+		      const struct fb_shared *sh)
+{
+	FILE *f = fopen(path, "w");
+	int n = atomic_load(&sh->nresults), nf = atomic_load(&sh->failures);
+
+	if (!f) {
+		fprintf(stderr, "ferry-bench: cannot write %s: %s\n", path, strerror(errno));
+		return -1;
+	}
+	fputs("{\n\"context\": {", f);
+	json_kv_s(f, "program", "ferry-bench", 1);
+	json_kv_s(f, "ferry_version", ferry_version(), 1);
+	json_kv_s(f, "git_commit", c->commit, 1);
+	json_kv_s(f, "kernel", c->kernel, 1);
+	json_kv_s(f, "cpu", c->cpu, 1);
+	json_kv_n(f, "cores", (double)c->cores, 1);
+	json_kv_s(f, "transport", fb_transport_name(o->transport), 1);
+	json_kv_s(f, "mode", o->mode == FERRY_MODE_CLASSIC ? "classic" : "dynamic", 1);
+	json_kv_n(f, "no_fast_path", o->no_fast_path, 1);
+	json_kv_s(f, "nodes_as", nodes_as_name(o->nodes_as), 1);
+	json_kv_n(f, "busy_poll", o->busy_poll, 1);
+	json_kv_s(f, "link", o->link, 1);
+	json_kv_n(f, "quick", o->quick, 1);
+	json_kv_s(f, "date", c->date, 1);
+	json_kv_s(f, "loadavg_start", c->load0, 1);
+	json_kv_s(f, "loadavg_end", c->load1, 1);
+	json_kv_s(f, "command", o->cmdline, 0);
+	fputs("},\n\"results\": [\n", f);
+	for (int i = 0; i < n; i++) {
+		const struct fb_result *r = &sh->results[i];
+
+		fputs("{", f);
+		json_kv_s(f, "scenario", r->scenario, 1);
+		json_kv_s(f, "op", r->op, 1);
+		json_kv_n(f, "value_bytes", r->value_bytes, 1);
+		json_kv_n(f, "keys", (double)r->keys, 1);
+		json_kv_n(f, "threads", r->threads, 1);
+		json_kv_n(f, "writer", r->writer, 1);
+		json_kv_n(f, "p50_us", r->p50_us, 1);
+		json_kv_n(f, "p99_us", r->p99_us, 1);
+		json_kv_n(f, "p999_us", r->p999_us, 1);
+		json_kv_n(f, "ops_per_s", r->ops_per_s, 1);
+		json_kv_n(f, "mb_per_s", r->mb_per_s, 1);
+		json_kv_s(f, "baseline", r->baseline, 1);
+		json_kv_n(f, "baseline_p50_us", r->base_p50_us, 1);
+		json_kv_n(f, "baseline_p99_us", r->base_p99_us, 1);
+		json_kv_n(f, "baseline_ops_per_s", r->base_ops_per_s, 1);
+		json_str(f, "ratio");
+		fputs(": ", f);
+		if (r->ratio > 0)
+			json_num(f, r->ratio);
+		else
+			fputs("null", f);
+		fputs(", ", f);
+		if (r->extra_name[0])
+			json_kv_n(f, r->extra_name, r->extra, 1);
+		json_kv_s(f, "note", r->note, 0);
+		fputs(i + 1 < n ? "},\n" : "}\n", f);
+	}
+	fputs("],\n\"failures\": [", f);
+	for (int i = 0; i < nf && i < 8; i++) {
+		json_str(f, sh->failure_msg[i]);
+		if (i + 1 < nf && i + 1 < 8)
+			fputs(", ", f);
+	}
+	fputs("]\n}\n", f);
+	if (fclose(f)) {
+		fprintf(stderr, "ferry-bench: cannot write %s: %s\n", path, strerror(errno));
+		return -1;
+	}
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	struct fb_context ctx;
+	struct fb_shared *sh;
+	struct fb_opts o;
+	int rc, is_rank0 = 1, n;
+
+	rc = parse_opts(argc, argv, &o);
+	if (rc)
+		return rc;
+	/* the results outlive forked nodes: share them */
+	sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	if (sh == MAP_FAILED) {
+		perror("ferry-bench: mmap");
+		return 1;
+	}
+	context_get(&ctx);
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	if (o.scenarios & FB_SCEN_LOCAL)
+		fb_local(&o, sh);
+	if (o.scenarios & FB_SCEN_REMOTE)
+		fb_remote(&o, sh);
+	if (o.scenarios & FB_SCEN_LOCALIZE)
+		fb_localize(&o, sh, o.scenarios);
+	is_rank0 = fb_cluster_rank() == 0;
+	fb_cluster_close();
+	context_load(ctx.load1, sizeof(ctx.load1));
+
+	n = atomic_load(&sh->nresults);
+	if (is_rank0) {
+		print_header(&o, &ctx);
+		for (int i = 0; i < n; i++)
+			print_row(&sh->results[i]);
+		print_rule();
+		printf(" load at the end: %s\n", ctx.load1);
+		print_goals(&o, sh);
+		if (o.json_path && json_write(o.json_path, &o, &ctx, sh))
+			atomic_fetch_add(&sh->failures, 1);
+	} else {
+		printf("ferry-bench: node %d of an external cluster: rank 0 prints the results\n",
+		       fb_cluster_rank());
+	}
+	rc = atomic_load(&sh->failures);
+	if (rc) {
+		fprintf(stderr, "ferry-bench: %d failure%s (see above); figures are incomplete\n",
+			rc, rc > 1 ? "s" : "");
+		return 1;
+	}
+	return 0;
+}

@@ -1,0 +1,98 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * stats.c - the clock, percentiles and result records of ferry-bench.
+ */
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "fb.h"
+
+int64_t fb_now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static int cmp_i64(const void *a, const void *b)
+{
+	int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+static int cmp_d(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+void fb_sort(int64_t *v, size_t n)
+{
+	qsort(v, n, sizeof(*v), cmp_i64);
+}
+
+void fb_sort_d(double *v, size_t n)
+{
+	qsort(v, n, sizeof(*v), cmp_d);
+}
+
+/* nearest rank: the smallest value with at least p of the samples at or below it */
+static size_t pct_idx(size_t n, double p)
+{
+	double r = p * (double)n;
+	size_t i = (size_t)r;
+
+	if ((double)i < r)
+		i++;
+	if (i > 0)
+		i--;
+	return i < n ? i : n - 1;
+}
+
+double fb_pct_us(const int64_t *sorted, size_t n, double p)
+{
+	if (!n)
+		return 0;
+	return (double)sorted[pct_idx(n, p)] / 1000.0;
+}
+
+double fb_pct_d(const double *sorted, size_t n, double p)
+{
+	if (!n)
+		return 0;
+	return sorted[pct_idx(n, p)];
+}
+
+void fb_base_from_lat(struct fb_base *b, const char *name, int64_t *lat, long n)
+{
+	fb_sort(lat, (size_t)n);
+	snprintf(b->name, sizeof(b->name), "%s", name);
+	b->p50_us = fb_pct_us(lat, (size_t)n, 0.5);
+	b->p99_us = fb_pct_us(lat, (size_t)n, 0.99);
+}
+
+void fb_result_add(struct fb_shared *sh, const struct fb_result *in)
+{
+	struct fb_result r = *in;
+	int i;
+
+	/* Ferry's time per operation over the baseline's */
+	if (r.base_p50_us > 0 && r.p50_us > 0)
+		r.ratio = r.p50_us / r.base_p50_us;
+	else if (r.base_ops_per_s > 0 && r.ops_per_s > 0)
+		r.ratio = r.base_ops_per_s / r.ops_per_s;
+	if (!r.baseline[0])
+		snprintf(r.baseline, sizeof(r.baseline), "-");
+	i = atomic_fetch_add(&sh->nresults, 1);
+	if (i >= FB_MAX_RESULTS) {
+		atomic_store(&sh->nresults, FB_MAX_RESULTS);
+		return;
+	}
+	sh->results[i] = r;
+}

@@ -1,0 +1,311 @@
+#!/usr/bin/env bash
+# bench/reloc-vs-10gbe.sh - what relocating one key costs, in raw round trips of the link it
+# crosses, link by link; one table at the end.
+#
+#   bash bench/reloc-vs-10gbe.sh [options]
+#
+# Links (each is skipped, with the reason, when it cannot run here):
+#   loopback     ferry-bench's nodes as threads of one process over 127.0.0.1 (the reference)
+#   veth-10gbit  two network namespaces joined by a veth pair, each end shaped by
+#                `tc qdisc ... tbf rate 10gbit`; one ferry-bench process per namespace, joined
+#                as an external cluster (FERRY_RANK / FERRY_WORLD / FERRY_RENDEZVOUS /
+#                FERRY_BIND_ADDR), addresses 10.99.0.1 and 10.99.0.2. Needs root (ip netns).
+#                The kernel here has no netem, so no propagation delay is added: the link is
+#                veth's software path with a 10 Gbit/s token bucket.
+#   vm-rxe       inside the SoftRoCE guest (ci/softroce-vm.sh --cmd): --transport rdma on rxe0;
+#                the raw round trip is 2 x ib_write_lat's p50 in that guest run (a message
+#                round trip; ib_write_lat reports half of one). When --transport rdma fails,
+#                the row says why and the TCP rows still print.
+#   vm-tcp       the same guest run, --transport tcp over 10.77.0.1
+# ferry-bench measures the raw round trip itself (a TCP ping-pong between the same two nodes
+# over the same link, with the bytes the relocation put on the wire), except for vm-rxe.
+#
+# Options:
+#   --build-dir DIR   the build tree holding bench/ferry-bench (default: build)
+#   --sizes LIST      value sizes in bytes (default 8,4096)
+#   --iters N         relocations per size and link (default 1000; the VM uses --vm-iters)
+#   --vm-iters N      relocations per size inside the VM (default 200)
+#   --mode MODE       dynamic (default) or classic
+#   --rate RATE       the tbf rate of the veth link (default 10gbit)
+#   --no-loopback, --no-veth, --no-vm   leave a link out
+#   --vm-timeout SECS bound for the whole VM run (default 900)
+#   --json-dir DIR    keep each link's ferry-bench JSON there (default: a temporary folder)
+#   -h, --help
+#
+# Everything it creates (namespaces, the veth pair, its qdiscs, processes) is removed on exit.
+# Exit status: 0 when every link that ran gave rows; 1 when one failed; 2 for bad options.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(cd "$here/.." && pwd)
+
+build_dir=build
+sizes=8,4096
+iters=1000
+vm_iters=200
+mode=dynamic
+rate=10gbit
+do_loop=1
+do_veth=1
+do_vm=1
+vm_timeout=900
+json_dir=
+
+say() { printf 'reloc-vs-10gbe: %s\n' "$*"; }
+die()
+{
+	printf 'reloc-vs-10gbe: error: %s\n' "$*" >&2
+	exit 2
+}
+usage() { sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"; }
+need_arg() { [[ $# -ge 2 ]] || die "$1 needs a value"; }
+
+while [[ $# -gt 0 ]]; do
+	case $1 in
+	--build-dir) need_arg "$@"; build_dir=$2; shift 2 ;;
+	--sizes) need_arg "$@"; sizes=$2; shift 2 ;;
+	--iters) need_arg "$@"; iters=$2; shift 2 ;;
+	--vm-iters) need_arg "$@"; vm_iters=$2; shift 2 ;;
+	--mode) need_arg "$@"; mode=$2; shift 2 ;;
+	--rate) need_arg "$@"; rate=$2; shift 2 ;;
+	--no-loopback) do_loop=0; shift ;;
+	--no-veth) do_veth=0; shift ;;
+	--no-vm) do_vm=0; shift ;;
+	--vm-timeout) need_arg "$@"; vm_timeout=$2; shift 2 ;;
+	--json-dir) need_arg "$@"; json_dir=$2; shift 2 ;;
+	-h | --help) usage; exit 0 ;;
+	*) die "unknown option '$1' (see --help)" ;;
+	esac
+done
+[[ $sizes =~ ^[0-9]+(,[0-9]+)*$ ]] || die "--sizes wants a comma-separated list of bytes"
+[[ $iters =~ ^[1-9][0-9]*$ ]] || die "--iters wants a number"
+[[ $vm_iters =~ ^[1-9][0-9]*$ ]] || die "--vm-iters wants a number"
+[[ $vm_timeout =~ ^[1-9][0-9]*$ ]] || die "--vm-timeout wants seconds"
+[[ $rate =~ ^[0-9]+[kmgKMG]?bit$ ]] || die "--rate wants a tc rate such as 10gbit"
+case $mode in dynamic | classic) ;; *) die "--mode wants dynamic or classic" ;; esac
+
+bench=$build_dir/bench/ferry-bench
+[[ -x $bench ]] || die "$bench not found: build it (cmake --build $build_dir --target ferry-bench)"
+bench=$(cd "$(dirname "$bench")" && pwd)/ferry-bench
+
+# ---------------------------------------------------------------------------------------------
+# Cleanup: what this script made, and only that.
+
+tag=$$
+ns_a=ferry-bench-a-$tag
+ns_b=ferry-bench-b-$tag
+veth_a=fbv${tag}a
+veth_b=fbv${tag}b
+made_ns=()
+pids=()
+work=$(mktemp -d "${TMPDIR:-/tmp}/ferry-reloc.XXXXXX")
+# shellcheck disable=SC2317 # reached through the trap
+cleanup()
+{
+	local rc=$? p n
+	for p in "${pids[@]}"; do
+		kill "$p" 2>/dev/null || true
+	done
+	for p in "${pids[@]}"; do
+		wait "$p" 2>/dev/null || true
+	done
+	# deleting a namespace deletes the veth end and the qdisc inside it
+	for n in "${made_ns[@]}"; do
+		ip netns del "$n" 2>/dev/null || true
+	done
+	ip link del "$veth_a" 2>/dev/null || true
+	rm -rf "$work"
+	exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+if [[ -n $json_dir ]]; then
+	mkdir -p "$json_dir"
+	json_dir=$(cd "$json_dir" && pwd)
+else
+	json_dir=$work
+fi
+
+common=(-s move --mode "$mode" --sizes "$sizes")
+status=0
+notes=()
+
+# rows file: link transport op bytes p50 p99 base_name base_p50 base_p99 ratio
+rows=$work/rows
+: >"$rows"
+
+# Appends the move rows of ferry-bench JSON $2 under link name $1.
+collect()
+{
+	awk -v link="$1" '
+	function field(line, key,    re, v) {
+		re = "\"" key "\": (\"[^\"]*\"|[^,}]*)"
+		if (!match(line, re))
+			return ""
+		v = substr(line, RSTART + length(key) + 4, RLENGTH - length(key) - 4)
+		gsub(/"/, "", v)
+		return v
+	}
+	/^"context": / { tp = field($0, "transport") }
+	/^\{"scenario": "localize"/ {
+		op = field($0, "op")
+		if (op != "move-home" && op != "move-third")
+			next
+		print link, tp, op, field($0, "value_bytes"), field($0, "p50_us"),
+		      field($0, "p99_us"), field($0, "baseline"), field($0, "baseline_p50_us"),
+		      field($0, "baseline_p99_us"), field($0, "ratio")
+	}' "$2" >>"$rows"
+}
+
+# ---------------------------------------------------------------------------------------------
+# loopback
+
+if [[ $do_loop -eq 1 ]]; then
+	say "loopback: ferry-bench ${common[*]} --iters $iters (load $(cut -d' ' -f1-3 /proc/loadavg))"
+	if timeout --kill-after=10 600 "$bench" "${common[@]}" --iters "$iters" --link loopback \
+		--json "$json_dir/loopback.json" >"$work/loopback.out" 2>&1; then
+		collect loopback "$json_dir/loopback.json"
+	else
+		say "loopback: ferry-bench failed:"
+		grep -E 'FAILED|error' "$work/loopback.out" | sed 's/^/  | /' || tail -n 5 "$work/loopback.out"
+		notes+=("loopback: ferry-bench failed (see above)")
+		status=1
+	fi
+fi
+
+# ---------------------------------------------------------------------------------------------
+# veth, two namespaces, tbf 10gbit
+
+veth_run()
+{
+	local port=29500 rc0=0 rc1=0 pid1
+	ip netns add "$ns_a" || return 1
+	made_ns+=("$ns_a")
+	ip netns add "$ns_b" || return 1
+	made_ns+=("$ns_b")
+	ip link add "$veth_a" type veth peer name "$veth_b" || return 1
+	ip link set "$veth_a" netns "$ns_a" || return 1
+	ip link set "$veth_b" netns "$ns_b" || return 1
+	ip -n "$ns_a" addr add 10.99.0.1/24 dev "$veth_a" || return 1
+	ip -n "$ns_b" addr add 10.99.0.2/24 dev "$veth_b" || return 1
+	ip -n "$ns_a" link set lo up
+	ip -n "$ns_b" link set lo up
+	ip -n "$ns_a" link set "$veth_a" up || return 1
+	ip -n "$ns_b" link set "$veth_b" up || return 1
+	# burst: at least rate/HZ; 1 MB covers 10 Gbit/s at HZ=100. latency bounds the queue.
+	tc -n "$ns_a" qdisc add dev "$veth_a" root tbf rate "$rate" burst 1mb latency 10ms || return 1
+	tc -n "$ns_b" qdisc add dev "$veth_b" root tbf rate "$rate" burst 1mb latency 10ms || return 1
+	say "veth: $ns_a 10.99.0.1 <-> $ns_b 10.99.0.2, tbf rate $rate on both ends"
+
+	ip netns exec "$ns_b" env FERRY_RANK=1 FERRY_WORLD=2 FERRY_RENDEZVOUS=10.99.0.1:$port \
+		FERRY_BIND_ADDR=10.99.0.2 timeout --kill-after=10 600 "$bench" --external \
+		"${common[@]}" --iters "$iters" --link "veth-$rate" >"$work/veth1.out" 2>&1 &
+	pid1=$!
+	pids+=("$pid1")
+	ip netns exec "$ns_a" env FERRY_RANK=0 FERRY_WORLD=2 FERRY_RENDEZVOUS=10.99.0.1:$port \
+		FERRY_BIND_ADDR=10.99.0.1 timeout --kill-after=10 600 "$bench" --external \
+		"${common[@]}" --iters "$iters" --link "veth-$rate" --json "$json_dir/veth.json" \
+		>"$work/veth0.out" 2>&1 || rc0=$?
+	wait "$pid1" || rc1=$?
+	if [[ $rc0 -ne 0 || $rc1 -ne 0 ]]; then
+		say "veth: ferry-bench failed (rank 0 status $rc0, rank 1 status $rc1):"
+		cat "$work/veth0.out" "$work/veth1.out" | grep -E 'FAILED|error' | sed 's/^/  | /' || true
+		return 1
+	fi
+	return 0
+}
+
+if [[ $do_veth -eq 1 ]]; then
+	if [[ $(id -u) -ne 0 ]]; then
+		say "veth: skipped: network namespaces need root"
+		notes+=("veth-$rate: skipped (not root)")
+	elif ! command -v tc >/dev/null 2>&1 || ! command -v ip >/dev/null 2>&1; then
+		say "veth: skipped: ip and tc (iproute2) are needed"
+		notes+=("veth-$rate: skipped (no iproute2)")
+	else
+		say "veth: ferry-bench --external ${common[*]} --iters $iters, 2 processes (load $(cut -d' ' -f1-3 /proc/loadavg))"
+		if veth_run; then
+			collect "veth-$rate" "$json_dir/veth.json"
+		else
+			notes+=("veth-$rate: failed (see above)")
+			status=1
+		fi
+	fi
+fi
+
+# ---------------------------------------------------------------------------------------------
+# the SoftRoCE VM: rxe and tcp in the same guest run
+
+# Prints the JSON a guest command printed between its markers in the serial log.
+vm_json()
+{
+	tr -d '\r' <"$1" | awk -v tag="$2" '
+		$0 == "  | FBJSON-BEGIN " tag { on = 1; next }
+		$0 == "  | FBJSON-END " tag { on = 0; next }
+		on { sub(/^  \| /, ""); print }'
+}
+
+if [[ $do_vm -eq 1 ]]; then
+	# ib_write_lat's output is in the guest's /tmp (the VM script runs it before the commands).
+	guest_common="-s move --mode $mode --sizes $sizes --iters $vm_iters --bind 10.77.0.1"
+	cmd_rdma="ferry-bench $guest_common --transport rdma --link rxe --baseline-file /tmp/ib_write_lat.client --baseline-cycles --json /tmp/rxe.json; rc=\$?; echo FBJSON-BEGIN rxe; cat /tmp/rxe.json 2>/dev/null; echo FBJSON-END rxe; exit \$rc"
+	cmd_tcp="ferry-bench $guest_common --transport tcp --link vm-tcp --json /tmp/tcp.json; rc=\$?; echo FBJSON-BEGIN tcp; cat /tmp/tcp.json 2>/dev/null; echo FBJSON-END tcp; exit \$rc"
+	say "vm: ci/softroce-vm.sh with ferry-bench $guest_common, rdma then tcp (load $(cut -d' ' -f1-3 /proc/loadavg))"
+	vrc=0
+	bash "$repo/ci/softroce-vm.sh" --build-dir "$build_dir" --tests '' --timeout "$vm_timeout" \
+		--log "$work/vm.log" --cmd "$cmd_rdma" --cmd "$cmd_tcp" >"$work/vm.out" 2>&1 || vrc=$?
+	grep -E '^(VMINFO|VMBASE|VMTEST|softroce-vm:)' "$work/vm.out" | sed 's/^/  | /' || true
+	if [[ $vrc -eq 2 ]]; then
+		say "vm: no verdict from the guest (status 2); last lines:"
+		tail -n 15 "$work/vm.out" | sed 's/^/  | /'
+		notes+=("vm: the guest never reported (see above)")
+		status=1
+	else
+		vm_json "$work/vm.log" rxe >"$json_dir/vm-rxe.json"
+		vm_json "$work/vm.log" tcp >"$json_dir/vm-tcp.json"
+		if grep -q '^"results"' "$json_dir/vm-rxe.json" &&
+			grep -q '^{"scenario": "localize"' "$json_dir/vm-rxe.json"; then
+			collect vm-rxe "$json_dir/vm-rxe.json"
+		else
+			why=$(tr -d '\r' <"$work/vm.log" | grep -m 1 -E 'FAILED|rdma was asked' |
+				sed 's/^  | //' || true)
+			say "vm-rxe: --transport rdma failed: ${why:-no result}"
+			notes+=("vm-rxe: --transport rdma failed: ${why:-no result}")
+		fi
+		if grep -q '^{"scenario": "localize"' "$json_dir/vm-tcp.json"; then
+			collect vm-tcp "$json_dir/vm-tcp.json"
+		else
+			say "vm-tcp: no result"
+			notes+=("vm-tcp: no result (see the VM lines above)")
+			status=1
+		fi
+	fi
+fi
+
+# ---------------------------------------------------------------------------------------------
+# The table.
+
+echo
+printf '%-16s %-9s %-11s %7s %13s %13s %-20s %13s %13s %7s %s\n' link transport op bytes \
+	'reloc p50[us]' 'reloc p99[us]' 'raw round trip' 'raw p50[us]' 'raw p99[us]' ratio goal
+printf '%s\n' "---------------------------------------------------------------------------------------------------------------------------------------"
+if [[ -s $rows ]]; then
+	while read -r link tp op bytes p50 p99 bname bp50 bp99 ratio; do
+		if [[ $op == move-home ]]; then goal=2; else goal=3; fi
+		verdict=$(awk -v r="$ratio" -v g="$goal" 'BEGIN {
+			if (r == "null" || r == "") print "-"
+			else print (r + 0 <= g ? "<= " g " met" : "<= " g " MISSED") }')
+		printf '%-16s %-9s %-11s %7s %13.1f %13.1f %-20s %13.1f %13.1f %7.2f %s\n' "$link" "$tp" \
+			"$op" "$bytes" "$p50" "$p99" "$bname" "$bp50" "$bp99" \
+			"$([[ $ratio == null ]] && echo 0 || echo "$ratio")" "$verdict"
+	done <"$rows"
+fi
+for n in "${notes[@]}"; do
+	printf '%-16s %s\n' "${n%%:*}" "${n#*: }"
+done
+echo "ratio = relocation p50 / raw round trip p50 over the same link (goal: <= 2 owner = home, <= 3 otherwise)"
+echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
+[[ $json_dir == "$work" ]] || say "JSON files in $json_dir"
+exit "$status"
