@@ -42,6 +42,14 @@
 #include <criterion/criterion.h>
 #include <criterion/parameterized.h>
 
+#ifdef FERRY_HAVE_RDMA
+#include <infiniband/verbs.h>
+#include <linux/capability.h>
+#include <rdma/rdma_cma.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#endif
+
 #include "ferry/ferry.h"
 #include "transport/transport.h"
 
@@ -164,6 +172,23 @@ struct tnode {
 	int echo;	 /* ack every data frame back to its src */
 	int gate_closed; /* on_msg waits while set (bounded) */
 	int gated;	 /* on_msg is waiting at the gate */
+
+	uint64_t rdma_done; /* on_rdma_done() calls */
+	int rdma_errs;	    /* ... with a non-zero status */
+	int rdma_first_err;
+	int rdma_off_thread; /* ... off the progress thread */
+
+	/* when set, every data frame checks that watch holds watch_len bytes of watch_want */
+	const uint8_t *watch;
+	const uint8_t *watch_want;
+	size_t watch_len;
+	int watch_good, watch_bad;
+};
+
+/* what the ctx of a one-sided operation points to; filled by on_rdma_done */
+struct rdma_slot {
+	int done; /* on_rdma_done() calls for it: exactly 1 */
+	int status;
 };
 
 static uint8_t pattern(uint32_t src, uint32_t table, size_t i)
@@ -237,6 +262,12 @@ static void t_on_msg(void *core, uint32_t src, const void *buf, size_t len)
 		note_bad(n, &n->bad_content, "content differs", src, len);
 	n->frames[src]++;
 	n->bytes[src] += len;
+	if (n->watch) {
+		if (memcmp(n->watch, n->watch_want, n->watch_len))
+			n->watch_bad++;
+		else
+			n->watch_good++;
+	}
 	ack = n->echo;
 	if (n->gate_closed) {
 		struct timespec dl = deadline_in(20000);
@@ -281,9 +312,22 @@ static void t_on_peer_failed(void *core, uint32_t src, int err)
 static void t_on_rdma_done(void *core, void *ctx, int status)
 {
 	struct tnode *n = core;
+	struct rdma_slot *slot = ctx;
 
 	pthread_mutex_lock(&n->lock);
-	handler_enter(n);
+	/* checked apart from the other handlers: see rdma_check_threads() */
+	if (!n->starts || !pthread_equal(pthread_self(), n->progress))
+		n->rdma_off_thread++;
+	if (n->fini_done)
+		n->after_fini++;
+	n->rdma_done++;
+	if (status && !n->rdma_errs++)
+		n->rdma_first_err = status;
+	if (slot) {
+		slot->done++;
+		slot->status = status;
+	}
+	pthread_cond_broadcast(&n->cond);
 	pthread_mutex_unlock(&n->lock);
 }
 
@@ -350,7 +394,12 @@ static const struct ferry_tp_ops *tp_get(int i)
 {
 	const struct ferry_tp_ops *ops = tp_table[i];
 	const char *why = NULL;
+	const char *only = getenv("FERRY_TEST_TRANSPORT");
 
+	/* e.g. FERRY_TEST_TRANSPORT=rdma: run one transport's cases, skip the others */
+	if (only && *only && strcmp(only, ops->name))
+		cr_skip_test("FERRY_TEST_TRANSPORT=%s leaves out the %s transport", only,
+			     ops->name);
 	if (ops->probe && ops->probe(&why))
 		cr_skip_test("the %s transport cannot run here: %s", ops->name,
 			     why ? why : "its probe failed");
@@ -364,6 +413,22 @@ static void tp_require_tcp(const struct ferry_tp_ops *ops)
 			     ops->name);
 }
 
+/*
+ * The address a node of @ops listens on. rdma_cm cannot use loopback: an rdma
+ * node binds the IPv4 address of the RDMA device's interface, which
+ * ci/softroce-vm.sh exports as FERRY_TEST_RDMA_ADDR (10.77.0.1 in its guest).
+ */
+static const char *tnode_bind_addr(const struct ferry_tp_ops *ops)
+{
+	const char *a = getenv("FERRY_TEST_RDMA_ADDR");
+
+	if (strcmp(ops->name, "rdma"))
+		return "127.0.0.1";
+	if (a && *a)
+		return a;
+	return getenv("FERRY_TEST_IN_VM") ? "10.77.0.1" : "127.0.0.1";
+}
+
 /* init one node; Return: what ops->init returned */
 static int tnode_init(struct tnode *n, const struct ferry_tp_ops *ops, uint32_t rank,
 		      uint32_t world, uint64_t cluster_id, int timeout_ms, int busy_poll)
@@ -372,7 +437,7 @@ static int tnode_init(struct tnode *n, const struct ferry_tp_ops *ops, uint32_t 
 		.rank = rank,
 		.world = world,
 		.cluster_id = cluster_id,
-		.bind_addr = "127.0.0.1",
+		.bind_addr = tnode_bind_addr(ops),
 		.busy_poll = busy_poll,
 		.timeout_ms = timeout_ms,
 		.handler = &t_handler,
@@ -1127,3 +1192,658 @@ TP_TEST(a_world_of_one_talks_to_itself)
 	assert_clean(&node);
 	cluster_down(&node, 1);
 }
+
+struct eager_arg {
+	struct tnode *n, *all;
+	uint32_t count;
+	int ret, errors;
+	pthread_t thread;
+};
+
+static void *eager_main(void *arg)
+{
+	struct eager_arg *a = arg;
+	const void *addrs[MAX_NODES];
+	size_t lens[MAX_NODES];
+
+	for (uint32_t r = 0; r < a->n->world; r++) {
+		addrs[r] = a->all[r].addr;
+		lens[r] = a->all[r].addr_len;
+	}
+	a->ret = a->n->ops->connect(a->n->tp, addrs, lens);
+	for (uint32_t i = 0; !a->ret && i < a->count; i++)
+		if (send_frame(a->n, 0, 0, i, i % 2 ? 64 : (64 << 10) + 8))
+			a->errors++;
+	return NULL;
+}
+
+/*
+ * The dialing side's connect() can return before the accepting side has seen
+ * the connection stand; what it sends at once must still arrive, all of it.
+ */
+TP_TEST(frames_sent_as_soon_as_connect_returns_arrive)
+{
+	const struct ferry_tp_ops *ops = tp_get(*tpi);
+	enum {
+		ROUNDS = 8,
+		COUNT = 40
+	};
+
+	for (int round = 0; round < ROUNDS; round++) {
+		uint64_t cid = cluster_id_for_test() + (uint64_t)round;
+		struct connect_arg a0;
+		struct eager_arg a1;
+		struct tnode nodes[2];
+
+		for (uint32_t r = 0; r < 2; r++)
+			cr_assert_eq(tnode_init(&nodes[r], ops, r, 2, cid, TIMEOUT_MS, 0), 0);
+		a1 = (struct eager_arg){ .n = &nodes[1], .all = nodes, .count = COUNT };
+		connect_start(&a0, &nodes[0], nodes);
+		cr_assert_eq(pthread_create(&a1.thread, NULL, eager_main, &a1), 0);
+		pthread_join(a1.thread, NULL);
+		connect_join(&a0, TIMEOUT_MS + 5000);
+		cr_assert_eq(a0.ret, 0, "round %d: connect of rank 0: %s", round,
+			     ferry_strerror(a0.ret));
+		cr_assert_eq(a1.ret, 0, "round %d: connect of rank 1: %s", round,
+			     ferry_strerror(a1.ret));
+		cr_expect_eq(a1.errors, 0);
+		cr_assert(WAIT_FOR(&nodes[0], nodes[0].frames[1] == COUNT, WAIT_MS),
+			  "round %d: rank 0 got %llu of %d frames sent right after connect", round,
+			  (unsigned long long)LOCKED(&nodes[0], nodes[0].frames[1]), COUNT);
+		assert_clean(&nodes[0]);
+		cluster_down(nodes, 2);
+	}
+}
+
+/* ---- one-sided operations (transports with CAP_READ and CAP_WRITE) ------ */
+
+/*
+ * on_rdma_done runs on the progress thread, except with the loop transport,
+ * which completes inline on the posting thread (transport.h: "loop: inline")
+ */
+static void rdma_check_threads(struct tnode *n)
+{
+	if (!strcmp(n->ops->name, "loop"))
+		return;
+	cr_expect_eq(LOCKED(n, n->rdma_off_thread), 0,
+		     "rank %u: %d on_rdma_done calls off the progress thread", n->rank,
+		     LOCKED(n, n->rdma_off_thread));
+}
+
+static void tp_require_onesided(const struct ferry_tp_ops *ops)
+{
+	if (!(ops->caps & FERRY_TP_CAP_READ) || !(ops->caps & FERRY_TP_CAP_WRITE) || !ops->read ||
+	    !ops->write || !ops->mem_reg || !ops->mem_dereg)
+		cr_skip_test("the %s transport has no one-sided read and write", ops->name);
+}
+
+/* a buffer of @n registered with its transport */
+struct tbuf {
+	uint8_t *mem;
+	size_t len;
+	struct ferry_tp_mr *mr;
+};
+
+static void tbuf_reg(struct tnode *n, struct tbuf *b, size_t len, unsigned access)
+{
+	b->len = len;
+	b->mem = aligned_alloc(4096, len);
+	cr_assert_not_null(b->mem);
+	memset(b->mem, 0, len);
+	b->mr = calloc(1, n->ops->mr_size);
+	cr_assert_not_null(b->mr);
+	cr_assert_eq(n->ops->mem_reg(n->tp, b->mem, len, access, b->mr), 0,
+		     "rank %u: mem_reg of %zu bytes failed", n->rank, len);
+	cr_assert_eq(b->mr->addr, (void *)b->mem);
+	cr_assert_eq(b->mr->len, len);
+}
+
+static void tbuf_dereg(struct tnode *n, struct tbuf *b)
+{
+	n->ops->mem_dereg(n->tp, b->mr);
+	free(b->mr);
+	free(b->mem);
+}
+
+/*
+ * Rank 0 reads rank 1's registered buffer, writes a slice of it and sends a
+ * frame right behind the write: the frame must find the data in place (a
+ * relocation hands a slot over this way). Rank 1 also reads its own buffer.
+ */
+TP_TEST(one_sided_read_and_write_reach_registered_memory)
+{
+	const struct ferry_tp_ops *ops = tp_get(*tpi);
+	enum {
+		LEN = 64 << 10,
+		WOFF = 4096,
+		WLEN = 8192
+	};
+	struct rdma_slot rd = { 0 }, wr = { 0 }, srd = { 0 };
+	struct tbuf remote, local, self;
+	struct tnode nodes[2];
+	uint8_t *want = malloc(WLEN);
+
+	tp_require_onesided(ops);
+	cr_assert_not_null(want);
+	cluster_up(nodes, ops, 2, 0);
+	tbuf_reg(&nodes[1], &remote, LEN,
+		 FERRY_TP_ACCESS_REMOTE_READ | FERRY_TP_ACCESS_REMOTE_WRITE);
+	tbuf_reg(&nodes[0], &local, LEN, 0);
+	tbuf_reg(&nodes[1], &self, LEN, 0);
+	for (size_t i = 0; i < LEN; i++)
+		remote.mem[i] = pattern(1, 99, i);
+
+	cr_assert_eq(ops->read(nodes[0].tp, 1, local.mem, local.mr, (uintptr_t)remote.mem,
+			       remote.mr->rkey, LEN, &rd),
+		     0);
+	cr_assert(WAIT_FOR(&nodes[0], rd.done == 1, WAIT_MS), "the read never completed");
+	cr_expect_eq(rd.status, 0, "the read failed: %s", ferry_strerror(rd.status));
+	cr_expect_eq(memcmp(local.mem, remote.mem, LEN), 0, "the read brought other bytes");
+
+	for (size_t i = 0; i < WLEN; i++)
+		want[i] = local.mem[i] = pattern(0, 7, i);
+	pthread_mutex_lock(&nodes[1].lock);
+	nodes[1].watch = remote.mem + WOFF;
+	nodes[1].watch_want = want;
+	nodes[1].watch_len = WLEN;
+	pthread_mutex_unlock(&nodes[1].lock);
+	cr_assert_eq(ops->write(nodes[0].tp, 1, local.mem, local.mr, (uintptr_t)remote.mem + WOFF,
+				remote.mr->rkey, WLEN, &wr),
+		     0);
+	cr_assert_eq(send_frame(&nodes[0], 1, 0, 0, 64), 0);
+	cr_assert(WAIT_FOR(&nodes[0], wr.done == 1, WAIT_MS), "the write never completed");
+	cr_expect_eq(wr.status, 0, "the write failed: %s", ferry_strerror(wr.status));
+	cr_assert(WAIT_FOR(&nodes[1], nodes[1].frames[0] == 1, WAIT_MS), "the frame never came");
+	cr_expect_eq(LOCKED(&nodes[1], nodes[1].watch_bad), 0,
+		     "the frame sent after the write arrived before the written data");
+	cr_expect_eq(LOCKED(&nodes[1], nodes[1].watch_good), 1);
+	cr_expect_eq(memcmp(remote.mem + WOFF, want, WLEN), 0, "the write left other bytes");
+	cr_expect_eq(remote.mem[WOFF - 1], pattern(1, 99, WOFF - 1), "the write spilled before");
+	cr_expect_eq(remote.mem[WOFF + WLEN], pattern(1, 99, WOFF + WLEN),
+		     "the write spilled after");
+	pthread_mutex_lock(&nodes[1].lock);
+	nodes[1].watch = NULL;
+	pthread_mutex_unlock(&nodes[1].lock);
+
+	/* a node's one-sided read of its own memory completes like any other */
+	cr_assert_eq(ops->read(nodes[1].tp, 1, self.mem, self.mr, (uintptr_t)remote.mem,
+			       remote.mr->rkey, LEN, &srd),
+		     0);
+	cr_assert(WAIT_FOR(&nodes[1], srd.done == 1, WAIT_MS),
+		  "the read of itself never completed");
+	cr_expect_eq(srd.status, 0);
+	cr_expect_eq(memcmp(self.mem, remote.mem, LEN), 0);
+
+	usleep(100 * 1000);
+	cr_expect_eq(rd.done + wr.done + srd.done, 3, "a completion ran twice");
+	for (int r = 0; r < 2; r++) {
+		cr_expect_eq(LOCKED(&nodes[r], nodes[r].rdma_errs), 0);
+		rdma_check_threads(&nodes[r]);
+		assert_clean(&nodes[r]);
+	}
+	tbuf_dereg(&nodes[1], &self);
+	tbuf_dereg(&nodes[0], &local);
+	tbuf_dereg(&nodes[1], &remote);
+	free(want);
+	cluster_down(nodes, 2);
+}
+
+/* more reads than a queue pair holds, posted back to back, with frames among them */
+TP_TEST(many_reads_posted_back_to_back_all_complete)
+{
+	const struct ferry_tp_ops *ops = tp_get(*tpi);
+	enum {
+		N = 2000,
+		SLICE = 256,
+		RLEN = 1 << 20,
+		SLOTS = RLEN / SLICE
+	};
+	struct rdma_slot *slots = calloc(N, sizeof(*slots));
+	struct tbuf remote, local;
+	struct tnode nodes[2];
+	uint32_t frames = 0;
+	int bad = 0;
+
+	tp_require_onesided(ops);
+	cr_assert_not_null(slots);
+	cluster_up(nodes, ops, 2, 0);
+	tbuf_reg(&nodes[1], &remote, RLEN, FERRY_TP_ACCESS_REMOTE_READ);
+	tbuf_reg(&nodes[0], &local, (size_t)N * SLICE, 0);
+	for (size_t i = 0; i < RLEN; i++)
+		remote.mem[i] = pattern(1, (uint32_t)(i / SLICE), i);
+
+	for (uint32_t i = 0; i < N; i++) {
+		size_t off = (size_t)(i * 7919u % SLOTS) * SLICE;
+
+		cr_assert_eq(ops->read(nodes[0].tp, 1, local.mem + (size_t)i * SLICE, local.mr,
+				       (uintptr_t)remote.mem + off, remote.mr->rkey, SLICE,
+				       &slots[i]),
+			     0, "read %u was refused", i);
+		if (i % 200 == 0)
+			cr_assert_eq(send_frame(&nodes[0], 1, 0, frames++, 4096), 0);
+	}
+	cr_assert(WAIT_FOR(&nodes[0], nodes[0].rdma_done == N, WAIT_MS),
+		  "%llu of %d reads completed",
+		  (unsigned long long)LOCKED(&nodes[0], nodes[0].rdma_done), N);
+	for (uint32_t i = 0; i < N; i++) {
+		size_t off = (size_t)(i * 7919u % SLOTS) * SLICE;
+
+		if (slots[i].done != 1 || slots[i].status ||
+		    memcmp(local.mem + (size_t)i * SLICE, remote.mem + off, SLICE))
+			bad++;
+	}
+	cr_expect_eq(bad, 0, "%d of %d reads completed wrongly", bad, N);
+	cr_assert(WAIT_FOR(&nodes[1], nodes[1].frames[0] == frames, WAIT_MS));
+	for (int r = 0; r < 2; r++) {
+		rdma_check_threads(&nodes[r]);
+		assert_clean(&nodes[r]);
+	}
+	tbuf_dereg(&nodes[0], &local);
+	tbuf_dereg(&nodes[1], &remote);
+	free(slots);
+	cluster_down(nodes, 2);
+}
+
+/*
+ * A write into memory registered for remote reads only fails, once, with
+ * -EACCES. On a reliable connection (rdma) the error also ends the
+ * connection: then the peer is reported failed, once, on both sides;
+ * otherwise the connection stays usable. The other peers go on either way.
+ */
+TP_TEST(a_one_sided_access_error_completes_with_eacces)
+{
+	const struct ferry_tp_ops *ops = tp_get(*tpi);
+	enum {
+		LEN = 4096
+	};
+	struct rdma_slot wr = { 0 };
+	struct tbuf remote, local;
+	struct tnode nodes[3];
+	bool lost;
+
+	tp_require_onesided(ops);
+	cluster_up(nodes, ops, 3, 0);
+	tbuf_reg(&nodes[1], &remote, LEN, FERRY_TP_ACCESS_REMOTE_READ);
+	tbuf_reg(&nodes[0], &local, LEN, 0);
+	memset(local.mem, 0xab, LEN);
+
+	cr_assert_eq(ops->write(nodes[0].tp, 1, local.mem, local.mr, (uintptr_t)remote.mem,
+				remote.mr->rkey, LEN, &wr),
+		     0);
+	cr_assert(WAIT_FOR(&nodes[0], wr.done == 1, WAIT_MS), "the write never completed");
+	cr_expect_eq(wr.status, -EACCES, "status %s, want %s", ferry_strerror(wr.status),
+		     ferry_strerror(-EACCES));
+	cr_expect_eq(remote.mem[0], 0, "the refused write changed the memory");
+	lost = WAIT_FOR(&nodes[0], nodes[0].failed[1] == 1, 2000);
+	if (lost) {
+		cr_assert(WAIT_FOR(&nodes[1], nodes[1].failed[0] == 1, WAIT_MS),
+			  "rank 1 did not report rank 0 failed");
+		cr_expect_eq(send_frame(&nodes[0], 1, 0, 0, 64), -FERRY_E_PEER);
+	} else {
+		exchange(&nodes[0], &nodes[1], 20);
+		exchange(&nodes[1], &nodes[0], 20);
+	}
+	exchange(&nodes[0], &nodes[2], 20);
+	exchange(&nodes[2], &nodes[1], 20);
+	usleep(200 * 1000);
+	cr_expect_eq(wr.done, 1, "the completion ran %d times", wr.done);
+	cr_expect_eq(LOCKED(&nodes[0], nodes[0].failed[1] + nodes[0].failed[2]), lost ? 1 : 0);
+	cr_expect_eq(LOCKED(&nodes[2], nodes[2].failed[0] + nodes[2].failed[1]), 0);
+	for (int r = 0; r < 3; r++) {
+		rdma_check_threads(&nodes[r]);
+		assert_clean(&nodes[r]);
+	}
+	tbuf_dereg(&nodes[0], &local);
+	tbuf_dereg(&nodes[1], &remote);
+	cluster_down(nodes, 3);
+}
+
+/* ---- rdma_cm injection (rdma only) --------------------------------------- */
+
+#ifdef FERRY_HAVE_RDMA
+
+/*
+ * transport/rdma/rdma.c's buffer geometry (struct rdma_hello_ext), which its
+ * HELLO carries after the 32 bytes of the HELLO frame and checks.
+ */
+#define RDMA_EXT_CHUNK (64u << 10)
+#define RDMA_EXT_CREDITS 32u
+#define RDMA_IMM_DATA (0xf7u << 24) /* a data chunk that returns no credit */
+
+static void tp_require_rdma(const struct ferry_tp_ops *ops)
+{
+	if (strcmp(ops->name, "rdma"))
+		cr_skip_test("rdma_cm injection applies to the rdma transport, not %s", ops->name);
+}
+
+/* a hand-made rdma_cm connection: a stranger, or a fake peer */
+struct raw_rdma {
+	struct rdma_event_channel *ec;
+	struct rdma_cm_id *id;
+	struct ibv_mr *mr;
+	uint8_t *buf;
+	int status; /* of the last event */
+};
+
+/* the type of the next cm event within @ms (acked), or -1 */
+static int raw_rdma_event(struct raw_rdma *r, int ms)
+{
+	struct pollfd p = { .fd = r->ec->fd, .events = POLLIN };
+	struct rdma_cm_event *ev;
+	int type;
+
+	if (poll(&p, 1, ms) <= 0 || rdma_get_cm_event(r->ec, &ev))
+		return -1;
+	type = ev->event;
+	r->status = ev->status;
+	rdma_ack_cm_event(ev);
+	return type;
+}
+
+/* a HELLO as the rdma transport sends it: the frame, then the buffer geometry */
+static size_t raw_rdma_hello(uint8_t *buf, uint64_t cluster_id, uint32_t rank, uint32_t world)
+{
+	uint32_t ext[2] = { RDMA_EXT_CHUNK, RDMA_EXT_CREDITS };
+
+	raw_hello(buf, cluster_id, rank, world);
+	memcpy(buf + HELLO_LEN, ext, sizeof(ext));
+	return HELLO_LEN + sizeof(ext);
+}
+
+/* resolve, make a queue pair and send a connection request with @pdata to @n */
+static void raw_rdma_dial(struct raw_rdma *r, const struct tnode *n, const void *pdata,
+			  uint8_t plen)
+{
+	char s[FERRY_TP_ADDR_MAX + 1], *colon;
+	struct sockaddr_in dst = { .sin_family = AF_INET }, src;
+	struct ibv_qp_init_attr qa = {
+		.qp_type = IBV_QPT_RC,
+		.cap = { .max_send_wr = 8, .max_recv_wr = 8, .max_send_sge = 1, .max_recv_sge = 1 },
+	};
+	struct rdma_conn_param cp = {
+		.private_data = pdata,
+		.private_data_len = plen,
+		.responder_resources = 1,
+		.initiator_depth = 1,
+		.retry_count = 7,
+		.rnr_retry_count = 7,
+	};
+
+	memset(r, 0, sizeof(*r));
+	memcpy(s, n->addr, n->addr_len);
+	s[n->addr_len] = '\0';
+	colon = strrchr(s, ':');
+	cr_assert_not_null(colon, "rdma address blob \"%s\" is not ip:port", s);
+	*colon = '\0';
+	dst.sin_port = htons((uint16_t)atoi(colon + 1));
+	cr_assert_eq(inet_pton(AF_INET, s, &dst.sin_addr), 1);
+	src = dst;
+	src.sin_port = 0;
+
+	r->ec = rdma_create_event_channel();
+	cr_assert_not_null(r->ec, "rdma_create_event_channel: %s", strerror(errno));
+	cr_assert_eq(rdma_create_id(r->ec, &r->id, NULL, RDMA_PS_TCP), 0);
+	cr_assert_eq(rdma_resolve_addr(r->id, (struct sockaddr *)&src, (struct sockaddr *)&dst,
+				       2000),
+		     0, "rdma_resolve_addr: %s", strerror(errno));
+	cr_assert_eq(raw_rdma_event(r, 5000), RDMA_CM_EVENT_ADDR_RESOLVED);
+	cr_assert_eq(rdma_resolve_route(r->id, 2000), 0);
+	cr_assert_eq(raw_rdma_event(r, 5000), RDMA_CM_EVENT_ROUTE_RESOLVED);
+	cr_assert_eq(rdma_create_qp(r->id, NULL, &qa), 0, "rdma_create_qp: %s", strerror(errno));
+	r->buf = aligned_alloc(4096, 4096);
+	cr_assert_not_null(r->buf);
+	r->mr = ibv_reg_mr(r->id->pd, r->buf, 4096, IBV_ACCESS_LOCAL_WRITE);
+	cr_assert_not_null(r->mr, "ibv_reg_mr: %s", strerror(errno));
+	cr_assert_eq(rdma_connect(r->id, &cp), 0, "rdma_connect: %s", strerror(errno));
+}
+
+/* send @len bytes of r->buf as one SEND (with immediate @imm when @with_imm) */
+static void raw_rdma_send(struct raw_rdma *r, size_t len, int with_imm, uint32_t imm)
+{
+	struct ibv_sge sge = { .addr = (uintptr_t)r->buf,
+			       .length = (uint32_t)len,
+			       .lkey = r->mr->lkey };
+	struct ibv_send_wr wr = {
+		.sg_list = &sge,
+		.num_sge = 1,
+		.opcode = with_imm ? IBV_WR_SEND_WITH_IMM : IBV_WR_SEND,
+		.send_flags = IBV_SEND_SIGNALED,
+		.imm_data = htonl(imm),
+	};
+	struct ibv_send_wr *bad;
+	int64_t end = now_ms() + 5000;
+	struct ibv_wc wc;
+	int n = 0;
+
+	cr_assert_eq(ibv_post_send(r->id->qp, &wr, &bad), 0);
+	while (now_ms() < end && !(n = ibv_poll_cq(r->id->send_cq, 1, &wc)))
+		usleep(1000);
+	cr_assert_eq(n, 1, "the raw send never completed");
+	cr_assert_eq(wc.status, IBV_WC_SUCCESS, "the raw send failed: %s",
+		     ibv_wc_status_str(wc.status));
+}
+
+static void raw_rdma_close(struct raw_rdma *r)
+{
+	if (r->id && r->id->qp)
+		rdma_destroy_qp(r->id);
+	if (r->mr)
+		ibv_dereg_mr(r->mr);
+	free(r->buf);
+	if (r->id)
+		rdma_destroy_id(r->id);
+	if (r->ec)
+		rdma_destroy_event_channel(r->ec);
+	memset(r, 0, sizeof(*r));
+}
+
+/*
+ * Strangers ask rank 1 for a connection before the cluster connects (their
+ * requests wait until connect() knows the cluster id) and once after: each
+ * is rejected and logged once, and the cluster connects and works.
+ */
+TP_TEST(strangers_over_rdma_cm_are_rejected)
+{
+	const struct ferry_tp_ops *ops = tp_get(*tpi);
+	const uint64_t cid = cluster_id_for_test();
+	struct connect_arg args[3];
+	struct raw_rdma s[4], late;
+	struct tnode nodes[3];
+	uint8_t garbage[48], hello[56];
+	size_t hlen;
+	int ev;
+
+	tp_require_rdma(ops);
+	for (uint32_t r = 0; r < 3; r++)
+		cr_assert_eq(tnode_init(&nodes[r], ops, r, 3, cid, TIMEOUT_MS, 0), 0);
+	for (size_t i = 0; i < sizeof(garbage); i++)
+		garbage[i] = (uint8_t)(i * 37 + 1);
+	raw_rdma_dial(&s[0], &nodes[1], garbage, sizeof(garbage));
+	hlen = raw_rdma_hello(hello, cid ^ 1, 2, 3);
+	raw_rdma_dial(&s[1], &nodes[1], hello, (uint8_t)hlen);
+	hlen = raw_rdma_hello(hello, cid, 2, 5);
+	raw_rdma_dial(&s[2], &nodes[1], hello, (uint8_t)hlen);
+	raw_rdma_dial(&s[3], &nodes[1], NULL, 0);
+
+	for (uint32_t r = 0; r < 3; r++)
+		connect_start(&args[r], &nodes[r], nodes);
+	for (uint32_t r = 0; r < 3; r++) {
+		connect_join(&args[r], TIMEOUT_MS + 5000);
+		cr_assert_eq(args[r].ret, 0, "connect of rank %u: %s", r,
+			     ferry_strerror(args[r].ret));
+	}
+	for (int i = 0; i < 4; i++) {
+		ev = raw_rdma_event(&s[i], 5000);
+		cr_expect_eq(ev, RDMA_CM_EVENT_REJECTED, "stranger %d: %s, not rejected", i,
+			     ev < 0 ? "no answer" : rdma_event_str(ev));
+		raw_rdma_close(&s[i]);
+	}
+	cr_expect_eq(log_count("rank 1 rejected a connection from", NULL), 4,
+		     "expected one line per rejected stranger");
+	cr_expect_eq(log_count("rank 1 rejected a connection from", "cluster id"), 1);
+	cr_expect_eq(log_count("rank 1 rejected a connection from", "world size 5"), 1);
+	cr_expect_eq(log_count("rank 1 rejected a connection from", "not a Ferry HELLO"), 2);
+
+	/* after the cluster connected: nobody listens any more */
+	hlen = raw_rdma_hello(hello, cid, 2, 3);
+	raw_rdma_dial(&late, &nodes[1], hello, (uint8_t)hlen);
+	ev = raw_rdma_event(&late, 5000);
+	cr_expect(ev != RDMA_CM_EVENT_ESTABLISHED, "a late stranger was accepted");
+	raw_rdma_close(&late);
+
+	exchange(&nodes[0], &nodes[1], 50);
+	exchange(&nodes[1], &nodes[2], 50);
+	exchange(&nodes[2], &nodes[1], 50);
+	for (uint32_t r = 0; r < 3; r++) {
+		cr_expect_eq(LOCKED(&nodes[r],
+				    nodes[r].failed[0] + nodes[r].failed[1] + nodes[r].failed[2]),
+			     0, "rank %u reported a peer failed", r);
+		assert_clean(&nodes[r]);
+	}
+	cluster_down(nodes, 3);
+}
+
+/*
+ * Rank 3 is a fake made with rdma_cm by hand: its HELLO passes with ranks
+ * 0, 1 and 2, it sends each a good frame, then misbehaves differently with
+ * each. Each drops it alone, once, naming it and the cause.
+ */
+TP_TEST(a_peer_sending_bad_chunks_is_dropped_alone)
+{
+	const struct ferry_tp_ops *ops = tp_get(*tpi);
+	const uint64_t cid = cluster_id_for_test();
+	struct connect_arg args[3];
+	struct tnode nodes[4];
+	struct raw_rdma f[3];
+	uint8_t hello[56];
+	size_t hlen;
+
+	tp_require_rdma(ops);
+	for (uint32_t r = 0; r < 3; r++)
+		cr_assert_eq(tnode_init(&nodes[r], ops, r, 4, cid, TIMEOUT_MS, 0), 0);
+	memset(&nodes[3], 0, sizeof(nodes[3]));
+	nodes[3].addr_len = 1; /* rank 3 dials everyone: its blob is never used */
+	for (uint32_t r = 0; r < 3; r++)
+		connect_start(&args[r], &nodes[r], nodes);
+	hlen = raw_rdma_hello(hello, cid, 3, 4);
+	for (uint32_t v = 0; v < 3; v++) {
+		int ev;
+
+		raw_rdma_dial(&f[v], &nodes[v], hello, (uint8_t)hlen);
+		ev = raw_rdma_event(&f[v], 5000);
+		cr_assert_eq(ev, RDMA_CM_EVENT_ESTABLISHED, "rank %u answered the fake with %s", v,
+			     ev < 0 ? "nothing" : rdma_event_str(ev));
+	}
+	for (uint32_t r = 0; r < 3; r++) {
+		connect_join(&args[r], TIMEOUT_MS + 5000);
+		cr_assert_eq(args[r].ret, 0, "connect of rank %u: %s", r,
+			     ferry_strerror(args[r].ret));
+	}
+
+	/* to rank 0: a good chunk, then a chunk without the transport's immediate */
+	frame_fill(f[0].buf, FERRY_MSG_OP, 32, 3, 0);
+	raw_rdma_send(&f[0], 32, 1, RDMA_IMM_DATA);
+	frame_fill(f[0].buf, FERRY_MSG_OP, 32, 3, 1);
+	raw_rdma_send(&f[0], 32, 0, 0);
+
+	/* to rank 1: one chunk holding a good frame and one with a bad magic */
+	frame_fill(f[1].buf, FERRY_MSG_OP, 32, 3, 0);
+	frame_fill(f[1].buf + 32, FERRY_MSG_OP, 32, 3, 1);
+	f[1].buf[32] ^= 0xff;
+	raw_rdma_send(&f[1], 64, 1, RDMA_IMM_DATA);
+
+	/* to rank 2: a good frame, then one that claims to come from rank 1 */
+	frame_fill(f[2].buf, FERRY_MSG_OP, 32, 3, 0);
+	raw_rdma_send(&f[2], 32, 1, RDMA_IMM_DATA);
+	frame_fill(f[2].buf, FERRY_MSG_OP, 32, 1, 1);
+	raw_rdma_send(&f[2], 32, 1, RDMA_IMM_DATA);
+
+	for (uint32_t v = 0; v < 3; v++) {
+		struct tnode *n = &nodes[v];
+		int ev;
+
+		cr_assert(WAIT_FOR(n, n->failed[3] > 0, WAIT_MS), "rank %u kept the bad peer", v);
+		cr_expect_eq(LOCKED(n, n->frames[3]), 1,
+			     "rank %u: the good frame before the bad one was not delivered", v);
+		cr_expect_eq(LOCKED(n, n->failed_err[3]), -FERRY_E_PROTO, "rank %u: err %s", v,
+			     ferry_strerror(LOCKED(n, n->failed_err[3])));
+		ev = raw_rdma_event(&f[v], 5000);
+		cr_expect_eq(ev, RDMA_CM_EVENT_DISCONNECTED,
+			     "rank %u did not disconnect the fake (%s)", v,
+			     ev < 0 ? "no event" : rdma_event_str(ev));
+	}
+	usleep(200 * 1000);
+	for (uint32_t v = 0; v < 3; v++) {
+		cr_expect_eq(LOCKED(&nodes[v], nodes[v].failed[3]), 1,
+			     "rank %u: on_peer_failed(3) ran %d times", v,
+			     LOCKED(&nodes[v], nodes[v].failed[3]));
+		cr_expect_eq(send_frame(&nodes[v], 3, 0, 0, 64), -FERRY_E_PEER);
+	}
+	cr_expect_eq(log_count("rank 3 sent rank 0 a chunk with a bad header", "no immediate"), 1);
+	cr_expect_eq(log_count("rank 3 sent rank 1 a frame with a bad header", "bad magic"), 1);
+	cr_expect_eq(log_count("rank 3 sent rank 2 a frame that claims to come from rank 1", NULL),
+		     1);
+
+	exchange(&nodes[0], &nodes[1], 50);
+	exchange(&nodes[1], &nodes[2], 50);
+	exchange(&nodes[2], &nodes[0], 50);
+	for (uint32_t v = 0; v < 3; v++) {
+		cr_expect_eq(LOCKED(&nodes[v],
+				    nodes[v].failed[0] + nodes[v].failed[1] + nodes[v].failed[2]),
+			     0, "rank %u reported a live peer failed", v);
+		assert_clean(&nodes[v]);
+	}
+	for (uint32_t v = 0; v < 3; v++)
+		raw_rdma_close(&f[v]);
+	cluster_down(nodes, 3);
+}
+
+/* drop CAP_IPC_LOCK from the effective set: RLIMIT_MEMLOCK then applies, as to a user */
+static void drop_ipc_lock(void)
+{
+	struct __user_cap_header_struct hdr = { .version = _LINUX_CAPABILITY_VERSION_3 };
+	struct __user_cap_data_struct data[2];
+
+	cr_assert_eq(syscall(SYS_capget, &hdr, data), 0, "capget: %s", strerror(errno));
+	data[CAP_IPC_LOCK / 32].effective &= ~(1u << (CAP_IPC_LOCK % 32));
+	cr_assert_eq(syscall(SYS_capset, &hdr, data), 0, "capset: %s", strerror(errno));
+}
+
+/*
+ * Under a small memlock limit, init (its message buffers) and mem_reg (a
+ * large region) fail with -ENOMEM and say how to raise the limit, instead
+ * of ibv_reg_mr's bare "Cannot allocate memory".
+ */
+TP_TEST(a_small_memlock_limit_is_named_with_its_fix)
+{
+	const struct ferry_tp_ops *ops = tp_get(*tpi);
+	const uint64_t cid = cluster_id_for_test();
+	struct rlimit rl = { .rlim_cur = 64 << 10, .rlim_max = 64 << 10 };
+	struct ferry_tp_mr *mr;
+	struct tnode nodes[2];
+	size_t big = 64u << 20;
+	void *mem;
+
+	tp_require_rdma(ops);
+	drop_ipc_lock();
+	cr_assert_eq(setrlimit(RLIMIT_MEMLOCK, &rl), 0);
+	cr_expect_eq(tnode_init(&nodes[0], ops, 0, 2, cid, TIMEOUT_MS, 0), -ENOMEM);
+	cr_expect_eq(log_count("memlock limit", "ulimit -l unlimited"), 1,
+		     "init did not name the memlock limit and its fix");
+
+	/* enough for the buffers of one peer, not for a region of 64 MiB more */
+	rl.rlim_cur = rl.rlim_max = 16u << 20;
+	cr_assert_eq(setrlimit(RLIMIT_MEMLOCK, &rl), 0);
+	cr_assert_eq(tnode_init(&nodes[0], ops, 0, 2, cid, TIMEOUT_MS, 0), 0);
+	mem = aligned_alloc(4096, big);
+	mr = calloc(1, ops->mr_size);
+	cr_assert(mem && mr);
+	cr_expect_eq(ops->mem_reg(nodes[0].tp, mem, big, FERRY_TP_ACCESS_REMOTE_READ, mr), -ENOMEM);
+	cr_expect_eq(log_count("memlock limit", "ulimit -l unlimited"), 2,
+		     "mem_reg did not name the memlock limit and its fix");
+	free(mr);
+	free(mem);
+	tnode_fini(&nodes[0]);
+}
+
+#endif /* FERRY_HAVE_RDMA */
