@@ -491,6 +491,15 @@ int ferry_stats(struct ferry *fy, struct ferry_stats *s)
 
 /* ---- local clusters ---------------------------------------------------- */
 
+/* where local nodes listen: loopback, unless FERRY_BIND_ADDR names the RDMA
+ * interface's address (rdma_cm cannot use 127.0.0.1) */
+static const char *node_local_bind(void)
+{
+	const char *s = getenv("FERRY_BIND_ADDR");
+
+	return s && *s ? s : "127.0.0.1";
+}
+
 struct cluster_arg {
 	struct ferry_params params;
 	struct ferry *fy;
@@ -535,7 +544,7 @@ int ferry_local_cluster_open(int n, const struct ferry_params *params, struct fe
 		args[i].params.rendezvous = rdv;
 		args[i].params.rendezvous_fd = i == 0 ? lfd : -1;
 		if (!args[i].params.bind_addr)
-			args[i].params.bind_addr = "127.0.0.1";
+			args[i].params.bind_addr = node_local_bind();
 		if (pthread_create(&th[i], NULL, cluster_open_thread, &args[i])) {
 			/* the others time out without this rank; collect them */
 			args[i].rc = -EAGAIN;
@@ -591,7 +600,7 @@ int ferry_local_cluster_fork(int n, struct ferry_params *params, pid_t *pids)
 			params->world = n;
 			params->rendezvous = rdv;
 			if (!params->bind_addr)
-				params->bind_addr = "127.0.0.1";
+				params->bind_addr = node_local_bind();
 			if (i == 0) {
 				params->rendezvous_fd = lfd;
 			} else {

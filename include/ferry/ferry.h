@@ -307,6 +307,8 @@ FERRY_API int ferry_stats(struct ferry *fy, struct ferry_stats *stats_p);
  * @fys: receives @n node handles, rank i at index i
  *
  * Each node is opened on a thread of its own; the ports are chosen by the OS.
+ * Nodes listen on 127.0.0.1, or on FERRY_BIND_ADDR when set (RDMA needs the
+ * address of the RDMA interface); the rendezvous stays on 127.0.0.1.
  */
 FERRY_API int ferry_local_cluster_open(int n, const struct ferry_params *params,
 				       struct ferry **fys);
