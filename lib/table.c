@@ -197,7 +197,7 @@ static int table_build(struct ferry *fy, const struct ferry_table_params *p,
 
 	t->fy = fy;
 	t->params = *p;
-	t->params.vnodes = p->vnodes ? p->vnodes : 256;
+	t->params.vnodes = p->vnodes ? p->vnodes : 1024;
 	t->params.value_lens = NULL;
 	pthread_mutex_init(&t->pend_lock, NULL);
 	t->max_len = p->value_len;

@@ -166,7 +166,7 @@ struct ferry_table_params {
 	uint32_t value_len;	   /* floats per value, when value_lens is NULL */
 	const uint32_t *value_lens; /* optional: floats per key, num_keys entries */
 	enum ferry_placement placement;
-	uint32_t vnodes;	   /* hash ring: virtual nodes per node; 0: 256 */
+	uint32_t vnodes;	   /* hash ring: virtual nodes per node; 0: 1024 */
 	enum ferry_mode mode;
 	int no_local_fast_path;	   /* 1: even local keys go through messages */
 	uint64_t capacity;	   /* slots per node; 0: enough for every key */
