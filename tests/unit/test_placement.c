@@ -134,7 +134,7 @@ static void ring_shares(uint32_t world, uint32_t vnodes, uint64_t *count)
 
 Test(placement, hash_ring_with_default_vnodes_is_within_10_percent_of_even)
 {
-	const uint32_t world = 4, vnodes = 256; /* ferry_table_params' default */
+	const uint32_t world = 4, vnodes = 1024; /* ferry_table_params' default */
 	const double even = (double)RING_KEYS / world;
 	uint64_t count[4];
 	int bad = 0;
