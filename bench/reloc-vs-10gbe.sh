@@ -271,6 +271,13 @@ if [[ $do_vm -eq 1 ]]; then
 		else
 			why=$(tr -d '\r' <"$work/vm.log" | grep -m 1 -E 'FAILED|rdma was asked' |
 				sed 's/^  | //' || true)
+			if [[ -z $why ]]; then
+				# no message of its own (a crash): the command's last lines say more
+				why=$(tr -d '\r' <"$work/vm.log" |
+					awk '/^VMTEST cmd1 /{on = 1; next} /^VMTEST /{on = 0} on' |
+					grep -vE 'FBJSON|^  \| *$' | tail -n 2 | sed 's/^  | //' |
+					tr '\n' ' ' || true)
+			fi
 			say "vm-rxe: --transport rdma failed: ${why:-no result}"
 			notes+=("vm-rxe: --transport rdma failed: ${why:-no result}")
 		fi

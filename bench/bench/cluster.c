@@ -82,7 +82,14 @@ int fb_table_create(struct fb_node *n, uint64_t num_keys, uint32_t value_bytes,
 		fb_fail(n, what, rc);
 		return -1;
 	}
-	return 0;
+	/*
+	 * Use the table only once every node has returned from create: a node
+	 * serves a table's messages as soon as it is published, but fills in
+	 * the peers' arena addresses (one-sided hand-overs) only after create's
+	 * acknowledgement, and a hand-over served in between dereferenced the
+	 * missing addresses (seen with the rdma transport in the SoftRoCE VM).
+	 */
+	return fb_barrier(n);
 }
 
 size_t fb_keys_homed(struct ferry_table *t, uint64_t num_keys, int rank, uint64_t from,
