@@ -83,7 +83,9 @@ struct ferry_table {
 	struct ferry_dir dir;
 	struct ferry_arena arena;
 	struct ferry_msg_arena *peer_arena; /* one-sided transports: every rank's arena */
-	bool onesided;			    /* the transport reads slots one-sided */
+	bool onesided; /* one-sided access on: set (release) once peer_arena is
+			* known, after the table is already served; read it with
+			* ferry__table_onesided() */
 
 	pthread_mutex_t pend_lock;
 	struct ferry_pend **pend; /* hash buckets */
@@ -223,6 +225,11 @@ void ferry__reloc_on_write_done(struct ferry *fy, void *ctx, int status);
 void ferry__table_on_msg(struct ferry *fy, uint32_t src, const struct ferry_proto_view *v);
 
 /* small helpers */
+static inline bool ferry__table_onesided(const struct ferry_table *t)
+{
+	return __atomic_load_n(&t->onesided, __ATOMIC_ACQUIRE);
+}
+
 static inline uint32_t ferry__value_len(const struct ferry_table *t, uint64_t key)
 {
 	return t->value_lens ? t->value_lens[key] : t->params.value_len;

@@ -542,7 +542,7 @@ void ferry__ops_on_op(struct ferry *fy, struct ferry_table *t, uint32_t src,
 	const struct ferry_msg_op *op = v->body;
 	const float *in = v->vals;
 	uint32_t *idx = malloc(v->count * sizeof(uint32_t));
-	uint64_t *slots = t->onesided && op->origin != fy->rank ?
+	uint64_t *slots = ferry__table_onesided(t) && op->origin != fy->rank ?
 				  malloc(v->count * sizeof(uint64_t)) :
 				  NULL;
 	float *out = NULL;
@@ -899,7 +899,7 @@ static void ops_send_remote(struct ferry_worker *w, struct ferry_req *r, uint64_
 		off += len;
 		if (r->done[i / 8] & (1u << (i % 8)))
 			continue;
-		if (r->op == FERRY_OP_PULL && t->onesided && nreads < OPS_RD_POOL &&
+		if (r->op == FERRY_OP_PULL && ferry__table_onesided(t) && nreads < OPS_RD_POOL &&
 		    (reads[nreads] = ops_rd_prepare(w, r, ticket, i))) {
 			nreads++;
 			nremote++;

@@ -474,7 +474,7 @@ void ferry__reloc_on_handover_req(struct ferry *fy, struct ferry_table *t, uint3
 	struct ferry_frame vals = { 0 };
 	struct reloc_wbatch *wb = NULL;
 
-	if (t->onesided && fy->tp->ops->write && m->requester != fy->rank) {
+	if (ferry__table_onesided(t) && fy->tp->ops->write && m->requester != fy->rank) {
 		wb = calloc(1, sizeof(*wb) + v->count * sizeof(wb->e[0]));
 		if (wb) {
 			wb->ctx.kind = FERRY_RDMA_CTX_WRITE;

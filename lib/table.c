@@ -232,7 +232,9 @@ static int table_build(struct ferry *fy, const struct ferry_table_params *p,
 	if (!t->dir.own || !t->dir.loc || !t->dir.owner || !t->pend)
 		return -ENOMEM;
 
-	cap = p->capacity ? p->capacity : n;
+	/* by default a node can own every key, and a few more slots cover keys
+	 * that left and wait for a grace period before their slot is free */
+	cap = p->capacity ? p->capacity : n + 64;
 	if (p->mode == FERRY_MODE_CLASSIC && !p->capacity) {
 		/* nothing ever moves: the home's keys are all it holds */
 		cap = 0;
@@ -296,8 +298,8 @@ static int table_build(struct ferry *fy, const struct ferry_table_params *p,
 		.mode = (uint32_t)p->mode,
 		.no_local_fast_path = (uint32_t)!!p->no_local_fast_path,
 	};
+	/* one-sided access starts only once every arena is known (create) */
 	if (t->arena.mr && (fy->tp->ops->caps & FERRY_TP_CAP_READ)) {
-		t->onesided = true;
 		t->wire.arena_addr = (uint64_t)(uintptr_t)t->arena.base;
 		t->wire.arena_rkey = t->arena.mr->rkey;
 		t->wire.arena_stride = t->arena.stride;
@@ -387,17 +389,17 @@ int ferry_table_create(struct ferry *fy, const struct ferry_table_params *p,
 		rc = ack.status;
 		goto err_unpublish;
 	}
-	if (t->onesided) {
+	if (t->wire.arena_addr) {
 		pthread_mutex_lock(&fy->lock);
 		t->peer_arena = fy->table_arenas[id];
 		fy->table_arenas[id] = NULL;
 		pthread_mutex_unlock(&fy->lock);
-		if (!t->peer_arena) {
-			ferry_err("table %u: rank 0 sent no arena addresses; one-sided reads are "
+		if (!t->peer_arena)
+			ferry_err("table %u: rank 0 sent no arena addresses; one-sided access is "
 				  "off for this table",
 				  id);
-			t->onesided = false;
-		}
+		else /* the progress thread may serve this table already: publish last */
+			__atomic_store_n(&t->onesided, true, __ATOMIC_RELEASE);
 	}
 	atomic_fetch_add(&fy->refs, 1);
 	*table_p = t;

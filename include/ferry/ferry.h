@@ -169,7 +169,7 @@ struct ferry_table_params {
 	uint32_t vnodes;	   /* hash ring: virtual nodes per node; 0: 1024 */
 	enum ferry_mode mode;
 	int no_local_fast_path;	   /* 1: even local keys go through messages */
-	uint64_t capacity;	   /* slots per node; 0: enough for every key */
+	uint64_t capacity;	   /* slots per node; 0: every key + 64 */
 };
 
 /**
