@@ -20,7 +20,8 @@
 #   --jobs N    build parallelism (default 2)
 #
 # The whole run stays inside FERRY_CI_BUDGET seconds (default 1680): each stage's bound is cut
-# to what is left. FERRY_VM_TESTS (a glob, default 'test_*') picks the binaries the VM runs.
+# to what is left. FERRY_VM_TESTS (a glob, default 'test_transport') picks the binaries the VM
+# runs as they are; the integration suites always run there too, over rdma.
 # Prints one summary line per stage and last "N passed, N failed" (stages); exits non-zero when
 # a stage failed.
 set -euo pipefail
@@ -154,8 +155,14 @@ elif [[ $build_ok -eq 0 ]]; then
 	skip vm "build failed"
 else
 	# The VM's own bound (--timeout) sits inside the stage's, so it reports before being cut.
-	stage vm 1000 bash ci/softroce-vm.sh --build-dir build --timeout 900 \
-		--tests "${FERRY_VM_TESTS:-test_*}" || true
+	# In the guest: the transport suite (tcp, loop and rdma cases), then every integration
+	# suite of the core again with the rdma transport (its nodes listen on the rxe address).
+	vm_args=(--build-dir build --timeout 900 --tests "${FERRY_VM_TESTS:-test_transport}")
+	for t in test_cluster test_procs test_onesided test_badinput; do
+		vm_args+=(--bin "build/tests/$t"
+			--cmd "FERRY_TRANSPORT=rdma FERRY_BIND_ADDR=10.77.0.1 $t --jobs 1")
+	done
+	stage vm 1000 bash ci/softroce-vm.sh "${vm_args[@]}" || true
 fi
 
 if [[ $format -eq 1 ]]; then
