@@ -66,12 +66,16 @@
  *   it while credits, send buffers and send-queue slots last; the rest goes to
  *   the peer's out queue, flushed by the progress thread when credits or
  *   completions come back. It never waits for the network. A small frame
- *   also waits in the out queue while RDMA_CORK_INFLIGHT sends are in flight
- *   (the last of which is signaled): under load many frames then leave in
- *   one chunk, one work request, instead of one each. Sends are signaled
- *   every RDMA_SIGNAL_EVERY-th, and whenever the out queue is empty after
- *   them; a signaled completion retires every work request posted before it
+ *   also waits in the out queue while RDMA_CORK_INFLIGHT sends and a
+ *   signaled work request are in flight (its completion flushes the queue):
+ *   under load many frames then leave in one chunk, one work request,
+ *   instead of one each. Only every RDMA_SIGNAL_EVERY-th send is signaled,
+ *   so a request does not wake its sender's progress thread for its own
+ *   completion; a signaled completion retires every work request posted before it
  *   (an RC send queue completes in order), which frees their send buffers.
+ *   (There are RDMA_SBUFS >= RDMA_SIGNAL_EVERY send buffers, so when they are
+ *   all in flight one of them is signaled. At fini a signaled credit-only
+ *   message retires an unsignaled tail.)
  *
  *     out queue: [bytes: f1 f2 f3] -> [op: READ] -> [bytes: rest of f4] -> NULL
  *
@@ -968,10 +972,10 @@ static void rdma_sig_push(struct rdma_tp *t, struct rdma_peer *p, struct rdma_op
 	p->sig_n++;
 }
 
-/* post the @n bytes in the next send buffer; @last: nothing is queued behind them */
-static int rdma_post_chunk(struct rdma_tp *t, struct rdma_peer *p, size_t n, bool last)
+/* post the @n bytes in the next send buffer */
+static int rdma_post_chunk(struct rdma_tp *t, struct rdma_peer *p, size_t n)
 {
-	bool sig = last || p->s_posted % RDMA_SIGNAL_EVERY == RDMA_SIGNAL_EVERY - 1;
+	bool sig = p->s_posted % RDMA_SIGNAL_EVERY == RDMA_SIGNAL_EVERY - 1;
 	struct ibv_sge sge = {
 		.addr = (uintptr_t)rdma_sbuf(p, p->s_posted),
 		.length = (uint32_t)n,
@@ -1090,7 +1094,7 @@ static int rdma_flush_locked(struct rdma_tp *t, struct rdma_peer *p)
 				free(e);
 			}
 		}
-		ret = rdma_post_chunk(t, p, n, !p->q_head);
+		ret = rdma_post_chunk(t, p, n);
 		if (ret)
 			return ret;
 	}
@@ -1571,18 +1575,24 @@ static int rdma_poll_cqs(struct rdma_tp *t)
 	return total;
 }
 
-/* the completion channel is readable: ack, re-arm, poll. Progress thread. */
+/*
+ * rdma_cq_input - the completion channel is readable: take one event, ack
+ * it, re-arm that CQ, poll both
+ *
+ * One event per wakeup (level-triggered epoll reports the next), and one
+ * re-arm: each is a system call on some providers (rxe). A completion that
+ * comes after the poll raises the re-armed CQ's next event; the other CQ's
+ * event, if any, is still pending in the channel. Progress thread.
+ */
 static void rdma_cq_input(struct rdma_tp *t)
 {
 	struct ibv_cq *cq;
 	void *cq_ctx;
 
-	while (!ibv_get_cq_event(t->cc, &cq, &cq_ctx)) {
+	if (!ibv_get_cq_event(t->cc, &cq, &cq_ctx)) {
 		ibv_ack_cq_events(cq, 1);
+		ibv_req_notify_cq(cq, 0);
 	}
-	/* re-arm before polling, so a completion after the last poll raises an event */
-	ibv_req_notify_cq(t->rcq, 0);
-	ibv_req_notify_cq(t->scq, 0);
 	rdma_poll_cqs(t);
 }
 
@@ -2286,7 +2296,14 @@ static void rdma_wake_input(struct rdma_tp *t)
 	rdma_setup_sync(t);
 }
 
-/* fini: 1 when nothing is queued or in flight to any peer. Progress thread. */
+/*
+ * rdma_drained - fini: 1 when nothing is queued or in flight to any peer
+ *
+ * Sends that went unsignaled are only known complete once a later signaled
+ * work request completes: a peer whose queue is empty with such a tail gets
+ * a signaled credit-only message (no data, no credit of its own). Progress
+ * thread.
+ */
 static int rdma_drained(struct rdma_tp *t)
 {
 	int busy;
@@ -2294,12 +2311,16 @@ static int rdma_drained(struct rdma_tp *t)
 	pthread_mutex_lock(&t->self_lock);
 	busy = t->self_head != NULL;
 	pthread_mutex_unlock(&t->self_lock);
-	for (uint32_t r = 0; r < t->base.cfg.world && !busy; r++) {
+	for (uint32_t r = 0; r < t->base.cfg.world; r++) {
 		struct rdma_peer *p = &t->peers[r];
 
 		pthread_mutex_lock(&p->lock);
-		busy = p->state == RDMA_PEER_UP &&
-		       (p->q_head || p->sig_n || p->s_done != p->s_posted);
+		if (p->state == RDMA_PEER_UP) {
+			if (!p->q_head && !p->sig_n && p->s_done != p->s_posted &&
+			    rdma_sq_room(t, p) && rdma_post_credit(t, p))
+				p->s_done = p->s_posted; /* cannot post: the peer is failing */
+			busy |= p->q_head || p->sig_n || p->s_done != p->s_posted;
+		}
 		pthread_mutex_unlock(&p->lock);
 	}
 	return !busy;
@@ -3169,14 +3190,18 @@ static int rdma_send(struct ferry_tp *tp, uint32_t dst, const struct iovec *iov,
 		ret = p->state == RDMA_PEER_IDLE ? -ENOTCONN : -FERRY_E_PEER;
 		goto out_unlock;
 	}
-	/* corked: a small frame waits for the sends in flight and leaves with others */
-	if (!p->q_head && (total > RDMA_CORK_MAX || p->s_posted - p->s_done < RDMA_CORK_INFLIGHT)) {
+	/*
+	 * corked: a small frame waits for the sends in flight and leaves with
+	 * others, once a signaled completion (sig_n) comes to flush the queue
+	 */
+	if (!p->q_head &&
+	    (total > RDMA_CORK_MAX || !p->sig_n || p->s_posted - p->s_done < RDMA_CORK_INFLIGHT)) {
 		while (rem && rdma_can_post_data(t, p)) {
 			size_t n = rem < RDMA_CHUNK ? rem : RDMA_CHUNK;
 
 			rdma_cursor_copy(&cur, rdma_sbuf(p, p->s_posted), n);
 			rem -= n;
-			ret = rdma_post_chunk(t, p, n, !rem);
+			ret = rdma_post_chunk(t, p, n);
 			if (ret) {
 				rdma_peer_break(t, p, -ret);
 				wake = 1;
