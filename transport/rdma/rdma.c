@@ -1809,7 +1809,12 @@ static void rdma_conn_up(struct rdma_tp *t, struct rdma_conn *c)
 		p->state = RDMA_PEER_UP;
 		pthread_mutex_unlock(&p->lock);
 		p->live = 1;
-		rdma_mark_dirty(t, p); /* credits owed for chunks that came before this event */
+		/*
+		 * Credits owed for chunks that came before this event go back now:
+		 * no completion may come to return them if the peer used them all.
+		 */
+		rdma_mark_dirty(t, p);
+		rdma_flush_dirty(t);
 	}
 
 	pthread_mutex_lock(&t->setup_lock);
