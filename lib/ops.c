@@ -608,6 +608,7 @@ out:
  */
 #define OPS_RD_POOL 64
 #define OPS_RD_TRIES 16
+#define OPS_RD_BATCH 16 /* pulls of more keys go by message */
 
 struct ferry_rd {
 	struct ferry_rdma_ctx ctx; /* FERRY_RDMA_CTX_READ */
@@ -886,6 +887,10 @@ static void ops_send_remote(struct ferry_worker *w, struct ferry_req *r, uint64_
 				     .op = r->op };
 	struct ops_out one = { .used = 0 }, *outs = &one;
 	struct ferry_rd *reads[OPS_RD_POOL];
+	/* small pulls go one-sided; a big batch is one message per owner, one
+	 * round trip for all, where N reads cost N (until doorbell batching) */
+	bool onesided = r->op == FERRY_OP_PULL && r->n <= OPS_RD_BATCH &&
+			ferry__table_onesided(t);
 	uint32_t first_dst = UINT32_MAX;
 	size_t off = 0, nremote = 0, nreads = 0;
 
@@ -899,7 +904,7 @@ static void ops_send_remote(struct ferry_worker *w, struct ferry_req *r, uint64_
 		off += len;
 		if (r->done[i / 8] & (1u << (i % 8)))
 			continue;
-		if (r->op == FERRY_OP_PULL && ferry__table_onesided(t) && nreads < OPS_RD_POOL &&
+		if (onesided && nreads < OPS_RD_POOL &&
 		    (reads[nreads] = ops_rd_prepare(w, r, ticket, i))) {
 			nreads++;
 			nremote++;

@@ -212,6 +212,20 @@ struct ferry_proto_view {
 int ferry__proto_parse(const void *buf, size_t len, const struct ferry_proto_limits *lim,
 		       struct ferry_proto_view *view, const char **why_p);
 
+/**
+ * ferry__proto_check_hello - is a HELLO frame one of our cluster's?
+ * @frame: the peer's HELLO frame (header and body, at least @len bytes)
+ * @cluster_id, @world, @rank: ours
+ * @dialed: the rank we dialed, or -1 for a connection the peer opened (the
+ *          peer must then have the higher rank: lower ranks wait to be dialed)
+ * @why, @wlen: on failure, what was wrong, for the log
+ *
+ * The transports' shared handshake rule. Context: any thread.
+ * Return: the peer's rank, or -1.
+ */
+int ferry__proto_check_hello(const void *frame, size_t len, uint64_t cluster_id, uint32_t world,
+			     uint32_t rank, int dialed, char *why, size_t wlen);
+
 /** ferry__proto_hdr_init - fill a header for @type with total frame length @len */
 void ferry__proto_hdr_init(struct ferry_msg_hdr *hdr, uint8_t type, uint32_t len, uint32_t src,
 			   uint32_t table);

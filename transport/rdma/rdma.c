@@ -794,51 +794,18 @@ static int rdma_hello_check(struct rdma_tp *t, const uint8_t *pdata, size_t len,
 			    char *why, size_t wlen)
 {
 	const struct ferry_tp_config *cfg = &t->base.cfg;
-	struct ferry_msg_hello hello;
-	struct ferry_msg_hdr hdr;
 	struct rdma_hello_ext ext;
-	const char *bad = "invalid header";
+	int peer;
 
 	if (len < RDMA_PDATA_LEN) {
 		snprintf(why, wlen, "its private data is %zu bytes, not a HELLO", len);
 		return -1;
 	}
-	memcpy(&hdr, pdata, sizeof(hdr));
-	memcpy(&hello, pdata + sizeof(hdr), sizeof(hello));
+	peer = ferry__proto_check_hello(pdata, RDMA_HELLO_LEN, cfg->cluster_id, cfg->world,
+					cfg->rank, dialed, why, wlen);
+	if (peer < 0)
+		return -1;
 	memcpy(&ext, pdata + RDMA_HELLO_LEN, sizeof(ext));
-	if (ferry__proto_check_hdr(&hdr, cfg->world, &bad)) {
-		snprintf(why, wlen, "not a Ferry HELLO (%s)", bad);
-		return -1;
-	}
-	if (hdr.type != FERRY_MSG_HELLO || hdr.len != RDMA_HELLO_LEN) {
-		snprintf(why, wlen, "its private data is of type %u and %u bytes, not a HELLO",
-			 hdr.type, hdr.len);
-		return -1;
-	}
-	if (hello.cluster_id != cfg->cluster_id) {
-		snprintf(why, wlen,
-			 "cluster id %#llx is not ours (%#llx): a node of another cluster, or a "
-			 "stale one",
-			 (unsigned long long)hello.cluster_id, (unsigned long long)cfg->cluster_id);
-		return -1;
-	}
-	if (hello.world != cfg->world) {
-		snprintf(why, wlen, "world size %u is not ours (%u)", hello.world, cfg->world);
-		return -1;
-	}
-	if (hello.rank != hdr.src || hello.rank >= cfg->world || hello.rank == cfg->rank) {
-		snprintf(why, wlen, "it claims rank %u (header src %u)", hello.rank, hdr.src);
-		return -1;
-	}
-	if (dialed >= 0 && hello.rank != (uint32_t)dialed) {
-		snprintf(why, wlen, "we dialed rank %d but rank %u answered", dialed, hello.rank);
-		return -1;
-	}
-	if (dialed < 0 && hello.rank < cfg->rank) {
-		snprintf(why, wlen, "rank %u is lower than ours and should wait for our dial",
-			 hello.rank);
-		return -1;
-	}
 	if (ext.chunk != RDMA_CHUNK || ext.credits != RDMA_CREDITS) {
 		snprintf(why, wlen,
 			 "its receive buffers (%u x %u bytes) differ from ours (%u x %u): a "
@@ -846,7 +813,7 @@ static int rdma_hello_check(struct rdma_tp *t, const uint8_t *pdata, size_t len,
 			 ext.credits, ext.chunk, RDMA_CREDITS, RDMA_CHUNK);
 		return -1;
 	}
-	return (int)hello.rank;
+	return peer;
 }
 
 static const char *rdma_rej_str(uint32_t reason)

@@ -1053,50 +1053,16 @@ static int tcp_hello_check(struct tcp_setup *s, const struct tcp_hs *hs, int dia
 			   size_t len)
 {
 	const struct ferry_tp_config *cfg = &s->t->base.cfg;
-	struct ferry_msg_hello hello;
-	struct ferry_msg_hdr hdr;
-	const char *bad = "invalid header";
+	int peer = ferry__proto_check_hello(hs->in, TCP_HELLO_LEN, cfg->cluster_id, s->world,
+					    s->rank, dialed, why, len);
 
-	memcpy(&hdr, hs->in, sizeof(hdr));
-	memcpy(&hello, hs->in + sizeof(hdr), sizeof(hello));
-	if (ferry__proto_check_hdr(&hdr, s->world, &bad)) {
-		snprintf(why, len, "not a Ferry HELLO (%s)", bad);
+	if (peer < 0)
+		return -1;
+	if (s->fds[peer] >= 0) {
+		snprintf(why, len, "rank %d is already connected", peer);
 		return -1;
 	}
-	if (hdr.type != FERRY_MSG_HELLO || hdr.len != TCP_HELLO_LEN) {
-		snprintf(why, len, "its first frame is of type %u and %u bytes, not a HELLO",
-			 hdr.type, hdr.len);
-		return -1;
-	}
-	if (hello.cluster_id != cfg->cluster_id) {
-		snprintf(why, len,
-			 "cluster id %#llx is not ours (%#llx): a node of another cluster, or a "
-			 "stale one",
-			 (unsigned long long)hello.cluster_id, (unsigned long long)cfg->cluster_id);
-		return -1;
-	}
-	if (hello.world != s->world) {
-		snprintf(why, len, "world size %u is not ours (%u)", hello.world, s->world);
-		return -1;
-	}
-	if (hello.rank != hdr.src || hello.rank >= s->world || hello.rank == s->rank) {
-		snprintf(why, len, "it claims rank %u (header src %u)", hello.rank, hdr.src);
-		return -1;
-	}
-	if (dialed >= 0 && hello.rank != (uint32_t)dialed) {
-		snprintf(why, len, "we dialed rank %d but rank %u answered", dialed, hello.rank);
-		return -1;
-	}
-	if (dialed < 0 && hello.rank < s->rank) {
-		snprintf(why, len, "rank %u is lower than ours and should wait for our dial",
-			 hello.rank);
-		return -1;
-	}
-	if (s->fds[hello.rank] >= 0) {
-		snprintf(why, len, "rank %u is already connected", hello.rank);
-		return -1;
-	}
-	return (int)hello.rank;
+	return peer;
 }
 
 static void tcp_setup_accept(struct tcp_setup *s)
