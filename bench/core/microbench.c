@@ -222,6 +222,9 @@ static void *create_thread(void *arg)
 	return NULL;
 }
 
+static enum ferry_transport_kind remote_transport = FERRY_TRANSPORT_TCP;
+static const char *remote_name = "tcp";
+
 static int bench_remote(uint32_t len, long iters, int busy)
 {
 	struct ferry_table_params tp = { .num_keys = 1024, .value_len = len };
@@ -231,6 +234,8 @@ static int bench_remote(uint32_t len, long iters, int busy)
 	struct ferry_worker *w;
 	int64_t *lat = calloc((size_t)iters, sizeof(int64_t));
 	int64_t *base = calloc((size_t)iters, sizeof(int64_t));
+	struct ferry_stats s0, s1;
+	char op[32];
 	float *out = malloc(len * sizeof(float));
 	uint64_t key = 1000; /* home: rank 1 */
 	/* the frames Ferry sends for this pull: OP (hdr + op + 1 key) and
@@ -239,7 +244,7 @@ static int bench_remote(uint32_t len, long iters, int busy)
 	int rc;
 
 	ferry_params_init(&p);
-	p.transport = FERRY_TRANSPORT_TCP;
+	p.transport = remote_transport;
 	p.busy_poll = busy;
 	rc = ferry_local_cluster_open(2, &p, fy);
 	if (rc) {
@@ -262,6 +267,7 @@ static int bench_remote(uint32_t len, long iters, int busy)
 	ferry_worker_create(fy[0], &w);
 	for (long i = 0; i < 1000; i++)
 		ferry_pull(w, t[0], &key, 1, out);
+	ferry_stats(fy[0], &s0);
 	for (long i = 0; i < iters; i++) {
 		int64_t t0 = now_ns();
 
@@ -272,16 +278,23 @@ static int bench_remote(uint32_t len, long iters, int busy)
 			return rc;
 		}
 	}
+	ferry_stats(fy[0], &s1);
 	pingpong(req, rep, iters, base);
 	qsort(lat, (size_t)iters, sizeof(*lat), cmp_i64);
 	qsort(base, (size_t)iters, sizeof(*base), cmp_i64);
-	printf("%-8s %-14s %8u %10s %10.1f %10.1f %14.1f %8.2f   (p50)\n", "remote",
-	       busy ? "pull(tcp,busy)" : "pull(tcp)", len * 4, "-", pct(lat, iters, 0.5) * 1000,
+	snprintf(op, sizeof(op), "pull(%s%s)", remote_name, busy ? ",busy" : "");
+	printf("%-8s %-14s %8u %10s %10.1f %10.1f %14.1f %8.2f   (p50)\n", "remote", op, len * 4, "-", pct(lat, iters, 0.5) * 1000,
 	       pct(lat, iters, 0.99) * 1000, pct(base, iters, 0.5) * 1000,
 	       pct(lat, iters, 0.5) / pct(base, iters, 0.5));
 	printf("%-8s %-14s %8u %10s %10s %10s %14.1f %8.2f   (p99)\n", "", "", len * 4, "", "",
 	       "", pct(base, iters, 0.99) * 1000,
 	       pct(lat, iters, 0.99) / pct(base, iters, 0.99));
+	printf("# %s: %.3f one-sided reads and %.3f messages per pull (%llu retries, %llu "
+	       "fallbacks)\n",
+	       op, (double)(s1.onesided_reads - s0.onesided_reads) / (double)iters,
+	       (double)(s1.msgs_sent - s0.msgs_sent) / (double)iters,
+	       (unsigned long long)(s1.onesided_retries - s0.onesided_retries),
+	       (unsigned long long)(s1.onesided_fallbacks - s0.onesided_fallbacks));
 	ferry_worker_destroy(w);
 	ferry_table_destroy(t[0]);
 	ferry_table_destroy(t[1]);
@@ -299,7 +312,9 @@ int main(int argc, char **argv)
 	uint32_t len = 64;
 	int opt;
 
-	while ((opt = getopt(argc, argv, "n:r:l:h")) != -1) {
+	int only_remote = 0;
+
+	while ((opt = getopt(argc, argv, "n:r:l:t:Rh")) != -1) {
 		switch (opt) {
 		case 'n':
 			iters = atol(optarg);
@@ -310,9 +325,27 @@ int main(int argc, char **argv)
 		case 'l':
 			len = (uint32_t)atoi(optarg);
 			break;
+		case 't':
+			remote_name = optarg;
+			if (!strcmp(optarg, "tcp"))
+				remote_transport = FERRY_TRANSPORT_TCP;
+			else if (!strcmp(optarg, "rdma"))
+				remote_transport = FERRY_TRANSPORT_RDMA;
+			else if (!strcmp(optarg, "loop"))
+				remote_transport = FERRY_TRANSPORT_LOOP;
+			else {
+				fprintf(stderr, "ferry-microbench: -t wants tcp, rdma or loop\n");
+				return 2;
+			}
+			break;
+		case 'R':
+			only_remote = 1;
+			break;
 		default:
 			fprintf(stderr,
-				"usage: %s [-n local iterations] [-r remote iterations] [-l floats]\n",
+				"usage: %s [-n local iterations] [-r remote iterations] [-l floats] "
+				"[-t tcp|rdma|loop (remote transport; rdma nodes listen on "
+				"FERRY_BIND_ADDR)] [-R: remote only]\n",
 				argv[0]);
 			return opt == 'h' ? 0 : 2;
 		}
@@ -325,7 +358,7 @@ int main(int argc, char **argv)
 	       "ferry_ns", "p99_ns", "baseline_ns", "ratio");
 	printf("# baselines: local = memcpy of the same bytes from an equally large array;\n"
 	       "#            remote = raw TCP ping-pong over loopback, same frame sizes\n");
-	if (bench_local(len, 10000, iters) || bench_local(len, 1000000, iters / 2))
+	if (!only_remote && (bench_local(len, 10000, iters) || bench_local(len, 1000000, iters / 2)))
 		return 1;
 	if (bench_remote(len, riters, 0) || bench_remote(len, riters, 1))
 		return 1;
