@@ -37,6 +37,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <netinet/in.h>
 #include <sys/uio.h>
 
 #include "lib/proto.h"
@@ -130,6 +131,10 @@ struct ferry_tp {
 	const struct ferry_tp_ops *ops;
 	struct ferry_tp_config cfg;
 };
+
+/* an address blob "a.b.c.d:port" (the tcp and rdma transports' format) -> sockaddr;
+ * 0 or -EINVAL */
+int ferry__tp_parse_ipv4(const void *blob, size_t len, struct sockaddr_in *sa);
 
 /* the transports that exist */
 extern const struct ferry_tp_ops ferry__tcp_ops;

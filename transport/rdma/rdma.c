@@ -2972,31 +2972,6 @@ static int rdma_addr_get(struct ferry_tp *tp, void *buf, size_t *len)
 
 /* ---- connection setup (caller's thread) ---------------------------------- */
 
-static int rdma_parse_addr(const void *blob, size_t len, struct sockaddr_in *sa)
-{
-	char s[64], *colon, *end;
-	unsigned long port;
-
-	if (!blob || !len || len >= sizeof(s))
-		return -EINVAL;
-	memcpy(s, blob, len);
-	s[len] = '\0';
-	colon = strrchr(s, ':');
-	if (!colon)
-		return -EINVAL;
-	*colon = '\0';
-	errno = 0;
-	port = strtoul(colon + 1, &end, 10);
-	if (errno || *end || end == colon + 1 || !port || port > 65535)
-		return -EINVAL;
-	memset(sa, 0, sizeof(*sa));
-	sa->sin_family = AF_INET;
-	sa->sin_port = htons((uint16_t)port);
-	if (inet_pton(AF_INET, s, &sa->sin_addr) != 1)
-		return -EINVAL;
-	return 0;
-}
-
 /* log, once, the ranks that never connected and what we know of why. setup_lock held. */
 static void rdma_setup_timeout(struct rdma_tp *t, int timeout_ms)
 {
@@ -3047,7 +3022,7 @@ static int rdma_tp_connect(struct ferry_tp *tp, const void *const *addrs, const 
 	for (uint32_t r = 0; r < cfg->rank; r++) {
 		struct rdma_dial *d = &t->dials[r];
 
-		if (rdma_parse_addr(addrs[r], lens[r], &d->sa)) {
+		if (ferry__tp_parse_ipv4(addrs[r], lens[r], &d->sa)) {
 			ferry_err("rdma: rank %u: the address of rank %u is not an \"ip:port\" of "
 				  "the rdma transport; do all nodes use the same transport?",
 				  cfg->rank, r);

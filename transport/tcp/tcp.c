@@ -937,31 +937,6 @@ static void tcp_hs_close(struct tcp_hs *hs)
 	hs->fd = -1;
 }
 
-static int tcp_parse_addr(const void *blob, size_t len, struct sockaddr_in *sa)
-{
-	char s[64], *colon, *end;
-	unsigned long port;
-
-	if (!blob || !len || len >= sizeof(s))
-		return -EINVAL;
-	memcpy(s, blob, len);
-	s[len] = '\0';
-	colon = strrchr(s, ':');
-	if (!colon)
-		return -EINVAL;
-	*colon = '\0';
-	errno = 0;
-	port = strtoul(colon + 1, &end, 10);
-	if (errno || *end || end == colon + 1 || !port || port > 65535)
-		return -EINVAL;
-	memset(sa, 0, sizeof(*sa));
-	sa->sin_family = AF_INET;
-	sa->sin_port = htons((uint16_t)port);
-	if (inet_pton(AF_INET, s, &sa->sin_addr) != 1)
-		return -EINVAL;
-	return 0;
-}
-
 static void tcp_dial_retry(struct tcp_dial *d, int err)
 {
 	tcp_hs_close(&d->hs);
@@ -1286,7 +1261,7 @@ static int tcp_connect(struct ferry_tp *tp, const void *const *addrs, const size
 
 		d->hs.fd = -1;
 		d->backoff_ms = TCP_RETRY_MIN_MS;
-		if (tcp_parse_addr(addrs[r], lens[r], &d->sa)) {
+		if (ferry__tp_parse_ipv4(addrs[r], lens[r], &d->sa)) {
 			ferry_err("tcp: rank %u: the address of rank %u is not an \"ip:port\" of "
 				  "the tcp transport; do all nodes use the same transport?",
 				  cfg->rank, r);
