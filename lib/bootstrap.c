@@ -199,8 +199,8 @@ static int bs_serve(const struct ferry_config *c, const struct ferry_addr *mine,
 			continue;
 		setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 		/* a stranger gets at most a second of our time */
-		rc = bs_io(fd, &h, sizeof(h), bs_now_ms() + 1000 < deadline ?
-						      bs_now_ms() + 1000 : deadline, 0);
+		rc = bs_io(fd, &h, sizeof(h),
+			   bs_now_ms() + 1000 < deadline ? bs_now_ms() + 1000 : deadline, 0);
 		if (rc || h.magic != BS_MAGIC || h.version != BS_VERSION ||
 		    h.addr.len > FERRY_TP_ADDR_MAX) {
 			ferry_warn("bootstrap: dropped a rendezvous connection that did not "
@@ -211,13 +211,14 @@ static int bs_serve(const struct ferry_config *c, const struct ferry_addr *mine,
 		if (h.world != world || h.rank == 0 || h.rank >= world || fds[h.rank] >= 0) {
 			struct bs_list nack = { .magic = BS_MAGIC, .status = -FERRY_E_MISMATCH };
 
-			ferry_err("bootstrap: a node claims rank %u of world %u, but this cluster has "
-				  "world %u%s; start every node with the same world size and a "
-				  "distinct rank",
-				  h.rank, h.world, world,
-				  h.rank < world && h.rank && fds[h.rank] >= 0 ? " and that rank "
-										 "already joined" :
-										 "");
+			ferry_err(
+				"bootstrap: a node claims rank %u of world %u, but this cluster has "
+				"world %u%s; start every node with the same world size and a "
+				"distinct rank",
+				h.rank, h.world, world,
+				h.rank < world && h.rank && fds[h.rank] >= 0 ? " and that rank "
+									       "already joined" :
+									       "");
 			bs_io(fd, &nack, sizeof(nack), deadline, 1);
 			close(fd);
 			continue;

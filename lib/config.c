@@ -116,10 +116,11 @@ int ferry__config_resolve(const struct ferry_params *params, struct ferry_config
 				c->world = config_int(w);
 			c->rank_src = config_srcs[i].name;
 			if (c->rank < 0 || c->world <= 0) {
-				ferry_err("config: %s is set but not a valid rank and world (%s=%s, "
-					  "%s=%s); set both to whole numbers",
-					  c->rank_src, config_srcs[i].rank, r ? r : "(unset)",
-					  config_srcs[i].world, w ? w : "(unset)");
+				ferry_err(
+					"config: %s is set but not a valid rank and world (%s=%s, "
+					"%s=%s); set both to whole numbers",
+					c->rank_src, config_srcs[i].rank, r ? r : "(unset)",
+					config_srcs[i].world, w ? w : "(unset)");
 				return -EINVAL;
 			}
 			break;
@@ -206,7 +207,7 @@ int ferry__config_resolve(const struct ferry_params *params, struct ferry_config
 			return -EINVAL;
 		}
 	}
-	ferry_info("config: rank %d of %d (from %s), rendezvous %s:%d (from %s)", c->rank,
-		   c->world, c->rank_src, c->rdv_host, c->rdv_port, c->rdv_src);
+	ferry_info("config: rank %d of %d (from %s), rendezvous %s:%d (from %s)", c->rank, c->world,
+		   c->rank_src, c->rdv_host, c->rdv_port, c->rdv_src);
 	return 0;
 }

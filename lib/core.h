@@ -37,7 +37,10 @@
 #define FERRY_MAX_HOPS 32	/* forwards before an operation is given up */
 
 /* what a one-sided operation's completion context starts with */
-enum { FERRY_RDMA_CTX_READ = 1, FERRY_RDMA_CTX_WRITE };
+enum {
+	FERRY_RDMA_CTX_READ = 1,
+	FERRY_RDMA_CTX_WRITE
+};
 struct ferry_rdma_ctx {
 	int kind;
 };
@@ -52,8 +55,8 @@ struct ferry_pend_item; /* a queued operation or hand-over request */
 
 struct ferry_pend {
 	uint64_t key;
-	uint32_t slot;	     /* the slot reserved for the value */
-	struct ferry_pend *next; /* hash chain */
+	uint32_t slot;			     /* the slot reserved for the value */
+	struct ferry_pend *next;	     /* hash chain */
 	struct ferry_pend_item *head, *tail; /* arrived early, in order */
 	struct ferry_pend_waiter *waiters;
 };
@@ -75,15 +78,15 @@ struct ferry_table {
 	struct ferry *fy;
 	uint32_t id;
 	struct ferry_table_params params;
-	uint32_t *value_lens;  /* copy, or NULL */
-	uint64_t *value_offs;  /* prefix sums of value_lens, or NULL */
+	uint32_t *value_lens; /* copy, or NULL */
+	uint64_t *value_offs; /* prefix sums of value_lens, or NULL */
 	uint32_t max_len;
 	struct ferry_placement_map place;
 	struct ferry_proto_limits lim;
 	struct ferry_dir dir;
 	struct ferry_arena arena;
 	struct ferry_msg_arena *peer_arena; /* one-sided transports: every rank's arena */
-	bool onesided; /* one-sided access on: set (release) once peer_arena is
+	bool onesided;			    /* one-sided access on: set (release) once peer_arena is
 			* known, after the table is already served; read it with
 			* ferry__table_onesided() */
 
@@ -97,20 +100,20 @@ struct ferry_table {
 };
 
 struct ferry_req {
-	uint64_t ticket;	/* (generation << 32) | index; 0 when free */
-	uint8_t op;		/* enum ferry_op, or FERRY_REQ_LOCALIZE */
-	bool held;		/* waiting for an earlier operation on one of its keys */
+	uint64_t ticket; /* (generation << 32) | index; 0 when free */
+	uint8_t op;	 /* enum ferry_op, or FERRY_REQ_LOCALIZE */
+	bool held;	 /* waiting for an earlier operation on one of its keys */
 	bool dispatched;
 	struct ferry_table *t;
 	const uint64_t *keys;
 	size_t n;
-	float *out;		/* pull */
-	const float *in;	/* push, set */
-	size_t remaining;	/* key operations not done yet (worker.lock) */
-	int status;		/* first failure (worker.lock) */
-	uint8_t *done;		/* one bit per key: each completes once */
+	float *out;	  /* pull */
+	const float *in;  /* push, set */
+	size_t remaining; /* key operations not done yet (worker.lock) */
+	int status;	  /* first failure (worker.lock) */
+	uint8_t *done;	  /* one bit per key: each completes once */
 	struct ferry_req *next_held;
-	bool tracked;		/* its remote keys are in worker.inflight */
+	bool tracked; /* its remote keys are in worker.inflight */
 };
 
 #define FERRY_REQ_LOCALIZE 16
@@ -195,8 +198,7 @@ void ferry__ops_send_reply(struct ferry *fy, struct ferry_table *t, const struct
 void ferry__ops_forward_one(struct ferry *fy, struct ferry_table *t, const struct ferry_msg_op *op,
 			    const struct ferry_msg_key *k, const float *in);
 /* apply one key operation to a live slot here; 0 or -EAGAIN (not live) */
-int ferry__ops_apply(struct ferry_table *t, uint8_t op, uint64_t key, const float *in,
-		     float *out);
+int ferry__ops_apply(struct ferry_table *t, uint8_t op, uint64_t key, const float *in, float *out);
 
 /* a one-sided read finished (transport handler; any registered thread) */
 void ferry__ops_on_rdma_done(struct ferry *fy, void *ctx, int status);
@@ -258,8 +260,7 @@ static inline void ferry__loc_set(struct ferry_table *t, uint64_t key, uint32_t 
 static inline void ferry__loc_set_slot(struct ferry_table *t, uint64_t key, uint32_t rank,
 				       uint32_t slot, uint32_t epoch)
 {
-	uint64_t w = (uint64_t)rank | (uint64_t)(epoch & 0xffff) << 16 |
-		     (uint64_t)(slot + 1) << 32;
+	uint64_t w = (uint64_t)rank | (uint64_t)(epoch & 0xffff) << 16 | (uint64_t)(slot + 1) << 32;
 
 	__atomic_store_n(&t->dir.loc[key], w, __ATOMIC_RELAXED);
 }

@@ -17,10 +17,10 @@
 int ferry__log_enabled(enum ferry_log_level level);
 void ferry__log(enum ferry_log_level level, const char *fmt, ...) FERRY_PRINTF(2, 3);
 
-#define FERRY_LOG(lvl, ...)                                                                     \
-	do {                                                                                    \
-		if (ferry__log_enabled(lvl))                                                   \
-			ferry__log(lvl, __VA_ARGS__);                                          \
+#define FERRY_LOG(lvl, ...)                           \
+	do {                                          \
+		if (ferry__log_enabled(lvl))          \
+			ferry__log(lvl, __VA_ARGS__); \
 	} while (0)
 #define ferry_err(...) FERRY_LOG(FERRY_LOG_ERROR, __VA_ARGS__)
 #define ferry_warn(...) FERRY_LOG(FERRY_LOG_WARN, __VA_ARGS__)

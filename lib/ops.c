@@ -204,8 +204,7 @@ void ferry_worker_destroy(struct ferry_worker *w)
 static int ops_apply_slot(struct ferry_table *t, uint8_t op, uint64_t key, const float *in,
 			  float *out, uint64_t *hint);
 
-int ferry__ops_apply(struct ferry_table *t, uint8_t op, uint64_t key, const float *in,
-		     float *out)
+int ferry__ops_apply(struct ferry_table *t, uint8_t op, uint64_t key, const float *in, float *out)
 {
 	return ops_apply_slot(t, op, key, in, out, NULL);
 }
@@ -261,10 +260,9 @@ static void ops_mark_done(struct ferry_worker *w, struct ferry_req *r, uint32_t 
 		pthread_cond_broadcast(&w->cond);
 }
 
-static int ops_complete_locked(struct ferry_table *t, struct ferry_worker *w,
-			       struct ferry_req *r, const uint32_t *idx, uint32_t count,
-			       int status, const float *vals, size_t nvals, uint32_t owner,
-			       const uint64_t *slots)
+static int ops_complete_locked(struct ferry_table *t, struct ferry_worker *w, struct ferry_req *r,
+			       const uint32_t *idx, uint32_t count, int status, const float *vals,
+			       size_t nvals, uint32_t owner, const uint64_t *slots)
 {
 	size_t need = 0;
 
@@ -693,12 +691,13 @@ static int ops_rd_post(struct ferry *fy, struct ferry_rd *rd)
 
 	atomic_fetch_add_explicit(&fy->onesided_reads, 1, memory_order_relaxed);
 	return fy->tp->ops->read(fy->tp, rd->owner, rd->buf, p->mr,
-				 ar->addr + (uint64_t)rd->slot * p->stride, ar->rkey, p->stride, rd);
+				 ar->addr + (uint64_t)rd->slot * p->stride, ar->rkey, p->stride,
+				 rd);
 }
 
 /* a landing area for key @i of @r when its slot is known; posted later */
-static struct ferry_rd *ops_rd_prepare(struct ferry_worker *w, struct ferry_req *r,
-				       uint64_t ticket, size_t i)
+static struct ferry_rd *ops_rd_prepare(struct ferry_worker *w, struct ferry_req *r, uint64_t ticket,
+				       size_t i)
 {
 	struct ferry *fy = w->fy;
 	struct ferry_table *t = r->t;
@@ -747,9 +746,11 @@ void ferry__ops_on_rdma_done(struct ferry *fy, void *ctx, int status)
 	p = rd->pool;
 	t = p->t;
 	img = (const void *)rd->buf;
-	tmpl = (struct ferry_msg_op){ .origin = fy->rank, .worker = p->w->id, .req = rd->ticket,
-				      .op = FERRY_OP_PULL };
-	k = (struct ferry_msg_key){ .key = rd->key, .idx = rd->idx,
+	tmpl = (struct ferry_msg_op){
+		.origin = fy->rank, .worker = p->w->id, .req = rd->ticket, .op = FERRY_OP_PULL
+	};
+	k = (struct ferry_msg_key){ .key = rd->key,
+				    .idx = rd->idx,
 				    .len = ferry__value_len(t, rd->key) };
 	if (!status) {
 		uint64_t head = img->version;
@@ -847,8 +848,8 @@ static void ops_req_free(struct ferry_worker *w, struct ferry_req *r)
 	w->active--;
 }
 
-static int ops_check(struct ferry_worker *w, struct ferry_table *t, const uint64_t *keys,
-		     size_t n, const void *vals, int need_vals, const char *what)
+static int ops_check(struct ferry_worker *w, struct ferry_table *t, const uint64_t *keys, size_t n,
+		     const void *vals, int need_vals, const char *what)
 {
 	if (!w || !t) {
 		ferry_err("%s: NULL worker or table", what);
@@ -883,14 +884,14 @@ static void ops_send_remote(struct ferry_worker *w, struct ferry_req *r, uint64_
 {
 	struct ferry *fy = w->fy;
 	struct ferry_table *t = r->t;
-	struct ferry_msg_op tmpl = { .origin = fy->rank, .worker = w->id, .req = ticket,
-				     .op = r->op };
+	struct ferry_msg_op tmpl = {
+		.origin = fy->rank, .worker = w->id, .req = ticket, .op = r->op
+	};
 	struct ops_out one = { .used = 0 }, *outs = &one;
 	struct ferry_rd *reads[OPS_RD_POOL];
 	/* small pulls go one-sided; a big batch is one message per owner, one
 	 * round trip for all, where N reads cost N (until doorbell batching) */
-	bool onesided = r->op == FERRY_OP_PULL && r->n <= OPS_RD_BATCH &&
-			ferry__table_onesided(t);
+	bool onesided = r->op == FERRY_OP_PULL && r->n <= OPS_RD_BATCH && ferry__table_onesided(t);
 	uint32_t first_dst = UINT32_MAX;
 	size_t off = 0, nremote = 0, nreads = 0;
 
@@ -1026,8 +1027,9 @@ static int ops_start(struct ferry_worker *w, struct ferry_table *t, uint8_t op,
 		     const uint64_t *keys, size_t n, const float *in, float *out, int async,
 		     uint64_t *ticket_p, size_t ndone)
 {
-	static const char *const names[] = { [FERRY_OP_PULL] = "pull", [FERRY_OP_PUSH] = "push",
-					     [FERRY_OP_SET] = "set" };
+	static const char *const names[] = {
+		[FERRY_OP_PULL] = "pull", [FERRY_OP_PUSH] = "push", [FERRY_OP_SET] = "set"
+	};
 	const char *what = op == FERRY_REQ_LOCALIZE ? "localize" : names[op];
 	struct ferry_req *r;
 	uint32_t idx;
@@ -1187,8 +1189,8 @@ static int ops_wait_req(struct ferry_worker *w, struct ferry_req *r, int block)
 			}
 		ferry_err("%s of %zu keys on table %u timed out after %d ms; key %llu (home rank "
 			  "%u) never answered; check that every node is alive",
-			  ops_name(r->op), r->n, r->t->id, fy->timeout_ms,
-			  (unsigned long long)key, ferry__home(r->t, key));
+			  ops_name(r->op), r->n, r->t->id, fy->timeout_ms, (unsigned long long)key,
+			  ferry__home(r->t, key));
 		if (r->held) {
 			/* take it out of the held queue */
 			struct ferry_req **pp = &w->held_head, *prev = NULL;
@@ -1261,8 +1263,8 @@ static size_t ops_fast(struct ferry_worker *w, struct ferry_table *t, uint8_t op
 	return i;
 }
 
-static int ops_sync(struct ferry_worker *w, struct ferry_table *t, uint8_t op,
-		    const uint64_t *keys, size_t n, const float *in, float *out)
+static int ops_sync(struct ferry_worker *w, struct ferry_table *t, uint8_t op, const uint64_t *keys,
+		    size_t n, const float *in, float *out)
 {
 	size_t done;
 	int idx;
@@ -1330,20 +1332,20 @@ int ferry_localize(struct ferry_worker *w, struct ferry_table *t, const uint64_t
 	return ops_sync(w, t, FERRY_REQ_LOCALIZE, keys, n, NULL, NULL);
 }
 
-int ferry_pull_start(struct ferry_worker *w, struct ferry_table *t, const uint64_t *keys,
-		     size_t n, float *vals, uint64_t *ticket_p)
+int ferry_pull_start(struct ferry_worker *w, struct ferry_table *t, const uint64_t *keys, size_t n,
+		     float *vals, uint64_t *ticket_p)
 {
 	return ops_async(w, t, FERRY_OP_PULL, keys, n, NULL, vals, ticket_p);
 }
 
-int ferry_push_start(struct ferry_worker *w, struct ferry_table *t, const uint64_t *keys,
-		     size_t n, const float *deltas, uint64_t *ticket_p)
+int ferry_push_start(struct ferry_worker *w, struct ferry_table *t, const uint64_t *keys, size_t n,
+		     const float *deltas, uint64_t *ticket_p)
 {
 	return ops_async(w, t, FERRY_OP_PUSH, keys, n, deltas, NULL, ticket_p);
 }
 
-int ferry_set_start(struct ferry_worker *w, struct ferry_table *t, const uint64_t *keys,
-		    size_t n, const float *vals, uint64_t *ticket_p)
+int ferry_set_start(struct ferry_worker *w, struct ferry_table *t, const uint64_t *keys, size_t n,
+		    const float *vals, uint64_t *ticket_p)
 {
 	return ops_async(w, t, FERRY_OP_SET, keys, n, vals, NULL, ticket_p);
 }

@@ -16,8 +16,8 @@
 struct ferry_placement_map {
 	uint64_t num_keys;
 	uint32_t world;
-	uint32_t kind;	 /* enum ferry_placement */
-	uint16_t *home;	 /* hash: per key; NULL for range */
+	uint32_t kind;	/* enum ferry_placement */
+	uint16_t *home; /* hash: per key; NULL for range */
 };
 
 /* Return: 0, -EINVAL (world 0 or above 65535, no keys), -ENOMEM. */

@@ -184,10 +184,10 @@ static int proto_pad_ok(size_t left, size_t need)
 	return left >= need && left - need < FERRY_MSG_ALIGN;
 }
 
-#define PROTO_FAIL(msg)                                                                         \
-	do {                                                                                    \
-		*why_p = (msg);                                                                 \
-		return -FERRY_E_PROTO;                                                          \
+#define PROTO_FAIL(msg)                \
+	do {                           \
+		*why_p = (msg);        \
+		return -FERRY_E_PROTO; \
 	} while (0)
 
 static int proto_parse_op(const uint8_t *p, size_t left, const struct ferry_proto_limits *lim,

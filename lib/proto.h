@@ -34,20 +34,20 @@
 #define FERRY_MSG_ALIGN 8u	  /* every frame's len is a multiple: frames stay aligned */
 
 enum ferry_msg_type {
-	FERRY_MSG_HELLO = 1,	   /* connection handshake (transports) */
-	FERRY_MSG_OP,		   /* pull / push / set of keys, maybe forwarded */
-	FERRY_MSG_REPLY,	   /* results back to the origin */
-	FERRY_MSG_LOCALIZE,	   /* requester -> home: move these keys to me */
-	FERRY_MSG_HANDOVER_REQ,	   /* home -> current owner: give them to X */
-	FERRY_MSG_HANDOVER,	   /* old owner -> new owner: keys and values */
-	FERRY_MSG_LOC_ACK,	   /* home -> requester: already yours */
-	FERRY_MSG_BARRIER,	   /* node -> rank 0 */
-	FERRY_MSG_BARRIER_REL,	   /* rank 0 -> every node */
-	FERRY_MSG_TABLE,	   /* node -> rank 0: my table parameters */
-	FERRY_MSG_TABLE_ACK,	   /* rank 0 -> every node: verdict */
-	FERRY_MSG_HANDOVER_DONE,   /* old owner -> new owner: values already written
+	FERRY_MSG_HELLO = 1,	 /* connection handshake (transports) */
+	FERRY_MSG_OP,		 /* pull / push / set of keys, maybe forwarded */
+	FERRY_MSG_REPLY,	 /* results back to the origin */
+	FERRY_MSG_LOCALIZE,	 /* requester -> home: move these keys to me */
+	FERRY_MSG_HANDOVER_REQ,	 /* home -> current owner: give them to X */
+	FERRY_MSG_HANDOVER,	 /* old owner -> new owner: keys and values */
+	FERRY_MSG_LOC_ACK,	 /* home -> requester: already yours */
+	FERRY_MSG_BARRIER,	 /* node -> rank 0 */
+	FERRY_MSG_BARRIER_REL,	 /* rank 0 -> every node */
+	FERRY_MSG_TABLE,	 /* node -> rank 0: my table parameters */
+	FERRY_MSG_TABLE_ACK,	 /* rank 0 -> every node: verdict */
+	FERRY_MSG_HANDOVER_DONE, /* old owner -> new owner: values already written
 				      one-sided into the prepared slots */
-	FERRY_MSG_BYE,		   /* header only: the sender closes on purpose
+	FERRY_MSG_BYE,		 /* header only: the sender closes on purpose
 				      (transports consume it; the core never sees it) */
 	FERRY_MSG_TYPE_MAX
 };
@@ -99,7 +99,7 @@ struct ferry_msg_reply {
 	int32_t status; /* 0 or a negative errno for every key of this reply */
 	uint32_t owner; /* rank that applied them: a location hint */
 	uint8_t op;
-	uint8_t flags;	/* FERRY_REPLY_F_* */
+	uint8_t flags; /* FERRY_REPLY_F_* */
 	uint8_t pad[6];
 };
 
@@ -189,13 +189,13 @@ struct ferry_proto_view {
 	const struct ferry_msg_hdr *hdr;
 	const void *body; /* the fixed part: struct ferry_msg_op, _reply, _move, ... */
 	uint32_t count;
-	const struct ferry_msg_key *keys;  /* OP */
-	const struct ferry_msg_mv *mvs;	   /* LOCALIZE, HANDOVER_REQ, HANDOVER, LOC_ACK */
-	const uint32_t *idx;		   /* REPLY */
-	const uint64_t *slots;		   /* REPLY with FERRY_REPLY_F_SLOTS */
+	const struct ferry_msg_key *keys;     /* OP */
+	const struct ferry_msg_mv *mvs;	      /* LOCALIZE, HANDOVER_REQ, HANDOVER, LOC_ACK */
+	const uint32_t *idx;		      /* REPLY */
+	const uint64_t *slots;		      /* REPLY with FERRY_REPLY_F_SLOTS */
 	const struct ferry_msg_arena *arenas; /* TABLE_ACK with a trailer */
-	const float *vals;		   /* values, where the type has them */
-	size_t nvals;			   /* floats at vals */
+	const float *vals;		      /* values, where the type has them */
+	size_t nvals;			      /* floats at vals */
 };
 
 /**

@@ -34,7 +34,10 @@
 
 #include "lib/core.h"
 
-enum { PEND_OP = 1, PEND_HANDOVER };
+enum {
+	PEND_OP = 1,
+	PEND_HANDOVER
+};
 
 struct ferry_pend_item {
 	struct ferry_pend_item *next;
@@ -243,11 +246,12 @@ int ferry__reloc_start(struct ferry_worker *w, struct ferry_table *t, struct fer
 		if (!e && wt) {
 			if (ferry__arena_alloc(&t->arena, &slot)) {
 				if (!nfail++)
-					ferry_err("localize: table %u is full on rank %u (capacity "
-						  "%u slots); key %llu stays where it is; raise the "
-						  "table's capacity",
-						  t->id, fy->rank, t->arena.capacity,
-						  (unsigned long long)key);
+					ferry_err(
+						"localize: table %u is full on rank %u (capacity "
+						"%u slots); key %llu stays where it is; raise the "
+						"table's capacity",
+						t->id, fy->rank, t->arena.capacity,
+						(unsigned long long)key);
 				free(wt);
 				wt = NULL;
 				rc = -ENOSPC;
@@ -287,7 +291,8 @@ int ferry__reloc_start(struct ferry_worker *w, struct ferry_table *t, struct fer
 		int src = reloc_batch_send(fy, t, &to[d], FERRY_MSG_LOCALIZE, d, NULL);
 
 		if (src)
-			ferry_err("localize: cannot reach home rank %u: %s", d, ferry_strerror(src));
+			ferry_err("localize: cannot reach home rank %u: %s", d,
+				  ferry_strerror(src));
 		/* the waiters of those keys time out; the log said why */
 	}
 	free(to);
@@ -346,8 +351,8 @@ void ferry__reloc_on_localize(struct ferry *fy, struct ferry_table *t, uint32_t 
  * every local update so far is in the value, and every later one sees MOVED
  * and takes the slow path, so the value no longer changes.
  */
-static void reloc_take(struct ferry *fy, struct ferry_table *t, struct ferry_slot *s,
-		       uint64_t key, uint32_t new_owner, int published)
+static void reloc_take(struct ferry *fy, struct ferry_table *t, struct ferry_slot *s, uint64_t key,
+		       uint32_t new_owner, int published)
 {
 	uint64_t ver = ferry__slot_lock(&t->arena, s);
 
@@ -374,9 +379,9 @@ static void reloc_stage(struct ferry_table *t, struct ferry_slot *s, uint64_t ke
 }
 
 /* take a live slot out of service and hand its value over by message */
-static void reloc_give(struct ferry *fy, struct ferry_table *t, struct ferry_slot *s,
-		       uint64_t key, uint32_t new_owner, uint32_t slot, int published,
-		       struct reloc_batch *b, struct ferry_frame *vals)
+static void reloc_give(struct ferry *fy, struct ferry_table *t, struct ferry_slot *s, uint64_t key,
+		       uint32_t new_owner, uint32_t slot, int published, struct reloc_batch *b,
+		       struct ferry_frame *vals)
 {
 	reloc_take(fy, t, s, key, new_owner, published);
 	reloc_stage(t, s, key, new_owner, slot, b, vals);
@@ -502,8 +507,7 @@ void ferry__reloc_on_handover_req(struct ferry *fy, struct ferry_table *t, uint3
 									.rslot = mv->slot,
 									.s = s };
 			} else {
-				reloc_give(fy, t, s, mv->key, m->requester, mv->slot, 1, &b,
-					   &vals);
+				reloc_give(fy, t, s, mv->key, m->requester, mv->slot, 1, &b, &vals);
 			}
 			continue;
 		}
@@ -517,9 +521,10 @@ void ferry__reloc_on_handover_req(struct ferry *fy, struct ferry_table *t, uint3
 				it->slot = mv->slot;
 				pend_append(e, it);
 			} else {
-				ferry_err("reloc: rank %u asked rank %u to hand key %llu over, but it "
-					  "neither holds nor expects it; the move is lost",
-					  src, fy->rank, (unsigned long long)mv->key);
+				ferry_err(
+					"reloc: rank %u asked rank %u to hand key %llu over, but it "
+					"neither holds nor expects it; the move is lost",
+					src, fy->rank, (unsigned long long)mv->key);
 			}
 		}
 		pthread_mutex_unlock(&t->pend_lock);

@@ -19,12 +19,13 @@ int ferry__arena_init(struct ferry_arena *a, uint32_t capacity, uint32_t max_len
 	a->capacity = capacity;
 	a->bytes = stride * (size_t)(capacity ? capacity : 1);
 	/* reserve address space only: pages appear as slots are first used */
-	a->base = mmap(NULL, a->bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS |
-		       MAP_NORESERVE, -1, 0);
+	a->base = mmap(NULL, a->bytes, PROT_READ | PROT_WRITE,
+		       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
 	if (a->base == MAP_FAILED) {
-		ferry_err("store: cannot reserve %zu bytes for %u slots of %zu bytes: %s; lower the "
-			  "table's capacity",
-			  a->bytes, capacity, stride, strerror(errno));
+		ferry_err(
+			"store: cannot reserve %zu bytes for %u slots of %zu bytes: %s; lower the "
+			"table's capacity",
+			a->bytes, capacity, stride, strerror(errno));
 		a->base = NULL;
 		return -ENOMEM;
 	}

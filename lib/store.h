@@ -55,8 +55,8 @@ struct ferry_arena {
 	pthread_mutex_t lock; /* the free list only */
 	uint32_t *free_stack;
 	uint32_t nfree;
-	uint32_t next_fresh; /* slots never used yet: [next_fresh, capacity) */
-	uint32_t ndeferred;  /* freed, waiting for a grace period (atomic) */
+	uint32_t next_fresh;	/* slots never used yet: [next_fresh, capacity) */
+	uint32_t ndeferred;	/* freed, waiting for a grace period (atomic) */
 	struct ferry_tp_mr *mr; /* NULL when the transport needs no registration */
 };
 
@@ -123,8 +123,7 @@ static inline uint64_t ferry__slot_lock(const struct ferry_arena *a, struct ferr
 	return v;
 }
 
-static inline void ferry__slot_unlock(const struct ferry_arena *a, struct ferry_slot *s,
-				      uint64_t v)
+static inline void ferry__slot_unlock(const struct ferry_arena *a, struct ferry_slot *s, uint64_t v)
 {
 	__atomic_store_n(ferry__slot_tail(a, s), v + 2, __ATOMIC_RELEASE);
 	__atomic_store_n(&s->version, v + 2, __ATOMIC_RELEASE);

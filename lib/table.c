@@ -149,8 +149,9 @@ static int table_check_params(const struct ferry_table_params *p)
 	if (p->value_lens)
 		for (uint64_t k = 0; k < p->num_keys; k++)
 			if (p->value_lens[k] == 0 || p->value_lens[k] > (1u << 22)) {
-				ferry_err("table: value_lens[%llu] = %u must be 1 .. 4194304 floats",
-					  (unsigned long long)k, p->value_lens[k]);
+				ferry_err(
+					"table: value_lens[%llu] = %u must be 1 .. 4194304 floats",
+					(unsigned long long)k, p->value_lens[k]);
 				return -EINVAL;
 			}
 	if (p->placement != FERRY_PLACEMENT_RANGE && p->placement != FERRY_PLACEMENT_HASH) {
@@ -188,8 +189,7 @@ static void table_free(struct ferry_table *t)
 }
 
 /* this node's side: placement, directory, arena with its home keys live */
-static int table_build(struct ferry *fy, const struct ferry_table_params *p,
-		       struct ferry_table *t)
+static int table_build(struct ferry *fy, const struct ferry_table_params *p, struct ferry_table *t)
 {
 	uint64_t n = p->num_keys, lens_hash = 0, cap;
 	uint32_t *next_slot;
@@ -217,7 +217,8 @@ static int table_build(struct ferry *fy, const struct ferry_table_params *p,
 		}
 		t->params.value_len = 0;
 	}
-	t->lim = (struct ferry_proto_limits){ .world = fy->world, .num_keys = n,
+	t->lim = (struct ferry_proto_limits){ .world = fy->world,
+					      .num_keys = n,
 					      .value_len = t->params.value_len,
 					      .value_lens = t->value_lens };
 	rc = ferry__placement_init(&t->place, p->placement, n, fy->world, t->params.vnodes);
@@ -249,10 +250,9 @@ static int table_build(struct ferry *fy, const struct ferry_table_params *p,
 		t->arena.mr = calloc(1, fy->tp->ops->mr_size);
 		if (!t->arena.mr)
 			return -ENOMEM;
-		rc = fy->tp->ops->mem_reg(fy->tp, t->arena.base, t->arena.bytes,
-					  FERRY_TP_ACCESS_REMOTE_READ |
-						  FERRY_TP_ACCESS_REMOTE_WRITE,
-					  t->arena.mr);
+		rc = fy->tp->ops->mem_reg(
+			fy->tp, t->arena.base, t->arena.bytes,
+			FERRY_TP_ACCESS_REMOTE_READ | FERRY_TP_ACCESS_REMOTE_WRITE, t->arena.mr);
 		if (rc) {
 			free(t->arena.mr);
 			t->arena.mr = NULL;
@@ -296,7 +296,7 @@ static int table_build(struct ferry *fy, const struct ferry_table_params *p,
 		.placement = (uint32_t)p->placement,
 		.vnodes = t->params.vnodes,
 		.mode = (uint32_t)p->mode,
-		.no_local_fast_path = (uint32_t)!!p->no_local_fast_path,
+		.no_local_fast_path = (uint32_t) !!p->no_local_fast_path,
 	};
 	/* one-sided access starts only once every arena is known (create) */
 	if (t->arena.mr && (fy->tp->ops->caps & FERRY_TP_CAP_READ)) {

@@ -61,8 +61,8 @@ static void print_gids(const char *dev, int port)
 		gid[strcspn(gid, "\n")] = '\0';
 		if (!strcmp(gid, "0000:0000:0000:0000:0000:0000:0000:0000"))
 			continue;
-		snprintf(path, sizeof(path),
-			 "/sys/class/infiniband/%s/ports/%d/gid_attrs/types/%d", dev, port, i);
+		snprintf(path, sizeof(path), "/sys/class/infiniband/%s/ports/%d/gid_attrs/types/%d",
+			 dev, port, i);
 		f = fopen(path, "r");
 		type[0] = '\0';
 		if (f) {
@@ -94,7 +94,8 @@ static void print_devices(void)
 		struct ibv_device_attr da;
 
 		if (!ctx || ibv_query_device(ctx, &da)) {
-			printf("  %s: cannot open (%s)\n", name, ctx ? "query failed" : "open failed");
+			printf("  %s: cannot open (%s)\n", name,
+			       ctx ? "query failed" : "open failed");
 			if (ctx)
 				ibv_close_device(ctx);
 			continue;

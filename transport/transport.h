@@ -71,12 +71,12 @@ struct ferry_tp_handler {
 struct ferry_tp_config {
 	uint32_t rank;
 	uint32_t world;
-	uint64_t cluster_id;	/* chosen by rank 0; every connection proves it */
-	const char *bind_addr;	/* IPv4 address or host name to listen on */
-	int busy_poll;		/* spin in the progress thread instead of sleeping */
-	int timeout_ms;		/* bound on connection setup */
+	uint64_t cluster_id;   /* chosen by rank 0; every connection proves it */
+	const char *bind_addr; /* IPv4 address or host name to listen on */
+	int busy_poll;	       /* spin in the progress thread instead of sleeping */
+	int timeout_ms;	       /* bound on connection setup */
 	const struct ferry_tp_handler *handler;
-	void *core;		/* first argument of every handler */
+	void *core; /* first argument of every handler */
 };
 
 struct ferry_tp_mr {
@@ -86,11 +86,11 @@ struct ferry_tp_mr {
 };
 
 struct ferry_tp_ops {
-	size_t size;	 /* sizeof(struct ferry_tp_ops): lets the table grow */
+	size_t size; /* sizeof(struct ferry_tp_ops): lets the table grow */
 	const char *name;
-	uint32_t caps;	 /* FERRY_TP_CAP_* */
-	size_t tp_size;	 /* bytes of the transport object; embeds struct ferry_tp first */
-	size_t mr_size;	 /* bytes of a memory registration; embeds struct ferry_tp_mr first */
+	uint32_t caps;	/* FERRY_TP_CAP_* */
+	size_t tp_size; /* bytes of the transport object; embeds struct ferry_tp first */
+	size_t mr_size; /* bytes of a memory registration; embeds struct ferry_tp_mr first */
 
 	/* probe: 0 when this transport can run here; else a negative errno and
 	 * @why (may be NULL) receives a static explanation. Optional. */

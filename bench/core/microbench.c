@@ -104,10 +104,9 @@ static int bench_local(uint32_t len, uint64_t keys, long iters)
 		sink += (uint64_t)out[0];
 	}
 	t2 = now_ns();
-	printf("%-8s %-14s %8u %10llu %10.1f %10s %14.1f %8.2f\n", "local", "pull(random)",
-	       len * 4, (unsigned long long)keys, (double)(t1 - t0) / (double)iters, "-",
-	       (double)(t2 - t1) / (double)iters,
-	       (double)(t1 - t0) / (double)(t2 - t1));
+	printf("%-8s %-14s %8u %10llu %10.1f %10s %14.1f %8.2f\n", "local", "pull(random)", len * 4,
+	       (unsigned long long)keys, (double)(t1 - t0) / (double)iters, "-",
+	       (double)(t2 - t1) / (double)iters, (double)(t1 - t0) / (double)(t2 - t1));
 	/* same key again and again: the fast path's fixed cost */
 	t0 = now_ns();
 	for (long i = 0; i < iters; i++) {
@@ -122,8 +121,8 @@ static int bench_local(uint32_t len, uint64_t keys, long iters)
 		__asm__ volatile("" ::"r"(out) : "memory");
 	}
 	t2 = now_ns();
-	printf("%-8s %-14s %8u %10llu %10.1f %10s %14.1f %8.2f\n", "local", "pull(hot)",
-	       len * 4, (unsigned long long)keys, (double)(t1 - t0) / (double)iters, "-",
+	printf("%-8s %-14s %8u %10llu %10.1f %10s %14.1f %8.2f\n", "local", "pull(hot)", len * 4,
+	       (unsigned long long)keys, (double)(t1 - t0) / (double)iters, "-",
 	       (double)(t2 - t1) / (double)iters, (double)(t1 - t0) / (double)(t2 - t1));
 	if (sink == 42)
 		printf(" ");
@@ -177,7 +176,8 @@ static void *pp_serve(void *arg)
 /* raw TCP ping-pong over loopback: request @req bytes, reply @rep bytes */
 static int pingpong(size_t req, size_t rep, long iters, int64_t *lat)
 {
-	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	struct sockaddr_in sa = { .sin_family = AF_INET,
+				  .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
 	socklen_t sl = sizeof(sa);
 	struct pp_server s = { .req = req, .rep = rep, .iters = iters };
 	pthread_t th;
@@ -283,12 +283,11 @@ static int bench_remote(uint32_t len, long iters, int busy)
 	qsort(lat, (size_t)iters, sizeof(*lat), cmp_i64);
 	qsort(base, (size_t)iters, sizeof(*base), cmp_i64);
 	snprintf(op, sizeof(op), "pull(%s%s)", remote_name, busy ? ",busy" : "");
-	printf("%-8s %-14s %8u %10s %10.1f %10.1f %14.1f %8.2f   (p50)\n", "remote", op, len * 4, "-", pct(lat, iters, 0.5) * 1000,
-	       pct(lat, iters, 0.99) * 1000, pct(base, iters, 0.5) * 1000,
-	       pct(lat, iters, 0.5) / pct(base, iters, 0.5));
-	printf("%-8s %-14s %8u %10s %10s %10s %14.1f %8.2f   (p99)\n", "", "", len * 4, "", "",
-	       "", pct(base, iters, 0.99) * 1000,
-	       pct(lat, iters, 0.99) / pct(base, iters, 0.99));
+	printf("%-8s %-14s %8u %10s %10.1f %10.1f %14.1f %8.2f   (p50)\n", "remote", op, len * 4,
+	       "-", pct(lat, iters, 0.5) * 1000, pct(lat, iters, 0.99) * 1000,
+	       pct(base, iters, 0.5) * 1000, pct(lat, iters, 0.5) / pct(base, iters, 0.5));
+	printf("%-8s %-14s %8u %10s %10s %10s %14.1f %8.2f   (p99)\n", "", "", len * 4, "", "", "",
+	       pct(base, iters, 0.99) * 1000, pct(lat, iters, 0.99) / pct(base, iters, 0.99));
 	printf("# %s: %.3f one-sided reads and %.3f messages per pull (%llu retries, %llu "
 	       "fallbacks)\n",
 	       op, (double)(s1.onesided_reads - s0.onesided_reads) / (double)iters,
@@ -358,7 +357,8 @@ int main(int argc, char **argv)
 	       "ferry_ns", "p99_ns", "baseline_ns", "ratio");
 	printf("# baselines: local = memcpy of the same bytes from an equally large array;\n"
 	       "#            remote = raw TCP ping-pong over loopback, same frame sizes\n");
-	if (!only_remote && (bench_local(len, 10000, iters) || bench_local(len, 1000000, iters / 2)))
+	if (!only_remote &&
+	    (bench_local(len, 10000, iters) || bench_local(len, 1000000, iters / 2)))
 		return 1;
 	if (bench_remote(len, riters, 0) || bench_remote(len, riters, 1))
 		return 1;

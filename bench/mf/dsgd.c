@@ -66,14 +66,14 @@ enum mf_stat {
 struct mf_plan {
 	int nw; /* workers */
 	uint64_t rows, cols;
-	uint64_t *rb, *cb;     /* nw + 1 row and column block boundaries */
-	size_t *cell;	       /* nw * nw + 1 offsets of cell (w, b) = w * nw + b */
+	uint64_t *rb, *cb;	/* nw + 1 row and column block boundaries */
+	size_t *cell;		/* nw * nw + 1 offsets of cell (w, b) = w * nw + b */
 	struct mf_entry *train; /* grouped by cell, by row within a cell */
-	size_t *tcell;	       /* nw + 1 offsets of each worker's test entries */
-	struct mf_entry *test; /* grouped by worker, by row within a worker */
-	size_t max_run;	       /* longest row run of a cell */
-	uint64_t *keys;	       /* keys[k] = k: slices of it name key ranges */
-	size_t chunk;	       /* keys per batched call outside the SGD pass */
+	size_t *tcell;		/* nw + 1 offsets of each worker's test entries */
+	struct mf_entry *test;	/* grouped by worker, by row within a worker */
+	size_t max_run;		/* longest row run of a cell */
+	uint64_t *keys;		/* keys[k] = k: slices of it name key ranges */
+	size_t chunk;		/* keys per batched call outside the SGD pass */
 };
 
 struct mf_node {
@@ -170,8 +170,8 @@ static void mf_plan_free(struct mf_plan *p)
  * Group @m's entries by @group(entry) (ngroups groups), by row within a group:
  * a stable counting sort by row, then one by group.
  */
-static int mf_group(const struct mf_plan *p, const struct mf_matrix *m, int by_cell,
-		    size_t ngroups, size_t **off_p, struct mf_entry **out_p)
+static int mf_group(const struct mf_plan *p, const struct mf_matrix *m, int by_cell, size_t ngroups,
+		    size_t **off_p, struct mf_entry **out_p)
 {
 	size_t *rowoff = calloc(p->rows + 1, sizeof(*rowoff));
 	size_t *off = calloc(ngroups + 1, sizeof(*off));
@@ -612,7 +612,8 @@ static int mf_collect(struct mf_worker *wk, int epoch, double seconds, float lr)
 		.reloc_share = st[MF_ST_T_RELOC] / busy,
 		.wait_share = st[MF_ST_T_WAIT] / busy,
 		.train_mse = st[MF_ST_N_TRAIN] > 0 ? st[MF_ST_SQ_TRAIN] / st[MF_ST_N_TRAIN] : NAN,
-		.test_rmse = st[MF_ST_N_TEST] > 0 ? sqrt(st[MF_ST_SQ_TEST] / st[MF_ST_N_TEST]) : NAN,
+		.test_rmse = st[MF_ST_N_TEST] > 0 ? sqrt(st[MF_ST_SQ_TEST] / st[MF_ST_N_TEST]) :
+						    NAN,
 		.lr = lr,
 		.local_ops = st[MF_ST_LOCAL_OPS],
 		.remote_ops = st[MF_ST_REMOTE_OPS],
@@ -721,7 +722,8 @@ static void *mf_worker_main(void *arg)
 			if (dynamic && (epoch || s)) {
 				double tl = mf_now();
 
-				rc = mf_localize_range(wk, p->rows + p->cb[b], p->cb[b + 1] - p->cb[b]);
+				rc = mf_localize_range(wk, p->rows + p->cb[b],
+						       p->cb[b + 1] - p->cb[b]);
 				wk->t_reloc += mf_now() - tl;
 				if (rc)
 					mf_fail(wk, rc, "ferry_localize");
@@ -907,8 +909,8 @@ static int mf_train_procs(const struct mf_config *cfg, const struct mf_plan *p,
 	if (!pids)
 		return -ENOMEM;
 	/* rank 0's child writes the figures where the parent can read them */
-	shared = mmap(NULL, sizeof(*shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
-		      -1, 0);
+	shared = mmap(NULL, sizeof(*shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1,
+		      0);
 	if (shared == MAP_FAILED) {
 		rc = -errno;
 		goto out_free;

@@ -19,7 +19,11 @@
 
 #include "mf.h"
 
-enum { MODE_DYNAMIC = 1, MODE_CLASSIC = 2, MODE_BOTH = 3 };
+enum {
+	MODE_DYNAMIC = 1,
+	MODE_CLASSIC = 2,
+	MODE_BOTH = 3
+};
 
 struct opts {
 	struct mf_config cfg;
@@ -120,9 +124,23 @@ static int parse_double(const char *s, double lo, double hi, double *v_p)
 static int parse_args(int argc, char **argv, struct opts *o)
 {
 	enum {
-		OPT_NODES = 256, OPT_THREADS, OPT_RANK, OPT_LR, OPT_DECAY, OPT_REG, OPT_INIT,
-		OPT_EPOCHS, OPT_TRANSPORT, OPT_MODE, OPT_SEED, OPT_PROCS, OPT_INPUT,
-		OPT_SYNTHETIC, OPT_TEST_NNZ, OPT_JSON, OPT_HELP,
+		OPT_NODES = 256,
+		OPT_THREADS,
+		OPT_RANK,
+		OPT_LR,
+		OPT_DECAY,
+		OPT_REG,
+		OPT_INIT,
+		OPT_EPOCHS,
+		OPT_TRANSPORT,
+		OPT_MODE,
+		OPT_SEED,
+		OPT_PROCS,
+		OPT_INPUT,
+		OPT_SYNTHETIC,
+		OPT_TEST_NNZ,
+		OPT_JSON,
+		OPT_HELP,
 	};
 	static const struct option longopts[] = {
 		{ "nodes", required_argument, NULL, OPT_NODES },
@@ -153,7 +171,8 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		switch (c) {
 		case OPT_NODES:
 			if (parse_ll(optarg, 1, 1024, &v))
-				return bad("--nodes '%s': expected an integer from 1 to 1024", optarg);
+				return bad("--nodes '%s': expected an integer from 1 to 1024",
+					   optarg);
 			cfg->nodes = (int)v;
 			break;
 		case OPT_THREADS:
@@ -164,7 +183,8 @@ static int parse_args(int argc, char **argv, struct opts *o)
 			break;
 		case OPT_RANK:
 			if (parse_ll(optarg, 1, 65536, &v))
-				return bad("--rank '%s': expected an integer from 1 to 65536", optarg);
+				return bad("--rank '%s': expected an integer from 1 to 65536",
+					   optarg);
 			cfg->rank = (uint32_t)v;
 			break;
 		case OPT_LR:
@@ -173,7 +193,8 @@ static int parse_args(int argc, char **argv, struct opts *o)
 			break;
 		case OPT_DECAY:
 			if (parse_double(optarg, 1e-12, 1e3, &cfg->decay))
-				return bad("--decay '%s': expected a number > 0 (e.g. 0.95)", optarg);
+				return bad("--decay '%s': expected a number > 0 (e.g. 0.95)",
+					   optarg);
 			break;
 		case OPT_REG:
 			if (parse_double(optarg, 0, 1e6, &cfg->reg))
@@ -185,7 +206,8 @@ static int parse_args(int argc, char **argv, struct opts *o)
 			break;
 		case OPT_EPOCHS:
 			if (parse_ll(optarg, 1, MF_MAX_EPOCHS, &v))
-				return bad("--epochs '%s': expected an integer from 1 to 1000", optarg);
+				return bad("--epochs '%s': expected an integer from 1 to 1000",
+					   optarg);
 			cfg->epochs = (int)v;
 			break;
 		case OPT_TRANSPORT:
@@ -206,7 +228,8 @@ static int parse_args(int argc, char **argv, struct opts *o)
 			else if (!strcmp(optarg, "both"))
 				o->modes = MODE_BOTH;
 			else
-				return bad("--mode '%s': expected dynamic, classic or both", optarg);
+				return bad("--mode '%s': expected dynamic, classic or both",
+					   optarg);
 			break;
 		case OPT_SEED:
 			if (parse_ll(optarg, 0, LLONG_MAX, &v))
@@ -241,8 +264,10 @@ static int parse_args(int argc, char **argv, struct opts *o)
 	if (optind < argc)
 		return bad("unexpected argument '%s'", argv[optind]);
 	if (!o->input == !o->synthetic)
-		return bad("%s", o->input ? "give either --input or --synthetic, not both"
-					  : "no data: give --synthetic ROWSxCOLS:NNZ or --input FILE.mtx");
+		return bad("%s",
+			   o->input ?
+				   "give either --input or --synthetic, not both" :
+				   "no data: give --synthetic ROWSxCOLS:NNZ or --input FILE.mtx");
 	return 0;
 }
 
@@ -370,8 +395,9 @@ static int write_json(const struct opts *o, const struct mf_matrix *train,
 	json_str(f, ferry_version());
 	fprintf(f, ",\n  \"data\": ");
 	json_str(f, o->input ? o->input : o->synthetic);
-	fprintf(f, ",\n  \"rows\": %" PRIu64 ", \"cols\": %" PRIu64
-		   ", \"train_nnz\": %zu, \"test_nnz\": %zu,\n",
+	fprintf(f,
+		",\n  \"rows\": %" PRIu64 ", \"cols\": %" PRIu64
+		", \"train_nnz\": %zu, \"test_nnz\": %zu,\n",
 		train->rows, train->cols, train->nnz, test->nnz);
 	fprintf(f, "  \"nodes\": %d, \"threads\": %d, \"procs\": %s, \"transport\": \"%s\",\n",
 		cfg->nodes, cfg->threads, cfg->procs ? "true" : "false",
@@ -415,8 +441,8 @@ static void summary(const char *mode, const struct mf_result *r)
 		comm += r->ep[e].comm_share + r->ep[e].wait_share;
 	printf("%s: %d epochs, mean %.3f s per epoch, comm+wait %.1f%%, setup %.2f s, "
 	       "final train loss %.5f, test RMSE %.5f\n",
-	       mode, r->epochs, mf_mean_epoch_seconds(r), 100 * comm / r->epochs,
-	       r->setup_seconds, last->train_mse, last->test_rmse);
+	       mode, r->epochs, mf_mean_epoch_seconds(r), 100 * comm / r->epochs, r->setup_seconds,
+	       last->train_mse, last->test_rmse);
 }
 
 int main(int argc, char **argv)
@@ -459,7 +485,8 @@ int main(int argc, char **argv)
 		fflush(stdout);
 		rc = mf_train(&o.cfg, &train, &test, &res[m]);
 		if (rc) {
-			fprintf(stderr, "ferry-mf: %s training failed: %s\n", name, ferry_strerror(rc));
+			fprintf(stderr, "ferry-mf: %s training failed: %s\n", name,
+				ferry_strerror(rc));
 			goto out;
 		}
 		summary(name, &res[m]);
@@ -467,8 +494,8 @@ int main(int argc, char **argv)
 	if (o.modes == MODE_BOTH) {
 		double d = mf_mean_epoch_seconds(&res[0]), c = mf_mean_epoch_seconds(&res[1]);
 
-		printf("epoch time: dynamic %.3f s, classic %.3f s: dynamic is %.2fx faster\n", d, c,
-		       d > 0 ? c / d : NAN);
+		printf("epoch time: dynamic %.3f s, classic %.3f s: dynamic is %.2fx faster\n", d,
+		       c, d > 0 ? c / d : NAN);
 	}
 	if (o.json)
 		rc = write_json(&o, &train, &test, res);

@@ -100,13 +100,14 @@ static int mmio_header(struct mmio_ctx *c, char *line)
 	for (size_t k = 0; k < 3; k++) {
 		tok = mmio_token(&s);
 		if (!tok || strcasecmp(tok, want[k]))
-			return mmio_fail(c, -EINVAL,
-					 "not a MatrixMarket coordinate file: the first line must be "
-					 "'%%%%MatrixMarket matrix coordinate real general'");
+			return mmio_fail(
+				c, -EINVAL,
+				"not a MatrixMarket coordinate file: the first line must be "
+				"'%%%%MatrixMarket matrix coordinate real general'");
 	}
 	tok = mmio_token(&s);
-	if (!tok || (strcasecmp(tok, "real") && strcasecmp(tok, "integer") &&
-		     strcasecmp(tok, "double")))
+	if (!tok ||
+	    (strcasecmp(tok, "real") && strcasecmp(tok, "integer") && strcasecmp(tok, "double")))
 		return mmio_fail(c, -EINVAL,
 				 "field '%s' is not supported; ferry-mf reads 'real' or 'integer'",
 				 tok ? tok : "(missing)");
@@ -141,8 +142,7 @@ static int mmio_size(struct mmio_ctx *c, char *line, struct mf_matrix *m)
 	return 0;
 }
 
-static int mmio_entry(struct mmio_ctx *c, char *line, const struct mf_matrix *m,
-		      struct mf_entry *e)
+static int mmio_entry(struct mmio_ctx *c, char *line, const struct mf_matrix *m, struct mf_entry *e)
 {
 	char *s = line, *ti, *tj, *tv, *end;
 	uint64_t i, j;
@@ -161,8 +161,8 @@ static int mmio_entry(struct mmio_ctx *c, char *line, const struct mf_matrix *m,
 		return mmio_fail(c, -EINVAL, "row index %" PRIu64 " out of range 1..%" PRIu64, i,
 				 m->rows);
 	if (j < 1 || j > m->cols)
-		return mmio_fail(c, -EINVAL, "column index %" PRIu64 " out of range 1..%" PRIu64,
-				 j, m->cols);
+		return mmio_fail(c, -EINVAL, "column index %" PRIu64 " out of range 1..%" PRIu64, j,
+				 m->cols);
 	errno = 0;
 	v = strtod(tv, &end);
 	if (errno == ERANGE && fabs(v) > 1.0)

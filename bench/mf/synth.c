@@ -94,11 +94,12 @@ int mf_synth_parse(const char *spec, struct mf_synth_params *p, char *err, size_
 	p->noise = noise;
 	return 0;
 bad:
-	return synth_fail(err, errlen,
-			  "bad synthetic spec '%s': expected ROWSxCOLS:NNZ[:RANK[:NOISE]] with "
-			  "positive integers (rows and columns at most %" PRIu64
-			  ", rank at most 65536) and a noise stddev >= 0, e.g. 10000x1000:200000:8:0.1",
-			  spec, MF_MAX_DIM);
+	return synth_fail(
+		err, errlen,
+		"bad synthetic spec '%s': expected ROWSxCOLS:NNZ[:RANK[:NOISE]] with "
+		"positive integers (rows and columns at most %" PRIu64
+		", rank at most 65536) and a noise stddev >= 0, e.g. 10000x1000:200000:8:0.1",
+		spec, MF_MAX_DIM);
 }
 
 /* @n rows of @rank N(0, 1/sqrt(rank)) values, row k from stream @stream0 + k */

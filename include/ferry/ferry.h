@@ -95,14 +95,14 @@ enum ferry_transport_kind {
  * the "not set" values.
  */
 struct ferry_params {
-	int rank;		   /* -1: not set */
-	int world;		   /* 0: not set */
-	const char *rendezvous;	   /* "host:port" of rank 0; NULL: not set */
-	int rendezvous_fd;	   /* rank 0 only: a listening socket to use; -1: none */
-	const char *bind_addr;	   /* address this node listens on; NULL: rendezvous host */
+	int rank;		/* -1: not set */
+	int world;		/* 0: not set */
+	const char *rendezvous; /* "host:port" of rank 0; NULL: not set */
+	int rendezvous_fd;	/* rank 0 only: a listening socket to use; -1: none */
+	const char *bind_addr;	/* address this node listens on; NULL: rendezvous host */
 	enum ferry_transport_kind transport; /* AUTO: FERRY_TRANSPORT or auto */
-	int timeout_ms;		   /* bound on every wait; 0: FERRY_TIMEOUT_MS or 30000 */
-	int busy_poll;		   /* -1: FERRY_BUSY_POLL or 0; 1: spin instead of sleeping */
+	int timeout_ms;			     /* bound on every wait; 0: FERRY_TIMEOUT_MS or 30000 */
+	int busy_poll; /* -1: FERRY_BUSY_POLL or 0; 1: spin instead of sleeping */
 };
 
 /**
@@ -162,14 +162,14 @@ enum ferry_mode {
 };
 
 struct ferry_table_params {
-	uint64_t num_keys;	   /* keys are 0 .. num_keys-1 */
-	uint32_t value_len;	   /* floats per value, when value_lens is NULL */
+	uint64_t num_keys;	    /* keys are 0 .. num_keys-1 */
+	uint32_t value_len;	    /* floats per value, when value_lens is NULL */
 	const uint32_t *value_lens; /* optional: floats per key, num_keys entries */
 	enum ferry_placement placement;
-	uint32_t vnodes;	   /* hash ring: virtual nodes per node; 0: 1024 */
+	uint32_t vnodes; /* hash ring: virtual nodes per node; 0: 1024 */
 	enum ferry_mode mode;
-	int no_local_fast_path;	   /* 1: even local keys go through messages */
-	uint64_t capacity;	   /* slots per node; 0: every key + 64 */
+	int no_local_fast_path; /* 1: even local keys go through messages */
+	uint64_t capacity;	/* slots per node; 0: every key + 64 */
 };
 
 /**
@@ -247,11 +247,10 @@ FERRY_API int ferry_localize(struct ferry_worker *w, struct ferry_table *t, cons
  * take effect in the order they were started. A start that fails leaves no
  * ticket behind.
  */
-FERRY_API int ferry_pull_start(struct ferry_worker *w, struct ferry_table *t,
-			       const uint64_t *keys, size_t n, float *vals, uint64_t *ticket_p);
-FERRY_API int ferry_push_start(struct ferry_worker *w, struct ferry_table *t,
-			       const uint64_t *keys, size_t n, const float *deltas,
-			       uint64_t *ticket_p);
+FERRY_API int ferry_pull_start(struct ferry_worker *w, struct ferry_table *t, const uint64_t *keys,
+			       size_t n, float *vals, uint64_t *ticket_p);
+FERRY_API int ferry_push_start(struct ferry_worker *w, struct ferry_table *t, const uint64_t *keys,
+			       size_t n, const float *deltas, uint64_t *ticket_p);
 FERRY_API int ferry_set_start(struct ferry_worker *w, struct ferry_table *t, const uint64_t *keys,
 			      size_t n, const float *vals, uint64_t *ticket_p);
 FERRY_API int ferry_localize_start(struct ferry_worker *w, struct ferry_table *t,

@@ -8,11 +8,11 @@
 
 #include "common/scenarios.h"
 
-#define SC_FAIL(sh, ...)                                                                         \
-	do {                                                                                     \
-		__atomic_fetch_add(&(sh)->failures, 1, __ATOMIC_RELAXED);                       \
-		snprintf((sh)->why, sizeof((sh)->why), __VA_ARGS__);                             \
-		return -EIO;                                                                     \
+#define SC_FAIL(sh, ...)                                                  \
+	do {                                                              \
+		__atomic_fetch_add(&(sh)->failures, 1, __ATOMIC_RELAXED); \
+		snprintf((sh)->why, sizeof((sh)->why), __VA_ARGS__);      \
+		return -EIO;                                              \
 	} while (0)
 
 int64_t sc_now_ns(void)
@@ -110,8 +110,9 @@ int sc_localize_local(struct ferry *fy, struct ferry_table *t, struct sc_shared 
 		return rc;
 	/* each node takes 4 keys whose home is another node */
 	for (int i = 0; i < 4; i++)
-		mine[i] = (uint64_t)(((rank + 1) % world) * (SC_TABLE_KEYS / world) + rank * 4 + i) %
-			  SC_TABLE_KEYS;
+		mine[i] =
+			(uint64_t)(((rank + 1) % world) * (SC_TABLE_KEYS / world) + rank * 4 + i) %
+			SC_TABLE_KEYS;
 	for (int i = 0; i < 4 * SC_VALUE_LEN; i++)
 		d[i] = 1.0f;
 	rc = ferry_localize(w, t, mine, 4);
@@ -228,7 +229,9 @@ int sc_storm(struct ferry *fy, struct ferry_table *t, struct sc_shared *sh, int 
 
 int sc_async_order(struct ferry *fy, struct ferry_table *t, struct sc_shared *sh)
 {
-	enum { N = 64 };
+	enum {
+		N = 64
+	};
 	int rank = ferry_rank(fy), world = ferry_world(fy), rc;
 	struct ferry_worker *w;
 	uint64_t key = (uint64_t)(SC_TABLE_KEYS - 1 - rank), tickets[3 * N];
@@ -267,8 +270,8 @@ int sc_async_order(struct ferry *fy, struct ferry_table *t, struct sc_shared *sh
 	}
 	for (int i = 0; i < N; i++)
 		if (pulled[i][0] != (float)(i * 10) + 1.0f)
-			SC_FAIL(sh, "rank %d: async pull %d read %g, want %g (out of order)", rank, i,
-				pulled[i][0], (float)(i * 10) + 1.0f);
+			SC_FAIL(sh, "rank %d: async pull %d read %g, want %g (out of order)", rank,
+				i, pulled[i][0], (float)(i * 10) + 1.0f);
 	if ((rc = ferry_barrier(fy)))
 		SC_FAIL(sh, "barrier: %s", ferry_strerror(rc));
 	ferry_worker_destroy(w);
@@ -283,14 +286,16 @@ struct sc_ref {
 
 static int sc_cmp_start(const void *a, const void *b)
 {
-	const struct sc_event *x = ((const struct sc_ref *)a)->e, *y = ((const struct sc_ref *)b)->e;
+	const struct sc_event *x = ((const struct sc_ref *)a)->e,
+			      *y = ((const struct sc_ref *)b)->e;
 
 	return x->start_ns < y->start_ns ? -1 : x->start_ns > y->start_ns;
 }
 
 static int sc_cmp_end(const void *a, const void *b)
 {
-	const struct sc_event *x = ((const struct sc_ref *)a)->e, *y = ((const struct sc_ref *)b)->e;
+	const struct sc_event *x = ((const struct sc_ref *)a)->e,
+			      *y = ((const struct sc_ref *)b)->e;
 
 	return x->end_ns < y->end_ns ? -1 : x->end_ns > y->end_ns;
 }
@@ -367,10 +372,11 @@ int sc_check_history(const struct sc_shared *sh, int nodes, char *why, size_t le
 					k++;
 				}
 				if (maxe && maxe->value > b->value) {
-					snprintf(why, len,
-						 "key %u: node %u read %g, and later node %u read %g "
-						 "(a push went back in time)",
-						 key, maxe->node, maxe->value, b->node, b->value);
+					snprintf(
+						why, len,
+						"key %u: node %u read %g, and later node %u read %g "
+						"(a push went back in time)",
+						key, maxe->node, maxe->value, b->node, b->value);
 					free(by_end);
 					goto fail;
 				}

@@ -102,9 +102,12 @@ Test(cluster, classic_mode_without_fast_path_is_consistent, .timeout = 240)
 
 Test(cluster, per_key_value_lengths_and_hash_placement)
 {
-	enum { KEYS = 100 };
+	enum {
+		KEYS = 100
+	};
 	static uint32_t lens[KEYS];
-	struct ferry_table_params tp = { .num_keys = KEYS, .value_lens = lens,
+	struct ferry_table_params tp = { .num_keys = KEYS,
+					 .value_lens = lens,
 					 .placement = FERRY_PLACEMENT_HASH };
 	struct ferry_worker *w;
 	uint64_t keys[KEYS];
@@ -156,10 +159,10 @@ Test(consistency, checker_rejects_a_lost_update_and_a_stale_read)
 	cr_assert_eq(sc_check_history(sh, 1, why, sizeof(why)), 0, "%s", why);
 	/* two reads in time order that go backwards */
 	sh->count[1] = 2;
-	sh->ev[1][0] = (struct sc_event){ .start_ns = 15, .end_ns = 16, .node = 1, .kind = 1,
-					  .value = 1 };
-	sh->ev[1][1] = (struct sc_event){ .start_ns = 17, .end_ns = 35, .node = 1, .kind = 1,
-					  .value = 0 };
+	sh->ev[1][0] =
+		(struct sc_event){ .start_ns = 15, .end_ns = 16, .node = 1, .kind = 1, .value = 1 };
+	sh->ev[1][1] =
+		(struct sc_event){ .start_ns = 17, .end_ns = 35, .node = 1, .kind = 1, .value = 0 };
 	cr_assert_neq(sc_check_history(sh, 2, why, sizeof(why)), 0);
 	/* a final value that lost a push */
 	sh->count[1] = 0;

@@ -21,8 +21,13 @@ static struct mf_matrix train, test;
 
 static void make_data(void)
 {
-	struct mf_synth_params p = { .rows = 2000, .cols = 500, .nnz = 100000, .test_nnz = 5000,
-				     .rank = 4, .noise = NOISE, .seed = 2024 };
+	struct mf_synth_params p = { .rows = 2000,
+				     .cols = 500,
+				     .nnz = 100000,
+				     .test_nnz = 5000,
+				     .rank = 4,
+				     .noise = NOISE,
+				     .seed = 2024 };
 
 	cr_assert_eq(mf_synth_generate(&p, &train, &test), 0);
 }
@@ -120,8 +125,8 @@ Test(mf, classic_converges_and_dynamic_stays_local)
 	/* classic: about half of the ~200k key operations per epoch leave the node;
 	 * dynamic: only the evaluation's and the figures' */
 	cr_assert(cls > 0, "classic mode sent no key operation to another node");
-	cr_assert(dyn * 4 < cls, "dynamic mode sent %.0f key operations away, classic %.0f",
-		  dyn, cls);
+	cr_assert(dyn * 4 < cls, "dynamic mode sent %.0f key operations away, classic %.0f", dyn,
+		  cls);
 }
 
 Test(mf, rejects_bad_configurations)

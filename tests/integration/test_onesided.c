@@ -107,7 +107,8 @@ Test(onesided, remote_pulls_never_see_a_torn_value, .timeout = 300)
 	ferry_stats(c.fy[1], &after);
 	cr_log_info("%ld reads, %ld writes, %llu one-sided reads, %llu retries, %llu fallbacks, "
 		    "%ld changes seen",
-		    nreads, a.writes, (unsigned long long)(after.onesided_reads - before.onesided_reads),
+		    nreads, a.writes,
+		    (unsigned long long)(after.onesided_reads - before.onesided_reads),
 		    (unsigned long long)(after.onesided_retries - before.onesided_retries),
 		    (unsigned long long)(after.onesided_fallbacks - before.onesided_fallbacks),
 		    seen_changes);

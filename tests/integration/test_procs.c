@@ -54,8 +54,8 @@ static int child(int which, struct ferry_params *p, struct sc_shared *sh, enum f
 
 static void run_procs(int which, enum ferry_mode mode)
 {
-	struct sc_shared *sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE,
-				    MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	struct sc_shared *sh =
+		mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
 	struct ferry_params p;
 	pid_t pids[NODES];
 	int rc;

@@ -95,8 +95,9 @@ Test(mf_mmio, reads_integer_field_and_last_line_without_newline)
 
 Test(mf_mmio, round_trips_through_the_writer)
 {
-	struct mf_synth_params p = { .rows = 50, .cols = 40, .nnz = 300, .rank = 3,
-				     .noise = 0.1, .seed = 7 };
+	struct mf_synth_params p = {
+		.rows = 50, .cols = 40, .nnz = 300, .rank = 3, .noise = 0.1, .seed = 7
+	};
 	struct mf_matrix a, t, b;
 	char err[256];
 
@@ -192,8 +193,13 @@ static int same(const struct mf_matrix *a, const struct mf_matrix *b)
 
 Test(mf_synth, is_deterministic_and_follows_the_seed)
 {
-	struct mf_synth_params p = { .rows = 300, .cols = 200, .nnz = 5000, .test_nnz = 500,
-				     .rank = 4, .noise = 0.1, .seed = 42 };
+	struct mf_synth_params p = { .rows = 300,
+				     .cols = 200,
+				     .nnz = 5000,
+				     .test_nnz = 500,
+				     .rank = 4,
+				     .noise = 0.1,
+				     .seed = 42 };
 	struct mf_matrix a, at, b, bt, c, ct;
 
 	cr_assert_eq(mf_synth_generate(&p, &a, &at), 0);
@@ -216,8 +222,9 @@ Test(mf_synth, is_deterministic_and_follows_the_seed)
 
 Test(mf_synth, has_unit_variance_plus_noise)
 {
-	struct mf_synth_params p = { .rows = 1000, .cols = 1000, .nnz = 200000, .rank = 8,
-				     .noise = 0.5, .seed = 1 };
+	struct mf_synth_params p = {
+		.rows = 1000, .cols = 1000, .nnz = 200000, .rank = 8, .noise = 0.5, .seed = 1
+	};
 	struct mf_matrix a, t;
 	double s = 0, s2 = 0;
 

@@ -141,8 +141,8 @@ static void loop_copy(void *dst, const void *src, size_t len)
 	memcpy((uint8_t *)dst + len / 8 * 8, (const uint8_t *)src + len / 8 * 8, len % 8);
 }
 
-static int loop_rw(struct ferry_tp *tp, uint32_t dst, void *local, uint64_t raddr,
-		   uint64_t rkey, size_t len, void *ctx, int write)
+static int loop_rw(struct ferry_tp *tp, uint32_t dst, void *local, uint64_t raddr, uint64_t rkey,
+		   size_t len, void *ctx, int write)
 {
 	const struct ferry_tp_handler *h = tp->cfg.handler;
 	unsigned need = write ? FERRY_TP_ACCESS_REMOTE_WRITE : FERRY_TP_ACCESS_REMOTE_READ;
@@ -173,8 +173,8 @@ static int loop_read(struct ferry_tp *tp, uint32_t dst, void *local, struct ferr
 	return loop_rw(tp, dst, local, raddr, rkey, len, ctx, 0);
 }
 
-static int loop_write(struct ferry_tp *tp, uint32_t dst, const void *local,
-		      struct ferry_tp_mr *lmr, uint64_t raddr, uint64_t rkey, size_t len, void *ctx)
+static int loop_write(struct ferry_tp *tp, uint32_t dst, const void *local, struct ferry_tp_mr *lmr,
+		      uint64_t raddr, uint64_t rkey, size_t len, void *ctx)
 {
 	return loop_rw(tp, dst, (void *)local, raddr, rkey, len, ctx, 1);
 }
