@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # ci/test.sh - Ferry's whole test run, as CI runs it (`bash .ci/run`) and as people run it.
 #
-#   bash ci/test.sh [--quick] [--no-asan] [--no-vm] [--format] [--jobs N]
+#   bash ci/test.sh [--quick] [--no-asan] [--no-vm] [--no-format] [--jobs N]
 #
 # Stages, each bounded with timeout(1), in this order:
 #   deps        ci/deps.sh build (and vm unless --no-vm)
@@ -10,13 +10,13 @@
 #   asan-build  the same into build-asan/ with -DFERRY_SANITIZE=address,undefined
 #   asan-ctest  ctest there, with ASAN_OPTIONS / UBSAN_OPTIONS that abort on the first finding
 #   vm          ci/softroce-vm.sh --build-dir build: the test binaries on SoftRoCE in QEMU
-#   format      (only with --format) clang-format --dry-run -Werror over the C sources
+#   format      clang-format --dry-run -Werror over the C sources (--no-format skips it)
 #
 # Options:
 #   --quick     build + ctest only (no asan, no vm): the developer's loop
 #   --no-asan   skip the sanitizer build and run
 #   --no-vm     skip the SoftRoCE VM
-#   --format    also check formatting against .clang-format
+#   --format    check formatting against .clang-format (the default; --no-format skips it)
 #   --jobs N    build parallelism (default 2)
 #
 # The whole run stays inside FERRY_CI_BUDGET seconds (default 1680): each stage's bound is cut
@@ -32,7 +32,7 @@ asan=1
 vm=1
 asan_why=--no-asan
 vm_why=--no-vm
-format=0
+format=1
 jobs=2
 while [[ $# -gt 0 ]]; do
 	case $1 in
@@ -40,6 +40,7 @@ while [[ $# -gt 0 ]]; do
 	--no-asan) asan=0 ;;
 	--no-vm) vm=0 ;;
 	--format) format=1 ;;
+	--no-format) format=0 ;;
 	--jobs=*) jobs=${1#--jobs=} ;;
 	--jobs)
 		[[ $# -ge 2 ]] || { echo "ci/test.sh: --jobs needs a number" >&2; exit 2; }
