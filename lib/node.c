@@ -105,7 +105,12 @@ static void node_barrier_on_msg(struct ferry *fy, uint32_t src, uint8_t type,
 					break;
 			if (r < fy->world)
 				break;
-			fy->barrier_released = gen + 1;
+			/*
+			 * Send the releases first, then release rank 0's own waiter: a
+			 * barrier that has returned on rank 0 sends nothing more (the
+			 * stats of the test after it must see no barrier traffic).
+			 * Only this thread changes barrier_released on rank 0.
+			 */
 			pthread_mutex_unlock(&fy->lock);
 			{
 				struct {
@@ -120,6 +125,7 @@ static void node_barrier_on_msg(struct ferry *fy, uint32_t src, uint8_t type,
 					ferry__send(fy, r, &rel, sizeof(rel));
 			}
 			pthread_mutex_lock(&fy->lock);
+			fy->barrier_released = gen + 1;
 		}
 		pthread_cond_broadcast(&fy->cond);
 	} else if (type == FERRY_MSG_BARRIER_REL && src == 0) {
