@@ -31,3 +31,37 @@ int ferry__tp_parse_ipv4(const void *blob, size_t len, struct sockaddr_in *sa)
 		return -EINVAL;
 	return 0;
 }
+
+int ferry__tp_check_frame(const struct ferry_tp *tp, uint32_t dst, const struct iovec *iov,
+			  int iovcnt, size_t *total_p)
+{
+	unsigned char hbuf[sizeof(struct ferry_msg_hdr)];
+	const char *why = "shorter than a header";
+	struct ferry_msg_hdr hdr;
+	size_t total = 0, got = 0;
+
+	for (int i = 0; i < iovcnt; i++) {
+		size_t n = iov[i].iov_len;
+
+		if (got < sizeof(hbuf)) {
+			size_t take = n < sizeof(hbuf) - got ? n : sizeof(hbuf) - got;
+
+			memcpy(hbuf + got, iov[i].iov_base, take);
+			got += take;
+		}
+		total += n;
+	}
+	if (got == sizeof(hbuf)) {
+		memcpy(&hdr, hbuf, sizeof(hdr));
+		if (!ferry__proto_check_hdr(&hdr, tp->cfg.world, &why)) {
+			if (hdr.len == total) {
+				*total_p = total;
+				return 0;
+			}
+			why = "its header's len differs from the bytes given";
+		}
+	}
+	ferry_err("%s: rank %u: refusing a %zu-byte frame to rank %u: %s", tp->ops->name,
+		  tp->cfg.rank, total, dst, why);
+	return -EINVAL;
+}

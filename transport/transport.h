@@ -136,6 +136,12 @@ struct ferry_tp {
  * 0 or -EINVAL */
 int ferry__tp_parse_ipv4(const void *blob, size_t len, struct sockaddr_in *sa);
 
+/* at the sender: is the frame in @iov one the peer will accept (header check,
+ * len equal to the bytes given)? A bad one would cost the whole connection at
+ * the receiver. Logs once; 0 with the frame's length, or -EINVAL. */
+int ferry__tp_check_frame(const struct ferry_tp *tp, uint32_t dst, const struct iovec *iov,
+			  int iovcnt, size_t *total_p);
+
 /* the transports that exist */
 extern const struct ferry_tp_ops ferry__tcp_ops;
 extern const struct ferry_tp_ops ferry__rdma_ops;

@@ -3065,46 +3065,6 @@ static int rdma_tp_connect(struct ferry_tp *tp, const void *const *addrs, const 
 /* ---- sending ------------------------------------------------------------ */
 
 /*
- * rdma_check_frame - refuse, at the sender, a frame its peer would reject
- *
- * A bad header would otherwise cost the whole connection at the receiver.
- */
-static int rdma_check_frame(struct rdma_tp *t, uint32_t dst, const struct iovec *iov, int iovcnt,
-			    size_t *total_p)
-{
-	unsigned char hbuf[RDMA_HDR_LEN];
-	struct ferry_msg_hdr hdr;
-	const char *why = "shorter than a header";
-	size_t total = 0, got = 0;
-
-	for (int i = 0; i < iovcnt; i++) {
-		size_t n = iov[i].iov_len;
-
-		if (got < RDMA_HDR_LEN) {
-			size_t take = n < RDMA_HDR_LEN - got ? n : RDMA_HDR_LEN - got;
-
-			memcpy(hbuf + got, iov[i].iov_base, take);
-			got += take;
-		}
-		total += n;
-	}
-	if (got == RDMA_HDR_LEN) {
-		memcpy(&hdr, hbuf, sizeof(hdr));
-		if (!ferry__proto_check_hdr(&hdr, t->base.cfg.world, &why)) {
-			if (hdr.len == total && !(total % FERRY_MSG_ALIGN)) {
-				*total_p = total;
-				return 0;
-			}
-			why = hdr.len == total ? "its length is not a multiple of 8" :
-						 "its header's len differs from the bytes given";
-		}
-	}
-	ferry_err("rdma: rank %u: refusing a %zu-byte frame to rank %u: %s", t->base.cfg.rank,
-		  total, dst, why);
-	return -EINVAL;
-}
-
-/*
  * rdma_send - queue one frame to @dst
  *
  * Context: any thread, concurrently with other sends and with the progress
@@ -3125,7 +3085,7 @@ static int rdma_send(struct ferry_tp *tp, uint32_t dst, const struct iovec *iov,
 
 	if (dst >= tp->cfg.world || iovcnt <= 0 || iovcnt > IOV_MAX)
 		return -EINVAL;
-	if (rdma_check_frame(t, dst, iov, iovcnt, &total))
+	if (ferry__tp_check_frame(&t->base, dst, iov, iovcnt, &total))
 		return -EINVAL;
 	if (dst == tp->cfg.rank)
 		return rdma_self_send(t, iov, iovcnt, total);

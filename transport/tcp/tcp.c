@@ -1404,45 +1404,6 @@ static int tcp_self_send(struct tcp_tp *t, const struct iovec *iov, int iovcnt, 
 }
 
 /*
- * tcp_check_frame - refuse, at the sender, a frame its peer would reject
- *
- * A bad header would otherwise cost the whole connection at the receiver.
- */
-static int tcp_check_frame(struct tcp_tp *t, uint32_t dst, const struct iovec *iov, int iovcnt,
-			   size_t *total_p)
-{
-	unsigned char hbuf[TCP_HDR_LEN];
-	struct ferry_msg_hdr hdr;
-	const char *why = "shorter than a header";
-	size_t total = 0, got = 0;
-
-	for (int i = 0; i < iovcnt; i++) {
-		size_t n = iov[i].iov_len;
-
-		if (got < TCP_HDR_LEN) {
-			size_t take = n < TCP_HDR_LEN - got ? n : TCP_HDR_LEN - got;
-
-			memcpy(hbuf + got, iov[i].iov_base, take);
-			got += take;
-		}
-		total += n;
-	}
-	if (got == TCP_HDR_LEN) {
-		memcpy(&hdr, hbuf, sizeof(hdr));
-		if (!ferry__proto_check_hdr(&hdr, t->base.cfg.world, &why)) {
-			if (hdr.len == total) {
-				*total_p = total;
-				return 0;
-			}
-			why = "its header's len differs from the bytes given";
-		}
-	}
-	ferry_err("tcp: rank %u: refusing a %zu-byte frame to rank %u: %s", t->base.cfg.rank, total,
-		  dst, why);
-	return -EINVAL;
-}
-
-/*
  * tcp_send - queue one frame to @dst
  *
  * Context: any thread, concurrently with other sends and with the progress
@@ -1464,7 +1425,7 @@ static int tcp_send(struct ferry_tp *tp, uint32_t dst, const struct iovec *iov, 
 
 	if (dst >= tp->cfg.world || iovcnt <= 0 || iovcnt > IOV_MAX)
 		return -EINVAL;
-	if (tcp_check_frame(t, dst, iov, iovcnt, &total))
+	if (ferry__tp_check_frame(&t->base, dst, iov, iovcnt, &total))
 		return -EINVAL;
 	if (dst == tp->cfg.rank)
 		return tcp_self_send(t, iov, iovcnt, total);
