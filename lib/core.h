@@ -47,8 +47,6 @@ struct ferry_rdma_ctx {
 
 /* ---- location hints: owner rank in one 64-bit word per key ------------- */
 
-#define FERRY_LOC_NONE UINT64_MAX
-
 /* ---- keys on their way to this node (dir.c / reloc.c) ------------------- */
 
 struct ferry_pend_item; /* a queued operation or hand-over request */
@@ -103,7 +101,6 @@ struct ferry_req {
 	uint64_t ticket; /* (generation << 32) | index; 0 when free */
 	uint8_t op;	 /* enum ferry_op, or FERRY_REQ_LOCALIZE */
 	bool held;	 /* waiting for an earlier operation on one of its keys */
-	bool dispatched;
 	struct ferry_table *t;
 	const uint64_t *keys;
 	size_t n;
@@ -121,7 +118,6 @@ struct ferry_req {
 struct ferry_worker {
 	struct ferry *fy;
 	uint32_t id;
-	pthread_t thread;
 	pthread_mutex_t lock;
 	pthread_cond_t cond;
 	int sleeping;
@@ -129,7 +125,6 @@ struct ferry_worker {
 	uint32_t free_idx[FERRY_MAX_INFLIGHT];
 	uint32_t nfree;
 	uint32_t gen;
-	uint32_t active; /* tickets handed out and not collected */
 	struct ferry_req *held_head, *held_tail;
 	/* keys with a remote operation in flight: open addressing */
 	uint64_t *inflight_keys;

@@ -150,7 +150,6 @@ int ferry_worker_create(struct ferry *fy, struct ferry_worker **worker_p)
 	}
 	w->fy = fy;
 	w->id = (uint32_t)id;
-	w->thread = pthread_self();
 	pthread_mutex_init(&w->lock, NULL);
 	pthread_condattr_init(&ca);
 	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -845,7 +844,6 @@ static void ops_req_free(struct ferry_worker *w, struct ferry_req *r)
 	free(r->done);
 	r->done = NULL;
 	w->free_idx[w->nfree++] = idx;
-	w->active--;
 }
 
 static int ops_check(struct ferry_worker *w, struct ferry_table *t, const uint64_t *keys, size_t n,
@@ -954,7 +952,6 @@ static void ops_dispatch(struct ferry_worker *w, struct ferry_req *r)
 	int all_local = 1;
 
 	r->held = false;
-	r->dispatched = true;
 	if (r->op == FERRY_REQ_LOCALIZE) {
 		ferry__reloc_start(w, t, r, ticket);
 		return;
@@ -1075,7 +1072,6 @@ static int ops_start(struct ferry_worker *w, struct ferry_table *t, uint8_t op,
 	pthread_mutex_lock(&w->lock);
 	r->ticket = (uint64_t)w->gen << 32 | idx;
 	pthread_mutex_unlock(&w->lock);
-	w->active++;
 
 	if (r->remaining) {
 		if (w->held_head) {
