@@ -145,6 +145,7 @@ struct ferry {
 	uint64_t cluster_id;
 	atomic_int refs;
 	atomic_bool closed;
+	atomic_int pollers;  /* threads inside ferry__node_poll(): close waits for them */
 	atomic_bool *failed; /* per rank */
 
 	pthread_mutex_t lock; /* tables, workers, barrier and table handshakes */
@@ -174,6 +175,7 @@ struct ferry {
 /* node.c */
 int ferry__send(struct ferry *fy, uint32_t dst, const void *frame, size_t len);
 void ferry__node_put(struct ferry *fy);
+int ferry__node_poll(struct ferry *fy);
 int ferry__deadline_ms(int timeout_ms, struct timespec *ts);
 int ferry__cond_wait_until(pthread_cond_t *c, pthread_mutex_t *m, const struct timespec *ts);
 

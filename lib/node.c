@@ -5,6 +5,7 @@
  * statistics, and the local-cluster helpers for tests and demos.
  */
 #include <errno.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -393,6 +394,9 @@ void ferry_close(struct ferry *fy)
 {
 	if (!fy || atomic_exchange(&fy->closed, true))
 		return;
+	/* a worker inside the transport's poll() leaves it first */
+	while (atomic_load(&fy->pollers))
+		sched_yield();
 	/* no handler runs after fini: replies stop, workers see CLOSED */
 	fy->tp->ops->fini(fy->tp);
 	free(fy->tp);
@@ -401,6 +405,26 @@ void ferry_close(struct ferry *fy)
 	pthread_cond_broadcast(&fy->cond);
 	pthread_mutex_unlock(&fy->lock);
 	ferry__node_put(fy);
+}
+
+/*
+ * ferry__node_poll - let the transport complete one-sided reads on the
+ * calling thread (a waiting worker), where it can
+ *
+ * A node closed meanwhile is not touched: the counter and the flag make a
+ * Dekker pair with ferry_close(), which waits for pollers before the
+ * transport goes. Context: a worker's thread, RCU-registered, no lock held.
+ * Return: completions handled.
+ */
+int ferry__node_poll(struct ferry *fy)
+{
+	int n = 0;
+
+	atomic_fetch_add(&fy->pollers, 1);
+	if (!atomic_load(&fy->closed) && fy->tp->ops->poll)
+		n = fy->tp->ops->poll(fy->tp);
+	atomic_fetch_sub(&fy->pollers, 1);
+	return n;
 }
 
 int ferry_rank(const struct ferry *fy)

@@ -784,16 +784,61 @@ void ferry__ops_on_rdma_done(struct ferry *fy, void *ctx, int status)
 	ops_rd_put(rd);
 }
 
+/* the transport refused a read: the fallback sends it by message */
+static void ops_rd_refused(struct ferry *fy, struct ferry_rd *rd)
+{
+	urcu_memb_read_lock();
+	ferry__ops_on_rdma_done(fy, rd, -EIO);
+	urcu_memb_read_unlock();
+}
+
+/*
+ * Post a request's reads: with read_v, grouped by owner, so the reads to one
+ * owner leave under one doorbell with one signaled completion.
+ */
 static void ops_rd_post_all(struct ferry *fy, struct ferry_rd **reads, size_t n)
 {
+	struct ferry_tp_rd rds[OPS_RD_POOL];
+
+	if (!fy->tp->ops->read_v || n < 2) {
+		for (size_t i = 0; i < n; i++)
+			if (ops_rd_post(fy, reads[i]))
+				ops_rd_refused(fy, reads[i]);
+		return;
+	}
+	/* insertion sort by owner: n is at most OPS_RD_POOL */
+	for (size_t i = 1; i < n; i++) {
+		struct ferry_rd *x = reads[i];
+		size_t j = i;
+
+		for (; j && reads[j - 1]->owner > x->owner; j--)
+			reads[j] = reads[j - 1];
+		reads[j] = x;
+	}
+	for (size_t i = 0; i < n; i++) {
+		struct ferry_rd *rd = reads[i];
+		struct ferry_rd_pool *p = rd->pool;
+		const struct ferry_msg_arena *ar = &p->t->peer_arena[rd->owner];
+
+		rds[i] = (struct ferry_tp_rd){
+			.dst = rd->owner,
+			.local = rd->buf,
+			.lmr = p->mr,
+			.raddr = ar->addr + (uint64_t)rd->slot * p->stride,
+			.rkey = ar->rkey,
+			.len = p->stride,
+			.ctx = rd,
+		};
+	}
+	atomic_fetch_add_explicit(&fy->onesided_reads, n, memory_order_relaxed);
+	if (!fy->tp->ops->read_v(fy->tp, rds, n))
+		return;
 	for (size_t i = 0; i < n; i++)
-		if (ops_rd_post(fy, reads[i])) {
-			/* the transport refused: the fallback sends it by message */
-			urcu_memb_read_lock();
-			ferry__ops_on_rdma_done(fy, reads[i], -EIO);
-			urcu_memb_read_unlock();
-		}
+		if (rds[i].status)
+			ops_rd_refused(fy, reads[i]);
 }
+
+static int64_t ops_now_ns(void);
 
 void ferry__ops_rd_fini(struct ferry_worker *w)
 {
@@ -802,6 +847,11 @@ void ferry__ops_rd_fini(struct ferry_worker *w)
 
 		if (!p)
 			continue;
+		/* reads of a timed-out or abandoned pull: give them a moment to land */
+		for (int64_t until = ops_now_ns() + 100000000;
+		     __atomic_load_n(&p->inflight, __ATOMIC_ACQUIRE) && ops_now_ns() < until;)
+			if (!ferry__node_poll(w->fy))
+				sched_yield();
 		if (__atomic_load_n(&p->inflight, __ATOMIC_ACQUIRE)) {
 			/* a timed-out read may still land here: keep the memory */
 			ferry_warn("worker %u: %u one-sided reads still in flight; their landing "
@@ -1131,9 +1181,15 @@ static int ops_wait_req(struct ferry_worker *w, struct ferry_req *r, int block)
 	if (!r->held && !__atomic_load_n(&r->remaining, __ATOMIC_ACQUIRE) && !w->held_head)
 		goto collect; /* served in place: no clock needed */
 	deadline = ops_now_ns() + (int64_t)fy->timeout_ms * 1000000;
-	spin_until = ops_now_ns() + (fy->busy_poll ? INT64_MAX / 2 : 50000);
+	/* a one-sided read takes a few µs on hardware and tens under rxe: spin
+	 * longer for it, since this thread completes it (ferry__node_poll) */
+	spin_until = ops_now_ns() + (fy->busy_poll		 ? INT64_MAX / 2 :
+				     ferry__table_onesided(r->t) ? 200000 :
+								   50000);
 
 	for (unsigned iter = 0;; iter++) {
+		/* take our reads' completions here, not through the progress thread */
+		ferry__node_poll(fy);
 		if (w->held_head)
 			ops_progress(w);
 		if (!r->held && !__atomic_load_n(&r->remaining, __ATOMIC_ACQUIRE))

@@ -11,9 +11,12 @@
  *   ferry__tp_send(tp, dst, iov) -----------> ops->send()        any thread
  *   arena memory ----------------------------> ops->mem_reg()     one per arena
  *   remote pull (when CAP_READ) -------------> ops->read()        one-sided
+ *   a batch of pulls ------------------------> ops->read_v()      one doorbell per peer
+ *   a worker waiting for its reads ----------> ops->poll()        completions in the caller
  *   handler->on_msg(src, frame) <------------ progress thread, frames in order
  *   handler->on_peer_failed(src, err) <------ progress thread, once per peer
- *   handler->on_rdma_done(ctx, status) <----- progress thread (loop: inline)
+ *   handler->on_rdma_done(ctx, status) <----- progress thread (loop: inline;
+ *                                             a read's also inside poll())
  *
  * A transport owns exactly one progress thread per node. Every handler is
  * called on it, one call at a time; messages from one source arrive in the
@@ -48,6 +51,18 @@
 #define FERRY_TP_CAP_WRITE (1u << 1)  /* one-sided write */
 #define FERRY_TP_CAP_ATOMIC (1u << 2) /* remote atomics */
 
+/* one read of a batch: read_v() */
+struct ferry_tp_rd {
+	uint32_t dst;
+	void *local; /* inside @lmr */
+	struct ferry_tp_mr *lmr;
+	uint64_t raddr;
+	uint64_t rkey;
+	size_t len;
+	void *ctx;  /* on_rdma_done(ctx, status) */
+	int status; /* out: 0 posted (it will complete), or why not */
+};
+
 /* access for mem_reg(): the least that is needed */
 #define FERRY_TP_ACCESS_REMOTE_READ (1u << 0)
 #define FERRY_TP_ACCESS_REMOTE_WRITE (1u << 1)
@@ -61,7 +76,10 @@ struct ferry_tp_handler {
 	void (*on_msg)(void *core, uint32_t src, const void *buf, size_t len);
 	/* @src's connection failed or sent garbage; called once per peer */
 	void (*on_peer_failed)(void *core, uint32_t src, int err);
-	/* a one-sided read()/write() finished; @status 0 or a negative errno */
+	/* a one-sided read()/write() finished; @status 0 or a negative errno.
+	 * Runs on the progress thread, except where poll() or the transport's
+	 * own header says otherwise (a read's may run inside poll()); the
+	 * core's handler works from any RCU-registered thread. */
 	void (*on_rdma_done)(void *core, void *ctx, int status);
 	/* the progress thread starts / stops (to register with RCU) */
 	void (*on_thread_start)(void *core);
@@ -117,6 +135,19 @@ struct ferry_tp_ops {
 	 * @local (inside @lmr); completion through on_rdma_done(@ctx) */
 	int (*read)(struct ferry_tp *tp, uint32_t dst, void *local, struct ferry_tp_mr *lmr,
 		    uint64_t raddr, uint64_t rkey, size_t len, void *ctx);
+	/* optional (CAP_READ): post @n reads, those to one destination that
+	 * stand next to each other under one doorbell with one completion
+	 * signaled; rds[i].status says which were posted (each of those
+	 * completes through on_rdma_done, once). Return: 0 when all were, else
+	 * the first error. NULL: the core calls read() n times. */
+	int (*read_v)(struct ferry_tp *tp, struct ferry_tp_rd *rds, size_t n);
+	/* optional: handle the completions that are ready on the calling
+	 * thread, so a waiting worker needs no hand-off from the progress
+	 * thread: on_rdma_done of a read() may run inside it (a write()'s
+	 * still runs on the progress thread). Any RCU-registered thread, not
+	 * inside a handler; never blocks (another poller busy: returns 0);
+	 * must not be called once fini() began. Return: completions handled. */
+	int (*poll)(struct ferry_tp *tp);
 	/* optional (CAP_WRITE): the same for a write */
 	int (*write)(struct ferry_tp *tp, uint32_t dst, const void *local, struct ferry_tp_mr *lmr,
 		     uint64_t raddr, uint64_t rkey, size_t len, void *ctx);

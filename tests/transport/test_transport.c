@@ -176,7 +176,8 @@ struct tnode {
 	uint64_t rdma_done; /* on_rdma_done() calls */
 	int rdma_errs;	    /* ... with a non-zero status */
 	int rdma_first_err;
-	int rdma_off_thread; /* ... off the progress thread */
+	int rdma_off_thread; /* ... off the progress thread, outside poll() */
+	int rdma_polled;     /* ... inside poll(), on the thread that called it */
 
 	/* when set, every data frame checks that watch holds watch_len bytes of watch_want */
 	const uint8_t *watch;
@@ -309,6 +310,9 @@ static void t_on_peer_failed(void *core, uint32_t src, int err)
 	pthread_mutex_unlock(&n->lock);
 }
 
+/* this thread is inside ops->poll(), where a read's completion may run */
+static __thread int in_poll;
+
 static void t_on_rdma_done(void *core, void *ctx, int status)
 {
 	struct tnode *n = core;
@@ -316,7 +320,9 @@ static void t_on_rdma_done(void *core, void *ctx, int status)
 
 	pthread_mutex_lock(&n->lock);
 	/* checked apart from the other handlers: see rdma_check_threads() */
-	if (!n->starts || !pthread_equal(pthread_self(), n->progress))
+	if (in_poll)
+		n->rdma_polled++;
+	else if (!n->starts || !pthread_equal(pthread_self(), n->progress))
 		n->rdma_off_thread++;
 	if (n->fini_done)
 		n->after_fini++;
@@ -1386,6 +1392,128 @@ TP_TEST(one_sided_read_and_write_reach_registered_memory)
 	tbuf_dereg(&nodes[1], &remote);
 	free(want);
 	cluster_down(nodes, 2);
+}
+
+/* take completions on this thread, where the transport can (ops->poll) */
+static void tnode_poll(struct tnode *n)
+{
+	if (!n->ops->poll) {
+		usleep(200);
+		return;
+	}
+	in_poll = 1;
+	n->ops->poll(n->tp);
+	in_poll = 0;
+}
+
+/*
+ * read_v: runs of reads to one peer leave under one doorbell; every read that
+ * was posted completes once, with its bytes, whether the progress thread or a
+ * poll() on the waiting thread takes its completion; a bad entry is refused
+ * alone, and the batch's return names it.
+ */
+TP_TEST(read_v_completes_every_posted_read_once)
+{
+	const struct ferry_tp_ops *ops = tp_get(*tpi);
+	enum {
+		N = 600,
+		SLICE = 192,
+		RLEN = 64 << 10,
+		SLOTS = RLEN / SLICE
+	};
+	struct rdma_slot *slots = calloc(N, sizeof(*slots));
+	struct ferry_tp_rd *rds = calloc(N, sizeof(*rds));
+	uint8_t *bad = calloc(N, 1);
+	struct tbuf remote[3], local;
+	struct tnode nodes[3];
+	uint32_t i = 0, nbad = 0, seed = 12345;
+	int64_t end;
+
+	tp_require_onesided(ops);
+	if (!ops->read_v)
+		cr_skip_test("the %s transport has no read_v", ops->name);
+	cr_assert(slots && rds && bad);
+	cluster_up(nodes, ops, 3, 0);
+	for (uint32_t r = 0; r < 3; r++) {
+		tbuf_reg(&nodes[r], &remote[r], RLEN, FERRY_TP_ACCESS_REMOTE_READ);
+		for (size_t b = 0; b < RLEN; b++)
+			remote[r].mem[b] = pattern(r, (uint32_t)(b / SLICE), b);
+	}
+	tbuf_reg(&nodes[0], &local, (size_t)N * SLICE, 0);
+
+	/* batches of 1 to 80 reads; runs of one destination (ourselves included),
+	 * and now and then an entry with a destination out of range */
+	while (i < N) {
+		uint32_t batch = 1 + (seed = seed * 1103515245u + 12345u) % 80, first = i;
+		int want = 0, got;
+
+		if (batch > N - i)
+			batch = N - i;
+		for (; i < first + batch; i++) {
+			uint32_t dst = (seed >> 8) % 3;
+			size_t off = (size_t)(i * 7919u % SLOTS) * SLICE;
+
+			if (i % 7 == 0)
+				seed = seed * 1103515245u + 12345u; /* a new run */
+			rds[i] = (struct ferry_tp_rd){
+				.dst = dst,
+				.local = local.mem + (size_t)i * SLICE,
+				.lmr = local.mr,
+				.raddr = (uintptr_t)remote[dst].mem + off,
+				.rkey = remote[dst].mr->rkey,
+				.len = SLICE,
+				.ctx = &slots[i],
+				.status = 1,
+			};
+			if (i % 97 == 50) {
+				rds[i].dst = 3; /* world is 3 */
+				bad[i] = 1;
+				nbad++;
+				if (!want)
+					want = -EINVAL;
+			}
+		}
+		got = ops->read_v(nodes[0].tp, rds + first, batch);
+		cr_expect_eq(got, want, "read_v of %u reads returned %d, not %d", batch, got, want);
+		for (uint32_t k = first; k < first + batch; k++)
+			cr_expect_eq(rds[k].status, bad[k] ? -EINVAL : 0,
+				     "read %u: status %d after read_v", k, rds[k].status);
+	}
+	cr_assert_gt(nbad, 0);
+
+	end = now_ms() + WAIT_MS;
+	while (LOCKED(&nodes[0], nodes[0].rdma_done) < (uint64_t)(N - nbad) && now_ms() < end)
+		tnode_poll(&nodes[0]);
+	cr_assert_eq(LOCKED(&nodes[0], nodes[0].rdma_done), (uint64_t)(N - nbad),
+		     "%llu of %u reads completed",
+		     (unsigned long long)LOCKED(&nodes[0], nodes[0].rdma_done), N - nbad);
+	usleep(100 * 1000);
+	for (uint32_t k = 0; k < N; k++) {
+		size_t off = (size_t)(k * 7919u % SLOTS) * SLICE;
+
+		if (bad[k]) {
+			cr_expect_eq(slots[k].done, 0, "refused read %u completed", k);
+			continue;
+		}
+		cr_expect_eq(slots[k].done, 1, "read %u completed %d times", k, slots[k].done);
+		cr_expect_eq(slots[k].status, 0, "read %u: %s", k, ferry_strerror(slots[k].status));
+		cr_expect_eq(memcmp(local.mem + (size_t)k * SLICE, remote[rds[k].dst].mem + off,
+				    SLICE),
+			     0, "read %u (from rank %u) brought other bytes", k, rds[k].dst);
+	}
+	cr_log_info("%s: %d of %u completions taken inside poll()", ops->name,
+		    LOCKED(&nodes[0], nodes[0].rdma_polled), N - nbad);
+	cr_expect_eq(LOCKED(&nodes[0], nodes[0].rdma_errs), 0);
+	rdma_check_threads(&nodes[0]);
+	for (uint32_t r = 0; r < 3; r++)
+		assert_clean(&nodes[r]);
+	tbuf_dereg(&nodes[0], &local);
+	for (uint32_t r = 0; r < 3; r++)
+		tbuf_dereg(&nodes[r], &remote[r]);
+	free(bad);
+	free(rds);
+	free(slots);
+	cluster_down(nodes, 3);
 }
 
 /* more reads than a queue pair holds, posted back to back, with frames among them */

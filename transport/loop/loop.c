@@ -179,6 +179,20 @@ static int loop_write(struct ferry_tp *tp, uint32_t dst, const void *local, stru
 	return loop_rw(tp, dst, (void *)local, raddr, rkey, len, ctx, 1);
 }
 
+/* each read on its own, completed inline: what a doorbell batch must amount to */
+static int loop_read_v(struct ferry_tp *tp, struct ferry_tp_rd *rds, size_t n)
+{
+	int ret = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		rds[i].status = loop_rw(tp, rds[i].dst, rds[i].local, rds[i].raddr, rds[i].rkey,
+					rds[i].len, rds[i].ctx, 0);
+		if (rds[i].status && !ret)
+			ret = rds[i].status;
+	}
+	return ret;
+}
+
 static void loop_fini(struct ferry_tp *tp)
 {
 	struct loop_tp *l = to_loop(tp);
@@ -203,6 +217,7 @@ const struct ferry_tp_ops ferry__loop_ops = {
 	.mem_reg = loop_mem_reg,
 	.mem_dereg = loop_mem_dereg,
 	.read = loop_read,
+	.read_v = loop_read_v,
 	.write = loop_write,
 	.fini = loop_fini,
 };

@@ -137,6 +137,7 @@
 #define RDMA_SQ_MIN 64u		  /* ... and at least, or init fails */
 #define RDMA_MAX_RD 16u		  /* RDMA READs in flight per queue pair, each way */
 #define RDMA_POLL_BATCH 32	  /* work completions per ibv_poll_cq() */
+#define RDMA_CHAIN_MAX 64	  /* READs of a read_v() posted under one doorbell */
 #define RDMA_EVENTS 16		  /* epoll events per wait */
 #define RDMA_ASM_MIN (64u << 10)  /* least capacity of a reassembly buffer */
 #define RDMA_ASM_KEEP (4u << 20)  /* a reassembly buffer above this is freed after use */
@@ -199,6 +200,7 @@ static inline uint64_t rdma_wr_id(enum rdma_wr_kind kind, uint32_t rank, uint8_t
 
 /* one read() or write() */
 struct rdma_op {
+	struct rdma_op *next; /* the rest of a read_v() chain that completes with it */
 	void *ctx;
 	void *local;
 	uint32_t lkey;
@@ -282,6 +284,7 @@ struct rdma_peer {
 	uint32_t sig_head, sig_n;
 	struct rdma_qent *q_head, *q_tail;
 	int send_err;
+	int break_logged; /* a worker logged why it broke the peer */
 
 	/* set in init, read-only afterwards */
 	uint32_t rank;
@@ -355,6 +358,14 @@ struct rdma_tp {
 	struct ibv_pd *pd;
 	struct ibv_comp_channel *cc;
 	struct ibv_cq *scq, *rcq;
+	/*
+	 * cq_lock serializes polling the send CQ and accounting what it
+	 * returns (a signaled completion retires the sig ring's oldest record,
+	 * so completions must be handled in the order polled): the progress
+	 * thread takes it, a worker in poll() tries it. Taken before any
+	 * peer's lock, never after.
+	 */
+	pthread_mutex_t cq_lock;
 	unsigned scq_events, rcq_events; /* completion events not acked yet */
 	struct rdma_event_channel *ec;
 	struct rdma_conn *listen;
@@ -1072,13 +1083,39 @@ static int rdma_flush_locked(struct rdma_tp *t, struct rdma_peer *p)
 
 /* ---- failures ----------------------------------------------------------- */
 
-static void rdma_op_done(struct rdma_tp *t, struct rdma_op *op, int status)
+static void rdma_self_push(struct rdma_tp *t, struct rdma_selfmsg *m);
+
+/*
+ * rdma_op_done - complete an op and the rest of its read_v() chain
+ *
+ * @worker: called inside poll() on a worker's thread. A read completes right
+ * there; a write's handler belongs to the progress thread (the core's
+ * relocation code runs on it), so it is handed over through the self queue.
+ */
+static void rdma_op_done(struct rdma_tp *t, struct rdma_op *op, int status, int worker)
 {
 	const struct ferry_tp_handler *h = t->base.cfg.handler;
+	struct rdma_op *next;
 
-	if (h->on_rdma_done)
-		h->on_rdma_done(t->base.cfg.core, op->ctx, status);
-	free(op);
+	for (; op; op = next) {
+		next = op->next;
+		if (worker && op->write) {
+			struct rdma_selfmsg *m = calloc(1, sizeof(*m));
+
+			if (m) {
+				m->done = 1;
+				m->ctx = op->ctx;
+				m->status = status;
+				rdma_self_push(t, m);
+				free(op);
+				continue;
+			}
+			/* no memory to hand it over: complete it here, late beats never */
+		}
+		if (h->on_rdma_done)
+			h->on_rdma_done(t->base.cfg.core, op->ctx, status);
+		free(op);
+	}
 }
 
 /* free a detached out queue; its ops complete with @status. Progress thread. */
@@ -1089,7 +1126,7 @@ static void rdma_q_cancel(struct rdma_tp *t, struct rdma_qent *e, int status)
 	for (; e; e = next) {
 		next = e->next;
 		if (e->op)
-			rdma_op_done(t, e->op, status);
+			rdma_op_done(t, e->op, status, 0);
 		free(e);
 	}
 }
@@ -1142,8 +1179,10 @@ static void rdma_fail_broken(struct rdma_tp *t)
 		pthread_mutex_unlock(&p->lock);
 		if (!err)
 			continue;
-		ferry_warn("rdma: rank %u: posting to rank %u failed (%s); marking it failed",
-			   t->base.cfg.rank, r, strerror(err));
+		if (!p->break_logged)
+			ferry_warn(
+				"rdma: rank %u: posting to rank %u failed (%s); marking it failed",
+				t->base.cfg.rank, r, strerror(err));
 		rdma_peer_fail(t, p, -FERRY_E_PEER);
 	}
 }
@@ -1447,39 +1486,70 @@ static int rdma_wc_errno(enum ibv_wc_status st)
 	}
 }
 
-static void rdma_send_done(struct rdma_tp *t, const struct ibv_wc *wc)
+/*
+ * rdma_send_done - account one send-queue completion and complete its ops
+ *
+ * @worker: polled by a worker in poll(), not by the progress thread. Then the
+ * peer's progress-thread state (live, the dirty list) is not touched: the
+ * out queue is flushed here, under the peer's lock as senders do, and a
+ * failure breaks the peer for the progress thread to fail. Call with
+ * t->cq_lock held.
+ */
+static void rdma_send_done(struct rdma_tp *t, const struct ibv_wc *wc, int worker)
 {
-	struct rdma_peer *p = rdma_wc_peer(t, wc->wr_id);
+	uint32_t rank = (uint32_t)(wc->wr_id >> 32);
 	struct rdma_sig rec = { 0 };
 	const char *what = "a send";
+	struct rdma_peer *p;
+	int ret = 0, report = 0;
 
-	if (!p)
+	if (rank >= t->base.cfg.world || rank == t->base.cfg.rank)
 		return;
-	if ((wc->wr_id & 0xff) == RDMA_WR_SIG) {
-		pthread_mutex_lock(&p->lock);
-		if (p->sig_n) {
-			rec = p->sig[p->sig_head];
-			p->sig_head = (p->sig_head + 1) % t->sq_depth;
-			p->sig_n--;
-			if (wc->status == IBV_WC_SUCCESS) {
-				p->sq_done = rec.sq_after;
-				if (rec.s_after > p->s_done)
-					p->s_done = rec.s_after;
-			}
-		}
+	p = &t->peers[rank];
+	pthread_mutex_lock(&p->lock);
+	if ((uint8_t)(wc->wr_id >> 8) != p->gen) {
+		/* a completion of an earlier queue pair of this peer */
 		pthread_mutex_unlock(&p->lock);
+		return;
 	}
+	if ((wc->wr_id & 0xff) == RDMA_WR_SIG && p->sig_n) {
+		rec = p->sig[p->sig_head];
+		p->sig_head = (p->sig_head + 1) % t->sq_depth;
+		p->sig_n--;
+		if (wc->status == IBV_WC_SUCCESS) {
+			p->sq_done = rec.sq_after;
+			if (rec.s_after > p->s_done)
+				p->s_done = rec.s_after;
+		}
+	}
+	if (worker && p->state == RDMA_PEER_UP) {
+		if (wc->status != IBV_WC_SUCCESS) {
+			report = 1;
+			p->break_logged = 1;
+			rdma_peer_break(t, p, EIO);
+		} else if (p->q_head || p->owed >= RDMA_CREDIT_BATCH) {
+			ret = rdma_flush_locked(t, p);
+			if (ret)
+				rdma_peer_break(t, p, -ret);
+		}
+	}
+	pthread_mutex_unlock(&p->lock);
 	if (rec.op)
 		what = rec.op->write ? "an RDMA WRITE" : "an RDMA READ";
+	if (report)
+		ferry_warn("rdma: rank %u: %s to rank %u failed (%s); marking it failed",
+			   t->base.cfg.rank, what, p->rank, ibv_wc_status_str(wc->status));
+	rdma_op_done(t, rec.op, rdma_wc_errno(wc->status), worker);
+	if (worker) {
+		if (report || ret)
+			rdma_wake(t);
+		return;
+	}
 	if (wc->status == IBV_WC_SUCCESS) {
-		if (rec.op)
-			rdma_op_done(t, rec.op, 0);
 		if (p->live)
 			rdma_mark_dirty(t, p);
 		return;
 	}
-	if (rec.op)
-		rdma_op_done(t, rec.op, rdma_wc_errno(wc->status));
 	if (p->live) {
 		ferry_warn("rdma: rank %u: %s to rank %u failed (%s); marking it failed",
 			   t->base.cfg.rank, what, p->rank, ibv_wc_status_str(wc->status));
@@ -1516,7 +1586,8 @@ static void rdma_flush_dirty(struct rdma_tp *t)
  *
  * The send CQ first: when a send or a one-sided op fails, its queue pair's
  * receives are flushed right after, and the failure should be reported with
- * its cause, not as a flushed receive. Return: completions seen. Progress
+ * its cause, not as a flushed receive. (A worker in poll() may have taken
+ * some send completions already.) Return: completions seen. Progress
  * thread.
  */
 static int rdma_poll_cqs(struct rdma_tp *t)
@@ -1524,12 +1595,14 @@ static int rdma_poll_cqs(struct rdma_tp *t)
 	struct ibv_wc wc[RDMA_POLL_BATCH];
 	int n, total = 0;
 
+	pthread_mutex_lock(&t->cq_lock);
 	do {
 		n = ibv_poll_cq(t->scq, RDMA_POLL_BATCH, wc);
 		for (int i = 0; i < n; i++)
-			rdma_send_done(t, &wc[i]);
+			rdma_send_done(t, &wc[i], 0);
 		total += n > 0 ? n : 0;
 	} while (n == RDMA_POLL_BATCH);
+	pthread_mutex_unlock(&t->cq_lock);
 	do {
 		n = ibv_poll_cq(t->rcq, RDMA_POLL_BATCH, wc);
 		for (int i = 0; i < n; i++)
@@ -2327,7 +2400,7 @@ static void rdma_progress_cancel(struct rdma_tp *t)
 		}
 		pthread_mutex_unlock(&p->lock);
 		for (uint32_t i = 0; i < n; i++)
-			rdma_op_done(t, ops[i], -FERRY_E_CLOSED);
+			rdma_op_done(t, ops[i], -FERRY_E_CLOSED, 0);
 		free(ops);
 		rdma_q_cancel(t, q, -FERRY_E_CLOSED);
 	}
@@ -2837,6 +2910,7 @@ static int rdma_init(struct ferry_tp *tp, const struct ferry_tp_config *cfg)
 	pthread_mutex_init(&t->self_lock, NULL);
 	pthread_mutex_init(&t->mr_lock, NULL);
 	pthread_mutex_init(&t->setup_lock, NULL);
+	pthread_mutex_init(&t->cq_lock, NULL);
 	pthread_condattr_init(&ca);
 	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
 	pthread_cond_init(&t->setup_cond, &ca);
@@ -2879,6 +2953,7 @@ err_close_wake:
 	close(t->wake_fd);
 err_destroy_locks:
 	pthread_cond_destroy(&t->setup_cond);
+	pthread_mutex_destroy(&t->cq_lock);
 	pthread_mutex_destroy(&t->setup_lock);
 	pthread_mutex_destroy(&t->mr_lock);
 	pthread_mutex_destroy(&t->self_lock);
@@ -2946,6 +3021,7 @@ static void rdma_fini(struct ferry_tp *tp)
 	close(t->epfd);
 	close(t->wake_fd);
 	pthread_cond_destroy(&t->setup_cond);
+	pthread_mutex_destroy(&t->cq_lock);
 	pthread_mutex_destroy(&t->setup_lock);
 	pthread_mutex_destroy(&t->mr_lock);
 	pthread_mutex_destroy(&t->self_lock);
@@ -3170,29 +3246,28 @@ static int rdma_self_rw(struct rdma_tp *t, int write, void *local, uint64_t radd
 	return 0;
 }
 
-static int rdma_rw(struct ferry_tp *tp, int write, uint32_t dst, void *local,
-		   struct ferry_tp_mr *lmr, uint64_t raddr, uint64_t rkey, size_t len, void *ctx)
+/* check one read()/write() and make its op; NULL with *@ret_p set when refused */
+static struct rdma_op *rdma_op_new(struct rdma_tp *t, int write, uint32_t dst, void *local,
+				   struct ferry_tp_mr *lmr, uint64_t raddr, uint64_t rkey,
+				   size_t len, void *ctx, int *ret_p)
 {
-	struct rdma_tp *t = to_rdma(tp);
+	const struct ferry_tp *tp = &t->base;
 	struct rdma_mr *m;
-	struct rdma_peer *p;
 	struct rdma_op *op;
-	int ret = 0, wake = 0;
 
+	*ret_p = -EINVAL;
 	if (dst >= tp->cfg.world || !lmr || !local || !len || len > t->max_msg ||
 	    rkey > UINT32_MAX || !tp->cfg.handler->on_rdma_done)
-		return -EINVAL;
+		return NULL;
 	m = to_rdma_mr(lmr);
 	if (!m->mr || (uintptr_t)local < (uintptr_t)lmr->addr ||
 	    (uintptr_t)local - (uintptr_t)lmr->addr > lmr->len ||
 	    len > lmr->len - ((uintptr_t)local - (uintptr_t)lmr->addr))
-		return -EINVAL;
-	if (dst == tp->cfg.rank)
-		return rdma_self_rw(t, write, local, raddr, (uint32_t)rkey, len, ctx);
-
+		return NULL;
+	*ret_p = -ENOMEM;
 	op = malloc(sizeof(*op));
 	if (!op)
-		return -ENOMEM;
+		return NULL;
 	*op = (struct rdma_op){
 		.ctx = ctx,
 		.local = local,
@@ -3202,6 +3277,39 @@ static int rdma_rw(struct ferry_tp *tp, int write, uint32_t dst, void *local,
 		.len = (uint32_t)len,
 		.write = write,
 	};
+	*ret_p = 0;
+	return op;
+}
+
+/* queue @op behind what the out queue holds; p->lock held */
+static int rdma_op_queue(struct rdma_peer *p, struct rdma_op *op)
+{
+	struct rdma_qent *e = calloc(1, sizeof(*e));
+
+	if (!e)
+		return -ENOMEM;
+	e->op = op;
+	rdma_q_push(p, e);
+	return 0;
+}
+
+static int rdma_rw(struct ferry_tp *tp, int write, uint32_t dst, void *local,
+		   struct ferry_tp_mr *lmr, uint64_t raddr, uint64_t rkey, size_t len, void *ctx)
+{
+	struct rdma_tp *t = to_rdma(tp);
+	struct rdma_peer *p;
+	struct rdma_op *op;
+	int ret, wake = 0;
+
+	if (dst == tp->cfg.rank) {
+		/* the same argument checks, without the op */
+		op = rdma_op_new(t, write, dst, local, lmr, raddr, rkey, len, ctx, &ret);
+		free(op);
+		return ret ? ret : rdma_self_rw(t, write, local, raddr, (uint32_t)rkey, len, ctx);
+	}
+	op = rdma_op_new(t, write, dst, local, lmr, raddr, rkey, len, ctx, &ret);
+	if (!op)
+		return ret;
 	p = &t->peers[dst];
 	pthread_mutex_lock(&p->lock);
 	if (p->state != RDMA_PEER_UP) {
@@ -3215,14 +3323,7 @@ static int rdma_rw(struct ferry_tp *tp, int write, uint32_t dst, void *local,
 		}
 	} else {
 		/* behind queued frames, or the send queue is full: in order, later */
-		struct rdma_qent *e = calloc(1, sizeof(*e));
-
-		if (e) {
-			e->op = op;
-			rdma_q_push(p, e);
-		} else {
-			ret = -ENOMEM;
-		}
+		ret = rdma_op_queue(p, op);
 	}
 	pthread_mutex_unlock(&p->lock);
 	if (ret)
@@ -3230,6 +3331,171 @@ static int rdma_rw(struct ferry_tp *tp, int write, uint32_t dst, void *local,
 	if (wake)
 		rdma_wake(t);
 	return ret;
+}
+
+/*
+ * rdma_post_chain - post @n READs to @p as one chain, one doorbell: only the
+ * last is signaled, and its completion completes them all (an RC send queue
+ * completes in order; a failed one among them fails the queue pair, and the
+ * flushed signaled one then fails the chain)
+ *
+ * Call with p->lock held, the peer UP and room for @n work requests.
+ * Return: 0, or the negative errno of ibv_post_send (nothing posted).
+ */
+static int rdma_post_chain(struct rdma_tp *t, struct rdma_peer *p, struct rdma_op **ops, size_t n)
+{
+	struct ibv_sge sge[RDMA_CHAIN_MAX];
+	struct ibv_send_wr wr[RDMA_CHAIN_MAX], *bad;
+	int ret;
+
+	for (size_t i = 0; i < n; i++) {
+		int last = i + 1 == n;
+
+		sge[i] = (struct ibv_sge){
+			.addr = (uintptr_t)ops[i]->local,
+			.length = ops[i]->len,
+			.lkey = ops[i]->lkey,
+		};
+		wr[i] = (struct ibv_send_wr){
+			.wr_id = rdma_wr_id(last ? RDMA_WR_SIG : RDMA_WR_UNSIG, p->rank, p->gen, 0),
+			.next = last ? NULL : &wr[i + 1],
+			.sg_list = &sge[i],
+			.num_sge = 1,
+			.opcode = IBV_WR_RDMA_READ,
+			.send_flags = last ? IBV_SEND_SIGNALED : 0,
+			.wr.rdma = { .remote_addr = ops[i]->raddr, .rkey = ops[i]->rkey },
+		};
+		ops[i]->next = last ? NULL : ops[i + 1];
+	}
+	ret = ibv_post_send(p->qp, wr, &bad);
+	if (ret) {
+		for (size_t i = 0; i < n; i++)
+			ops[i]->next = NULL;
+		return -ret;
+	}
+	p->sq_posted += n;
+	/* the record names the first op; the chain hangs off it */
+	rdma_sig_push(t, p, ops[0]);
+	return 0;
+}
+
+/* read_v() for @n reads to one peer; sets each rds[i].status */
+static void rdma_read_run(struct rdma_tp *t, struct ferry_tp_rd *rds, size_t n)
+{
+	struct rdma_op *ops[RDMA_CHAIN_MAX];
+	struct ferry_tp_rd *idx[RDMA_CHAIN_MAX];
+	uint32_t dst = rds[0].dst;
+	struct rdma_peer *p;
+	size_t k = 0, i;
+	int ret = 0, wake = 0;
+
+	for (i = 0; i < n; i++) {
+		struct ferry_tp_rd *d = &rds[i];
+
+		if (dst == t->base.cfg.rank) {
+			d->status = rdma_rw(&t->base, 0, dst, d->local, d->lmr, d->raddr, d->rkey,
+					    d->len, d->ctx);
+			continue;
+		}
+		ops[k] = rdma_op_new(t, 0, dst, d->local, d->lmr, d->raddr, d->rkey, d->len, d->ctx,
+				     &d->status);
+		if (ops[k])
+			idx[k++] = d;
+	}
+	if (!k)
+		return;
+	p = &t->peers[dst];
+	pthread_mutex_lock(&p->lock);
+	if (p->state != RDMA_PEER_UP) {
+		ret = p->state == RDMA_PEER_IDLE ? -ENOTCONN : -FERRY_E_PEER;
+		i = 0;
+	} else {
+		size_t room = t->sq_depth - (size_t)(p->sq_posted - p->sq_done);
+		size_t now = p->q_head ? 0 : k < room ? k : room;
+
+		ret = now ? rdma_post_chain(t, p, ops, now) : 0;
+		if (ret) {
+			rdma_peer_break(t, p, -ret);
+			wake = 1;
+			ret = -FERRY_E_PEER;
+			i = 0;
+		} else {
+			/* what did not fit waits in the out queue, in order */
+			for (i = now; i < k; i++)
+				if (rdma_op_queue(p, ops[i]))
+					break;
+			if (i < k)
+				ret = -ENOMEM;
+		}
+	}
+	pthread_mutex_unlock(&p->lock);
+	/* ops[i..k) were not posted (i = 0: none was) */
+	for (; i < k; i++) {
+		idx[i]->status = ret;
+		free(ops[i]);
+	}
+	if (wake)
+		rdma_wake(t);
+}
+
+/*
+ * rdma_read_v - post a batch of READs: each run of entries to one
+ * destination (at most RDMA_CHAIN_MAX at a time) is one chain of work
+ * requests, one ibv_post_send, one signaled completion
+ *
+ * Context: any thread. Return: 0, or the first entry's error (rds[i].status
+ * says which were posted; those complete through on_rdma_done, once).
+ */
+static int rdma_read_v(struct ferry_tp *tp, struct ferry_tp_rd *rds, size_t n)
+{
+	struct rdma_tp *t = to_rdma(tp);
+	size_t i = 0, j;
+	int ret = 0;
+
+	while (i < n) {
+		for (j = i + 1; j < n && j - i < RDMA_CHAIN_MAX && rds[j].dst == rds[i].dst; j++)
+			;
+		if (rds[i].dst >= tp->cfg.world) {
+			for (; i < j; i++)
+				rds[i].status = -EINVAL;
+			continue;
+		}
+		rdma_read_run(t, rds + i, j - i);
+		i = j;
+	}
+	for (i = 0; i < n && !ret; i++)
+		ret = rds[i].status;
+	return ret;
+}
+
+/*
+ * rdma_poll - handle the send CQ's completions on the calling thread
+ *
+ * A worker that waits for its READs calls it instead of waiting for the
+ * progress thread to take the completion and wake it: a READ's
+ * on_rdma_done() runs right here. Another poller (the progress thread, or
+ * another worker) busy: returns 0 at once. Context: any thread but the
+ * progress thread, not inside a handler, never after fini() began.
+ * Return: completions handled.
+ */
+static int rdma_poll(struct ferry_tp *tp)
+{
+	struct rdma_tp *t = to_rdma(tp);
+	struct ibv_wc wc[RDMA_POLL_BATCH];
+	int n, total = 0;
+
+	if (pthread_mutex_trylock(&t->cq_lock))
+		return 0;
+	if (!__atomic_load_n(&t->closing, __ATOMIC_ACQUIRE)) {
+		do {
+			n = ibv_poll_cq(t->scq, RDMA_POLL_BATCH, wc);
+			for (int i = 0; i < n; i++)
+				rdma_send_done(t, &wc[i], 1);
+			total += n > 0 ? n : 0;
+		} while (n == RDMA_POLL_BATCH);
+	}
+	pthread_mutex_unlock(&t->cq_lock);
+	return total;
 }
 
 /*
@@ -3340,6 +3606,8 @@ const struct ferry_tp_ops ferry__rdma_ops = {
 	.mem_reg = rdma_mem_reg,
 	.mem_dereg = rdma_mem_dereg,
 	.read = rdma_read,
+	.read_v = rdma_read_v,
+	.poll = rdma_poll,
 	.write = rdma_write,
 	.fini = rdma_fini,
 };
