@@ -225,7 +225,7 @@ static void *create_thread(void *arg)
 static enum ferry_transport_kind remote_transport = FERRY_TRANSPORT_TCP;
 static const char *remote_name = "tcp";
 
-static int bench_remote(uint32_t len, long iters, int busy)
+static int bench_remote(uint32_t len, long iters, int busy, uint32_t batch)
 {
 	struct ferry_table_params tp = { .num_keys = 1024, .value_len = len };
 	struct ferry_params p;
@@ -236,11 +236,13 @@ static int bench_remote(uint32_t len, long iters, int busy)
 	int64_t *base = calloc((size_t)iters, sizeof(int64_t));
 	struct ferry_stats s0, s1;
 	char op[32];
-	float *out = malloc(len * sizeof(float));
-	uint64_t key = 1000; /* home: rank 1 */
+	float *out = malloc((size_t)batch * len * sizeof(float));
+	uint64_t keys[256], key = 1000; /* home: rank 1 */
+	uint32_t nk = 0;
 	/* the frames Ferry sends for this pull: OP (hdr + op + 1 key) and
 	 * REPLY (hdr + reply + 1 index + value), padded to 8 */
-	size_t req = 16 + 24 + 16, rep = (16 + 32 + 4 + len * 4 + 7) & ~(size_t)7;
+	size_t req = 16 + 24 + 16 * (size_t)batch,
+	       rep = (16 + 32 + (4 + len * 4) * (size_t)batch + 7) & ~(size_t)7;
 	int rc;
 
 	ferry_params_init(&p);
@@ -264,14 +266,20 @@ static int bench_remote(uint32_t len, long iters, int busy)
 			return -1;
 		}
 	}
+	/* a batch: @batch keys homed on rank 1 */
+	for (uint64_t k = 0; k < tp.num_keys && nk < batch; k++)
+		if (k == key || ferry_table_home(t[0], k) == 1)
+			keys[nk++] = k == key ? key : k;
+	if (batch == 1)
+		keys[0] = key;
 	ferry_worker_create(fy[0], &w);
 	for (long i = 0; i < 1000; i++)
-		ferry_pull(w, t[0], &key, 1, out);
+		ferry_pull(w, t[0], keys, nk, out);
 	ferry_stats(fy[0], &s0);
 	for (long i = 0; i < iters; i++) {
 		int64_t t0 = now_ns();
 
-		rc = ferry_pull(w, t[0], &key, 1, out);
+		rc = ferry_pull(w, t[0], keys, nk, out);
 		lat[i] = now_ns() - t0;
 		if (rc) {
 			fprintf(stderr, "remote pull: %s\n", ferry_strerror(rc));
@@ -283,14 +291,14 @@ static int bench_remote(uint32_t len, long iters, int busy)
 	qsort(lat, (size_t)iters, sizeof(*lat), cmp_i64);
 	qsort(base, (size_t)iters, sizeof(*base), cmp_i64);
 	snprintf(op, sizeof(op), "pull(%s%s)", remote_name, busy ? ",busy" : "");
-	printf("%-8s %-14s %8u %10s %10.1f %10.1f %14.1f %8.2f   (p50)\n", "remote", op, len * 4,
-	       "-", pct(lat, iters, 0.5) * 1000, pct(lat, iters, 0.99) * 1000,
+	printf("%-8s %-14s %8u %10u %10.1f %10.1f %14.1f %8.2f   (p50)\n", "remote", op, len * 4,
+	       nk, pct(lat, iters, 0.5) * 1000, pct(lat, iters, 0.99) * 1000,
 	       pct(base, iters, 0.5) * 1000, pct(lat, iters, 0.5) / pct(base, iters, 0.5));
 	printf("%-8s %-14s %8u %10s %10s %10s %14.1f %8.2f   (p99)\n", "", "", len * 4, "", "", "",
 	       pct(base, iters, 0.99) * 1000, pct(lat, iters, 0.99) / pct(base, iters, 0.99));
-	printf("# %s: %.3f one-sided reads and %.3f messages per pull (%llu retries, %llu "
+	printf("# %s, %u keys: %.3f one-sided reads and %.3f messages per pull (%llu retries, %llu "
 	       "fallbacks)\n",
-	       op, (double)(s1.onesided_reads - s0.onesided_reads) / (double)iters,
+	       op, nk, (double)(s1.onesided_reads - s0.onesided_reads) / (double)iters,
 	       (double)(s1.msgs_sent - s0.msgs_sent) / (double)iters,
 	       (unsigned long long)(s1.onesided_retries - s0.onesided_retries),
 	       (unsigned long long)(s1.onesided_fallbacks - s0.onesided_fallbacks));
@@ -313,7 +321,9 @@ int main(int argc, char **argv)
 
 	int only_remote = 0;
 
-	while ((opt = getopt(argc, argv, "n:r:l:t:Rh")) != -1) {
+	uint32_t batch = 1;
+
+	while ((opt = getopt(argc, argv, "n:r:l:t:b:Rh")) != -1) {
 		switch (opt) {
 		case 'n':
 			iters = atol(optarg);
@@ -340,17 +350,21 @@ int main(int argc, char **argv)
 		case 'R':
 			only_remote = 1;
 			break;
+		case 'b':
+			batch = (uint32_t)atoi(optarg);
+			break;
 		default:
 			fprintf(stderr,
 				"usage: %s [-n local iterations] [-r remote iterations] [-l floats] "
 				"[-t tcp|rdma|loop (remote transport; rdma nodes listen on "
-				"FERRY_BIND_ADDR)] [-R: remote only]\n",
+				"FERRY_BIND_ADDR)] [-b keys per remote pull (1-256)] [-R: remote "
+				"only]\n",
 				argv[0]);
 			return opt == 'h' ? 0 : 2;
 		}
 	}
-	if (iters <= 0 || riters <= 0 || len == 0) {
-		fprintf(stderr, "ferry-microbench: -n, -r and -l must be positive\n");
+	if (iters <= 0 || riters <= 0 || len == 0 || batch == 0 || batch > 256) {
+		fprintf(stderr, "ferry-microbench: -n, -r and -l must be positive, -b 1 to 256\n");
 		return 2;
 	}
 	printf("%-8s %-14s %8s %10s %10s %10s %14s %8s\n", "scenario", "op", "bytes", "keys",
@@ -360,7 +374,7 @@ int main(int argc, char **argv)
 	if (!only_remote &&
 	    (bench_local(len, 10000, iters) || bench_local(len, 1000000, iters / 2)))
 		return 1;
-	if (bench_remote(len, riters, 0) || bench_remote(len, riters, 1))
+	if (bench_remote(len, riters, 0, batch) || bench_remote(len, riters, 1, batch))
 		return 1;
 	return 0;
 }
