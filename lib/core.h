@@ -175,7 +175,7 @@ struct ferry {
 /* node.c */
 int ferry__send(struct ferry *fy, uint32_t dst, const void *frame, size_t len);
 void ferry__node_put(struct ferry *fy);
-int ferry__node_poll(struct ferry *fy);
+int ferry__node_poll(struct ferry *fy, unsigned flags);
 int ferry__deadline_ms(int timeout_ms, struct timespec *ts);
 int ferry__cond_wait_until(pthread_cond_t *c, pthread_mutex_t *m, const struct timespec *ts);
 

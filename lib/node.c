@@ -414,15 +414,16 @@ void ferry_close(struct ferry *fy)
  * A node closed meanwhile is not touched: the counter and the flag make a
  * Dekker pair with ferry_close(), which waits for pollers before the
  * transport goes. Context: a worker's thread, RCU-registered, no lock held.
- * Return: completions handled.
+ * @flags: FERRY_TP_POLL_LAST before the caller sleeps. Return: completions
+ * handled.
  */
-int ferry__node_poll(struct ferry *fy)
+int ferry__node_poll(struct ferry *fy, unsigned flags)
 {
 	int n = 0;
 
 	atomic_fetch_add(&fy->pollers, 1);
 	if (!atomic_load(&fy->closed) && fy->tp->ops->poll)
-		n = fy->tp->ops->poll(fy->tp);
+		n = fy->tp->ops->poll(fy->tp, flags);
 	atomic_fetch_sub(&fy->pollers, 1);
 	return n;
 }

@@ -850,7 +850,7 @@ void ferry__ops_rd_fini(struct ferry_worker *w)
 		/* reads of a timed-out or abandoned pull: give them a moment to land */
 		for (int64_t until = ops_now_ns() + 100000000;
 		     __atomic_load_n(&p->inflight, __ATOMIC_ACQUIRE) && ops_now_ns() < until;)
-			if (!ferry__node_poll(w->fy))
+			if (!ferry__node_poll(w->fy, 0))
 				sched_yield();
 		if (__atomic_load_n(&p->inflight, __ATOMIC_ACQUIRE)) {
 			/* a timed-out read may still land here: keep the memory */
@@ -1189,7 +1189,7 @@ static int ops_wait_req(struct ferry_worker *w, struct ferry_req *r, int block)
 
 	for (unsigned iter = 0;; iter++) {
 		/* take our reads' completions here, not through the progress thread */
-		ferry__node_poll(fy);
+		ferry__node_poll(fy, 0);
 		if (w->held_head)
 			ops_progress(w);
 		if (!r->held && !__atomic_load_n(&r->remaining, __ATOMIC_ACQUIRE))
@@ -1209,6 +1209,9 @@ static int ops_wait_req(struct ferry_worker *w, struct ferry_req *r, int block)
 			}
 			if (now >= spin_until && !r->held) {
 				struct timespec ts;
+
+				/* the progress thread takes our completions while we sleep */
+				ferry__node_poll(fy, FERRY_TP_POLL_LAST);
 				int64_t until = now + 1000000; /* re-check every ms */
 
 				if (until > deadline)

@@ -63,6 +63,8 @@ struct ferry_tp_rd {
 	int status; /* out: 0 posted (it will complete), or why not */
 };
 
+#define FERRY_TP_POLL_LAST (1u << 0) /* poll(): the caller stops polling now */
+
 /* access for mem_reg(): the least that is needed */
 #define FERRY_TP_ACCESS_REMOTE_READ (1u << 0)
 #define FERRY_TP_ACCESS_REMOTE_WRITE (1u << 1)
@@ -146,8 +148,11 @@ struct ferry_tp_ops {
 	 * thread: on_rdma_done of a read() may run inside it (a write()'s
 	 * still runs on the progress thread). Any RCU-registered thread, not
 	 * inside a handler; never blocks (another poller busy: returns 0);
-	 * must not be called once fini() began. Return: completions handled. */
-	int (*poll)(struct ferry_tp *tp);
+	 * must not be called once fini() began. @flags FERRY_TP_POLL_LAST: the
+	 * caller stops polling now (it goes to sleep), so completions must
+	 * reach the progress thread again without delay. Return: completions
+	 * handled. */
+	int (*poll)(struct ferry_tp *tp, unsigned flags);
 	/* optional (CAP_WRITE): the same for a write */
 	int (*write)(struct ferry_tp *tp, uint32_t dst, const void *local, struct ferry_tp_mr *lmr,
 		     uint64_t raddr, uint64_t rkey, size_t len, void *ctx);

@@ -1402,7 +1402,7 @@ static void tnode_poll(struct tnode *n)
 		return;
 	}
 	in_poll = 1;
-	n->ops->poll(n->tp);
+	n->ops->poll(n->tp, 0);
 	in_poll = 0;
 }
 

@@ -138,6 +138,7 @@
 #define RDMA_MAX_RD 16u		  /* RDMA READs in flight per queue pair, each way */
 #define RDMA_POLL_BATCH 32	  /* work completions per ibv_poll_cq() */
 #define RDMA_CHAIN_MAX 64	  /* READs of a read_v() posted under one doorbell */
+#define RDMA_SCQ_CHECK_MS 2	  /* send CQ left unarmed while workers poll: look again after */
 #define RDMA_EVENTS 16		  /* epoll events per wait */
 #define RDMA_ASM_MIN (64u << 10)  /* least capacity of a reassembly buffer */
 #define RDMA_ASM_KEEP (4u << 20)  /* a reassembly buffer above this is freed after use */
@@ -366,6 +367,7 @@ struct rdma_tp {
 	 * peer's lock, never after.
 	 */
 	pthread_mutex_t cq_lock;
+	uint64_t polls;			 /* atomic: poll() calls that got cq_lock */
 	unsigned scq_events, rcq_events; /* completion events not acked yet */
 	struct rdma_event_channel *ec;
 	struct rdma_conn *listen;
@@ -404,6 +406,10 @@ struct rdma_tp {
 	unsigned char hello[RDMA_PDATA_LEN];
 
 	/* progress thread only */
+	uint64_t polls_seen;  /* polls when last looked at */
+	int scq_off;	      /* send CQ not armed: workers poll it (atomic writes) */
+	int scq_rearm;	      /* atomic: a worker stopped polling; arm it now */
+	int64_t scq_check_ms; /* when to look again whether they still do */
 	enum rdma_phase seen_phase;
 	struct rdma_conn *conns; /* every cm_id but the listener */
 	uint32_t nheld;
@@ -1615,6 +1621,16 @@ static int rdma_poll_cqs(struct rdma_tp *t)
 	return total;
 }
 
+/* did a worker poll the send CQ since we last looked? Progress thread. */
+static int rdma_workers_poll(struct rdma_tp *t)
+{
+	uint64_t n = __atomic_load_n(&t->polls, __ATOMIC_RELAXED);
+	int active = n != t->polls_seen;
+
+	t->polls_seen = n;
+	return active;
+}
+
 /*
  * rdma_cq_input - the completion channel is readable: take one event, ack
  * it, re-arm that CQ, poll both
@@ -1622,7 +1638,14 @@ static int rdma_poll_cqs(struct rdma_tp *t)
  * One event per wakeup (level-triggered epoll reports the next), and one
  * re-arm: each is a system call on some providers (rxe). A completion that
  * comes after the poll raises the re-armed CQ's next event; the other CQ's
- * event, if any, is still pending in the channel. Progress thread.
+ * event, if any, is still pending in the channel.
+ *
+ * While workers poll the send CQ themselves (poll(), waiting for READs) it is
+ * not re-armed: an event per READ would wake this thread for nothing, and
+ * on a small machine take the CPU the waiting worker and the device need.
+ * rdma_scq_check() re-arms it once RDMA_SCQ_CHECK_MS pass without a poll(),
+ * or at once when a worker's last poll() before it sleeps asks for it.
+ * Progress thread.
  */
 static void rdma_cq_input(struct rdma_tp *t)
 {
@@ -1631,9 +1654,32 @@ static void rdma_cq_input(struct rdma_tp *t)
 
 	if (!ibv_get_cq_event(t->cc, &cq, &cq_ctx)) {
 		ibv_ack_cq_events(cq, 1);
-		ibv_req_notify_cq(cq, 0);
+		if (cq == t->scq && rdma_workers_poll(t)) {
+			__atomic_store_n(&t->scq_off, 1, __ATOMIC_RELAXED);
+			t->scq_check_ms = rdma_now_ms() + RDMA_SCQ_CHECK_MS;
+		} else {
+			ibv_req_notify_cq(cq, 0);
+		}
 	}
 	rdma_poll_cqs(t);
+}
+
+/* the send CQ is not armed: arm it again once no worker polled for a while */
+static void rdma_scq_check(struct rdma_tp *t)
+{
+	if (!t->scq_off)
+		return;
+	if (!__atomic_exchange_n(&t->scq_rearm, 0, __ATOMIC_ACQ_REL)) {
+		if (rdma_now_ms() < t->scq_check_ms)
+			return;
+		if (rdma_workers_poll(t)) {
+			t->scq_check_ms = rdma_now_ms() + RDMA_SCQ_CHECK_MS;
+			return;
+		}
+	}
+	__atomic_store_n(&t->scq_off, 0, __ATOMIC_RELAXED);
+	ibv_req_notify_cq(t->scq, 0);
+	rdma_poll_cqs(t); /* what came while it was not armed */
 }
 
 /* ---- self queue ---------------------------------------------------------- */
@@ -2437,6 +2483,11 @@ static void *rdma_progress(void *arg)
 			now = rdma_now_ms();
 			timeout = next > now ? (int)(next - now) : 0;
 		}
+		if (t->scq_off && !busy) {
+			now = rdma_now_ms();
+			if (timeout < 0 || now + timeout > t->scq_check_ms)
+				timeout = t->scq_check_ms > now ? (int)(t->scq_check_ms - now) : 0;
+		}
 		n = epoll_wait(t->epfd, evs, RDMA_EVENTS, timeout);
 		if (n < 0 && errno != EINTR) {
 			ferry_err("rdma: rank %u: epoll_wait: %s; the progress thread stops",
@@ -2459,6 +2510,7 @@ static void *rdma_progress(void *arg)
 				break;
 			}
 		}
+		rdma_scq_check(t);
 		if (busy) {
 			did = rdma_poll_cqs(t);
 			if (!did && n <= 0)
@@ -3478,7 +3530,7 @@ static int rdma_read_v(struct ferry_tp *tp, struct ferry_tp_rd *rds, size_t n)
  * progress thread, not inside a handler, never after fini() began.
  * Return: completions handled.
  */
-static int rdma_poll(struct ferry_tp *tp)
+static int rdma_poll(struct ferry_tp *tp, unsigned flags)
 {
 	struct rdma_tp *t = to_rdma(tp);
 	struct ibv_wc wc[RDMA_POLL_BATCH];
@@ -3486,6 +3538,7 @@ static int rdma_poll(struct ferry_tp *tp)
 
 	if (pthread_mutex_trylock(&t->cq_lock))
 		return 0;
+	__atomic_add_fetch(&t->polls, 1, __ATOMIC_RELAXED);
 	if (!__atomic_load_n(&t->closing, __ATOMIC_ACQUIRE)) {
 		do {
 			n = ibv_poll_cq(t->scq, RDMA_POLL_BATCH, wc);
@@ -3495,6 +3548,11 @@ static int rdma_poll(struct ferry_tp *tp)
 		} while (n == RDMA_POLL_BATCH);
 	}
 	pthread_mutex_unlock(&t->cq_lock);
+	if ((flags & FERRY_TP_POLL_LAST) && __atomic_load_n(&t->scq_off, __ATOMIC_RELAXED)) {
+		/* the progress thread must take completions again, now */
+		__atomic_store_n(&t->scq_rearm, 1, __ATOMIC_RELEASE);
+		rdma_wake(t);
+	}
 	return total;
 }
 
