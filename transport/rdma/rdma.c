@@ -81,7 +81,10 @@
  *
  *   One-sided read()/write() post on the same queue pair, in the same order
  *   as the frames around them (an op waits in the out queue behind queued
- *   bytes), always signaled; on_rdma_done() runs on the progress thread.
+ *   bytes), always signaled; read_v() posts a run of READs to one peer as
+ *   one chain, only its last signaled. on_rdma_done() runs on the progress
+ *   thread, or, for a READ, on a worker that called poll() to take its own
+ *   completions (then the send CQ stays unarmed, see rdma_cq_input()).
  *   Frames to our own rank, and one-sided operations on our own memory, go
  *   through the self queue and the wake eventfd.
  *
