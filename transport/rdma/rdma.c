@@ -1590,6 +1590,21 @@ static void rdma_flush_dirty(struct rdma_tp *t)
 	t->ndirty = 0;
 }
 
+/* poll the send CQ empty; t->cq_lock held. Return: completions seen. */
+static int rdma_scq_drain(struct rdma_tp *t, int worker)
+{
+	struct ibv_wc wc[RDMA_POLL_BATCH];
+	int n, total = 0;
+
+	do {
+		n = ibv_poll_cq(t->scq, RDMA_POLL_BATCH, wc);
+		for (int i = 0; i < n; i++)
+			rdma_send_done(t, &wc[i], worker);
+		total += n > 0 ? n : 0;
+	} while (n == RDMA_POLL_BATCH);
+	return total;
+}
+
 /*
  * rdma_poll_cqs - poll both CQs empty
  *
@@ -1602,15 +1617,10 @@ static void rdma_flush_dirty(struct rdma_tp *t)
 static int rdma_poll_cqs(struct rdma_tp *t)
 {
 	struct ibv_wc wc[RDMA_POLL_BATCH];
-	int n, total = 0;
+	int n, total;
 
 	pthread_mutex_lock(&t->cq_lock);
-	do {
-		n = ibv_poll_cq(t->scq, RDMA_POLL_BATCH, wc);
-		for (int i = 0; i < n; i++)
-			rdma_send_done(t, &wc[i], 0);
-		total += n > 0 ? n : 0;
-	} while (n == RDMA_POLL_BATCH);
+	total = rdma_scq_drain(t, 0);
 	pthread_mutex_unlock(&t->cq_lock);
 	do {
 		n = ibv_poll_cq(t->rcq, RDMA_POLL_BATCH, wc);
@@ -3536,20 +3546,13 @@ static int rdma_read_v(struct ferry_tp *tp, struct ferry_tp_rd *rds, size_t n)
 static int rdma_poll(struct ferry_tp *tp, unsigned flags)
 {
 	struct rdma_tp *t = to_rdma(tp);
-	struct ibv_wc wc[RDMA_POLL_BATCH];
-	int n, total = 0;
+	int total = 0;
 
 	if (pthread_mutex_trylock(&t->cq_lock))
 		return 0;
 	__atomic_add_fetch(&t->polls, 1, __ATOMIC_RELAXED);
-	if (!__atomic_load_n(&t->closing, __ATOMIC_ACQUIRE)) {
-		do {
-			n = ibv_poll_cq(t->scq, RDMA_POLL_BATCH, wc);
-			for (int i = 0; i < n; i++)
-				rdma_send_done(t, &wc[i], 1);
-			total += n > 0 ? n : 0;
-		} while (n == RDMA_POLL_BATCH);
-	}
+	if (!__atomic_load_n(&t->closing, __ATOMIC_ACQUIRE))
+		total = rdma_scq_drain(t, 1);
 	pthread_mutex_unlock(&t->cq_lock);
 	if ((flags & FERRY_TP_POLL_LAST) && __atomic_load_n(&t->scq_off, __ATOMIC_RELAXED)) {
 		/* the progress thread must take completions again, now */
