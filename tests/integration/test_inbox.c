@@ -342,6 +342,47 @@ Test(inbox, hand_overs_land_in_the_inbox_and_overflow_by_message)
 	cr_assert_eq(log_errors, 0, "%d error lines, the first: %s", log_errors, log_first);
 }
 
+/*
+ * The old owner checks a landing index against the entries the requester
+ * announced: here rank 0 believes rank 1 has one entry, so of 32 keys one
+ * is written into entry 0 and 31 go by message, with one error line.
+ */
+Test(inbox, a_landing_index_beyond_the_inbox_goes_by_message)
+{
+	struct ferry_table_params tp = { .num_keys = 64, .value_len = 8 };
+	uint64_t keys[32];
+	float vals[32 * 8];
+	struct ferry_worker *w;
+	struct tc c;
+
+	cr_assert_eq(tc_open(&c, 2, &tp, 20000), 0);
+	cr_assert_gt(c.t[1]->inbox.n, 32);
+	for (int k = 0; k < 32; k++) {
+		keys[k] = (uint64_t)k; /* home: rank 0 */
+		for (int j = 0; j < 8; j++)
+			vals[k * 8 + j] = (float)(k * 8 + j);
+	}
+	cr_assert_eq(ferry_worker_create(c.fy[0], &w), 0);
+	cr_assert_eq(ferry_set(w, c.t[0], keys, 32, vals), 0);
+	ferry_worker_destroy(w);
+	/* before any hand-over: the progress thread reads it only for one */
+	c.t[0]->peer_arena[1].inbox_entries = 1;
+
+	cr_assert_eq(ferry_worker_create(c.fy[1], &w), 0);
+	cr_assert_eq(ferry_localize(w, c.t[1], keys, 32), 0);
+	memset(vals, 0, sizeof(vals));
+	cr_assert_eq(ferry_pull(w, c.t[1], keys, 32, vals), 0);
+	ferry_worker_destroy(w);
+	for (int i = 0; i < 32 * 8; i++)
+		cr_assert_eq(vals[i], (float)i, "key %d [%d]: %g", i / 8, i % 8, vals[i]);
+	cr_assert_eq(atomic_load(&c.t[1]->inbox.onesided), 1, "%llu values through the inbox",
+		     (unsigned long long)atomic_load(&c.t[1]->inbox.onesided));
+	check_inboxes_free(&c);
+	tc_close(&c);
+	cr_assert_eq(log_errors, 1, "%d error lines, want 1", log_errors);
+	cr_assert(strstr(log_first, "landing entry 1 of rank 1, which has 1"), "%s", log_first);
+}
+
 #define ROUNDS 8
 
 /*
