@@ -12,6 +12,7 @@
  *   table.dir.loc[]        location hints; relaxed atomics, any thread
  *   table.dir.owner[]      authoritative owner at the home: progress thread only
  *   table.pend             keys on their way here: table.pend_lock
+ *   table.inbox            landing entries (free list, busy marks): table.pend_lock
  *   worker.reqs[]          the worker's thread; replies under worker.lock
  */
 #ifndef FERRY_LIB_CORE_H
