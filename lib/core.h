@@ -12,6 +12,7 @@
  *   table.dir.loc[]        location hints; relaxed atomics, any thread
  *   table.dir.owner[]      authoritative owner at the home: progress thread only
  *   table.pend             keys on their way here: table.pend_lock
+ *   table.inbox            landing entries (free list, busy marks): table.pend_lock
  *   worker.reqs[]          the worker's thread; replies under worker.lock
  */
 #ifndef FERRY_LIB_CORE_H
@@ -54,6 +55,7 @@ struct ferry_pend_item; /* a queued operation or hand-over request */
 struct ferry_pend {
 	uint64_t key;
 	uint32_t slot;			     /* the slot reserved for the value */
+	uint32_t landing;		     /* landing entry reserved, or FERRY_LANDING_NONE */
 	struct ferry_pend *next;	     /* hash chain */
 	struct ferry_pend_item *head, *tail; /* arrived early, in order */
 	struct ferry_pend_waiter *waiters;
@@ -64,6 +66,28 @@ struct ferry_pend_waiter {
 	uint32_t worker;
 	uint64_t ticket;
 	uint32_t idx;
+};
+
+/*
+ * The landing inbox (reloc.c): entries a peer RDMA WRITEs a handed-over value
+ * into, registered for remote writes only, so that the arena needs no remote
+ * write access. The requester reserves an entry with the slot when it starts
+ * a localize and frees it when the key is installed (or the home says it is
+ * ours already). Free list and busy marks under table.pend_lock.
+ */
+struct ferry_inbox {
+	uint8_t *base; /* NULL: no inbox, hand-overs to this node go by message */
+	size_t bytes;
+	uint32_t n;	 /* entries */
+	uint32_t stride; /* bytes per entry, a multiple of 64 */
+	struct ferry_tp_mr *mr;
+	uint32_t *free; /* stack of free entries (pend_lock) */
+	uint32_t nfree;
+	uint8_t *busy;			      /* per entry: 1 while reserved (pend_lock) */
+	atomic_uint_fast64_t onesided;	      /* values received through it */
+	atomic_uint_fast64_t write_fallbacks; /* old owner: batches sent by message after a
+					       * failed write */
+	atomic_bool bad_index_logged;	      /* old owner: a landing index out of range */
 };
 
 struct ferry_dir {
@@ -83,7 +107,9 @@ struct ferry_table {
 	struct ferry_proto_limits lim;
 	struct ferry_dir dir;
 	struct ferry_arena arena;
-	struct ferry_msg_arena *peer_arena; /* one-sided transports: every rank's arena */
+	struct ferry_inbox inbox;
+	struct ferry_msg_arena *peer_arena; /* one-sided transports: every rank's arena
+					     * and landing inbox */
 	bool onesided;			    /* one-sided access on: set (release) once peer_arena is
 			* known, after the table is already served; read it with
 			* ferry__table_onesided() */
@@ -217,6 +243,12 @@ void ferry__reloc_on_ack(struct ferry *fy, struct ferry_table *t, uint32_t src,
 int ferry__reloc_queue_op(struct ferry_table *t, const struct ferry_msg_op *op,
 			  const struct ferry_msg_key *k, const float *vals);
 void ferry__reloc_table_fini(struct ferry_table *t);
+/* create and register the table's landing inbox where the transport writes
+ * one-sided (table build; none is not an error); 0 or -ENOMEM */
+int ferry__reloc_inbox_init(struct ferry *fy, struct ferry_table *t);
+void ferry__reloc_inbox_fini(struct ferry *fy, struct ferry_table *t);
+/* tests: entries and free entries of the inbox; any thread */
+void ferry__reloc_inbox_usage(struct ferry_table *t, uint32_t *entries_p, uint32_t *nfree_p);
 /* a hand-over write finished (on_rdma_done with a FERRY_RDMA_CTX_WRITE) */
 void ferry__reloc_on_write_done(struct ferry *fy, void *ctx, int status);
 

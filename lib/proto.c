@@ -246,6 +246,12 @@ static int proto_parse_move(uint8_t type, const uint8_t *p, size_t left,
 
 		if (m->key >= lim->num_keys)
 			PROTO_FAIL("move: key out of range");
+		if (m->pad)
+			PROTO_FAIL("move: padding not zero");
+		if (m->landing != FERRY_LANDING_NONE && m->landing >= FERRY_INBOX_MAX_ENTRIES)
+			PROTO_FAIL("move: landing entry out of range");
+		if (type == FERRY_MSG_HANDOVER_DONE && m->landing == FERRY_LANDING_NONE)
+			PROTO_FAIL("move: hand-over done without a landing entry");
 		if (type == FERRY_MSG_HANDOVER) {
 			if (m->len != ferry__proto_value_len(lim, m->key))
 				PROTO_FAIL("move: value length differs from the table's");
@@ -260,6 +266,33 @@ static int proto_parse_move(uint8_t type, const uint8_t *p, size_t left,
 	v->vals = (const float *)(p + (size_t)mv->count * sizeof(struct ferry_msg_mv));
 	v->nvals = nvals;
 	return 0;
+}
+
+/*
+ * A landing inbox a peer announces (TABLE body, TABLE_ACK trailer): none (all
+ * zero), or 1 .. FERRY_INBOX_MAX_ENTRIES entries of a 64-byte multiple up to
+ * FERRY_INBOX_MAX_STRIDE, FERRY_INBOX_BYTES in all unless it is one entry,
+ * at an address whose range does not wrap. Return: NULL, or what is wrong.
+ */
+static const char *proto_check_inbox(uint64_t addr, uint64_t rkey, uint32_t entries,
+				     uint32_t stride)
+{
+	uint64_t bytes = (uint64_t)entries * stride;
+
+	if (!entries)
+		return addr || rkey || stride ? "inbox: address, key or stride without entries" :
+						NULL;
+	if (entries > FERRY_INBOX_MAX_ENTRIES)
+		return "inbox: more entries than the limit";
+	if (!addr)
+		return "inbox: entries without an address";
+	if (!stride || stride % 64 || stride > FERRY_INBOX_MAX_STRIDE)
+		return "inbox: entry stride not a multiple of 64 up to 16 MiB";
+	if (entries > 1 && bytes > FERRY_INBOX_BYTES)
+		return "inbox: more than 4 MiB of entries";
+	if (addr > UINT64_MAX - bytes)
+		return "inbox: address range wraps";
+	return NULL;
 }
 
 int ferry__proto_parse(const void *buf, size_t len, const struct ferry_proto_limits *lim,
@@ -333,7 +366,19 @@ int ferry__proto_parse(const void *buf, size_t len, const struct ferry_proto_lim
 		view->nvals = left / sizeof(float);
 		return 0;
 	}
-	case FERRY_MSG_TABLE_ACK:
+	case FERRY_MSG_TABLE:
+	case FERRY_MSG_TABLE_ACK: {
+		const struct ferry_msg_table *m = view->body;
+		const char *bad = proto_check_inbox(m->inbox_addr, m->inbox_rkey, m->inbox_entries,
+						    m->inbox_stride);
+
+		if (bad)
+			PROTO_FAIL(bad);
+		if (hdr->type == FERRY_MSG_TABLE) {
+			if (!proto_pad_ok(left, 0))
+				PROTO_FAIL("trailing bytes after the body");
+			return 0;
+		}
 		/* an arena trailer of exactly world entries, or none */
 		if (!left)
 			return 0;
@@ -341,7 +386,16 @@ int ferry__proto_parse(const void *buf, size_t len, const struct ferry_proto_lim
 			PROTO_FAIL("table ack: arena list does not match the world size");
 		view->arenas = (const struct ferry_msg_arena *)p;
 		view->count = lim->world;
+		for (uint32_t r = 0; r < lim->world; r++) {
+			const struct ferry_msg_arena *a = &view->arenas[r];
+
+			bad = proto_check_inbox(a->inbox_addr, a->inbox_rkey, a->inbox_entries,
+						a->inbox_stride);
+			if (bad)
+				PROTO_FAIL(bad);
+		}
 		return 0;
+	}
 	default:
 		if (!proto_pad_ok(left, 0))
 			PROTO_FAIL("trailing bytes after the body");

@@ -29,7 +29,8 @@
 #endif
 
 #define FERRY_MSG_MAGIC 0x5946u /* "FY" on the wire */
-#define FERRY_PROTO_VERSION 1
+/* 2: landing inboxes (table trailer, move entries); version 1 peers are refused */
+#define FERRY_PROTO_VERSION 2
 #define FERRY_MSG_MAX (64u << 20) /* largest frame, header included */
 #define FERRY_MSG_ALIGN 8u	  /* every frame's len is a multiple: frames stay aligned */
 
@@ -46,7 +47,7 @@ enum ferry_msg_type {
 	FERRY_MSG_TABLE,	 /* node -> rank 0: my table parameters */
 	FERRY_MSG_TABLE_ACK,	 /* rank 0 -> every node: verdict */
 	FERRY_MSG_HANDOVER_DONE, /* old owner -> new owner: values already written
-				      one-sided into the prepared slots */
+				      one-sided into the requester's landing entries */
 	FERRY_MSG_BYE,		 /* header only: the sender closes on purpose
 				      (transports consume it; the core never sees it) */
 	FERRY_MSG_TYPE_MAX
@@ -118,9 +119,24 @@ struct ferry_msg_move {
 
 struct ferry_msg_mv {
 	uint64_t key;
-	uint32_t slot; /* the slot the requester prepared */
-	uint32_t len;  /* floats (HANDOVER); 0 otherwise */
+	uint32_t slot;	  /* the slot the requester prepared */
+	uint32_t len;	  /* floats (HANDOVER); 0 otherwise */
+	uint32_t landing; /* the requester's landing entry for a one-sided
+			   * hand-over, or FERRY_LANDING_NONE; HANDOVER_DONE
+			   * names the entry written (never NONE) */
+	uint32_t pad;	  /* 0 */
 };
+
+/*
+ * Landing inboxes: per table and node, entries a peer may RDMA WRITE a
+ * handed-over value into (the arena itself is registered for remote reads
+ * only). The limits below bound what a peer may announce; lib/reloc.c sizes
+ * the inbox within them.
+ */
+#define FERRY_LANDING_NONE 0xffffffffu
+#define FERRY_INBOX_MAX_ENTRIES 1024u
+#define FERRY_INBOX_BYTES (4u << 20)	   /* the inbox's size, unless one entry is bigger */
+#define FERRY_INBOX_MAX_STRIDE (16u << 20) /* one entry: the largest value, 2^22 floats */
 
 /* FERRY_MSG_BARRIER, FERRY_MSG_BARRIER_REL */
 struct ferry_msg_barrier {
@@ -145,12 +161,23 @@ struct ferry_msg_table {
 	uint64_t arena_addr;
 	uint64_t arena_rkey;
 	uint64_t arena_stride;
+	/* TABLE: the sender's landing inbox (all 0 if none) */
+	uint64_t inbox_addr;
+	uint64_t inbox_rkey;
+	uint32_t inbox_entries; /* 1 .. FERRY_INBOX_MAX_ENTRIES */
+	uint32_t inbox_stride;	/* bytes per entry: a multiple of 64, at most
+				 * FERRY_INBOX_MAX_STRIDE */
 };
 
-/* TABLE_ACK (one-sided transports): world entries after the body, rank order */
+/* TABLE_ACK (one-sided transports): world entries after the body, rank order:
+ * each rank's arena (remote read) and landing inbox (remote write) */
 struct ferry_msg_arena {
 	uint64_t addr;
 	uint64_t rkey;
+	uint64_t inbox_addr; /* 0: no inbox, hand-overs to this rank go by message */
+	uint64_t inbox_rkey;
+	uint32_t inbox_entries;
+	uint32_t inbox_stride;
 };
 
 enum ferry_table_field {

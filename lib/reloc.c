@@ -5,19 +5,27 @@
  *
  *  requester B            home H                    old owner C
  *  -----------            ------                    -----------
- *  reserve slot, mark
+ *  reserve slot (and a
+ *  landing entry L, if
+ *  one is free), mark
  *  key "pending"
- *  LOCALIZE {key,slot} -> owner[key] := B
- *                         (serializes moves)
- *                         HANDOVER_REQ {key,slot,B} -> lock slot, state MOVED,
- *                                                      copy value, unlock;
+ *  LOCALIZE {key,slot,L} -> owner[key] := B
+ *                          (serializes moves)
+ *                          HANDOVER_REQ {key,slot,L,B} -> lock slot, state
+ *                                                      MOVED, unlock;
  *                                                      unpublish own[key];
- *                                                      free slot after a grace
- *                                                      period; hint := B
- *  <-------------------------------------------------- HANDOVER {key,slot,value}
- *  write value into the slot, replay in arrival order what reached B
- *  early (operations; a hand-over request moves it on), publish own[key],
- *  wake the localize waiters
+ *                                                      hint := B
+ *  <-------------------------------------------------- HANDOVER {key,slot,L,value}
+ *     or, with L and a transport that writes one-sided:
+ *  B's inbox entry L <======== RDMA WRITE of the value ==
+ *  <-------------------------------------------------- HANDOVER_DONE {key,slot,L}
+ *                                                      (after every write of
+ *                                                      the batch completed)
+ *                                                      C frees its slot after
+ *                                                      a grace period
+ *  copy the value into the slot (from the message or from entry L), free L,
+ *  replay in arrival order what reached B early (operations; a hand-over
+ *  request moves it on), publish own[key], wake the localize waiters
  *
  * Exactly one live copy exists at any time: C stops serving the key (MOVED,
  * under the slot's write lock, so no local update is lost) before the value
@@ -27,10 +35,26 @@
  * waiting for the value it queues the operation and replays it in order.
  * A hand-over request that reaches a node still waiting is queued the same
  * way, so moves of one key happen in the order the home recorded them.
+ *
+ * Least access: the arena is registered for remote reads only (one-sided
+ * pulls); no peer can write a slot. A one-sided hand-over lands in the
+ * requester's landing inbox instead, a separate registration for remote
+ * writes only, and the requester copies it into the slot itself. Entry L is
+ * B's from the LOCALIZE until the key is installed (HANDOVER or
+ * HANDOVER_DONE) or the home answers LOC_ACK: C sends either message only
+ * after every write of its batch completed, so no write lands in L after B
+ * freed it. A failed write makes C send the values by HANDOVER message; B
+ * frees L all the same. A move that never ends (the home or C failed) keeps
+ * its slot and L until the table is destroyed: B cannot tell whether a live
+ * peer may still write L. With no free entry, B sends L = FERRY_LANDING_NONE
+ * and C hands over by message; an index B never announced (L at or above
+ * B's entry count) also makes C use the message, logged once.
  */
+#include <assert.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "lib/core.h"
 
@@ -42,11 +66,147 @@ enum {
 struct ferry_pend_item {
 	struct ferry_pend_item *next;
 	int kind;
-	struct ferry_msg_op op;	  /* PEND_OP */
-	struct ferry_msg_key key; /* PEND_OP */
-	uint32_t requester, slot; /* PEND_HANDOVER */
-	float vals[];		  /* PEND_OP push/set */
+	struct ferry_msg_op op;		   /* PEND_OP */
+	struct ferry_msg_key key;	   /* PEND_OP */
+	uint32_t requester, slot, landing; /* PEND_HANDOVER */
+	float vals[];			   /* PEND_OP push/set */
 };
+
+/* ---- the landing inbox ---------------------------------------------------- */
+
+/*
+ * Size: one entry per key that can be on its way here (the arena's
+ * capacity), at most FERRY_INBOX_MAX_ENTRIES (1024) and FERRY_INBOX_BYTES
+ * (4 MiB) in all, but at least one entry. The inbox is pinned memory on RDMA
+ * (it counts against the memlock limit) per table and node, so it is
+ * bounded; 4 MiB holds 1024 values of 1024 floats. Keys localized beyond it
+ * at once are handed over by message, where the value bytes cost about what
+ * they cost by write. Classic mode never moves keys: no inbox.
+ *
+ * Context: table build, before the table is published. Return: 0 (also when
+ * there is no inbox: transport without one-sided writes, or its registration
+ * failed, logged) or -ENOMEM.
+ */
+int ferry__reloc_inbox_init(struct ferry *fy, struct ferry_table *t)
+{
+	const struct ferry_tp_ops *ops = fy->tp->ops;
+	const uint32_t need = FERRY_TP_CAP_READ | FERRY_TP_CAP_WRITE;
+	struct ferry_inbox *in = &t->inbox;
+	size_t stride = ((size_t)t->max_len * sizeof(float) + 63) & ~(size_t)63;
+	size_t n, bytes;
+	uint8_t *base;
+	int rc;
+
+	if (!ops->mem_reg || !ops->write || (ops->caps & need) != need ||
+	    t->params.mode == FERRY_MODE_CLASSIC || !t->arena.capacity)
+		return 0;
+	n = FERRY_INBOX_BYTES / stride;
+	if (n < 1)
+		n = 1;
+	if (n > FERRY_INBOX_MAX_ENTRIES)
+		n = FERRY_INBOX_MAX_ENTRIES;
+	if (n > t->arena.capacity)
+		n = t->arena.capacity;
+	bytes = n * stride;
+	base = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (base == MAP_FAILED)
+		return -ENOMEM;
+	in->mr = calloc(1, ops->mr_size);
+	in->free = malloc(n * sizeof(*in->free));
+	in->busy = calloc(n, sizeof(*in->busy));
+	if (!in->mr || !in->free || !in->busy) {
+		rc = -ENOMEM;
+		goto err_free;
+	}
+	rc = ops->mem_reg(fy->tp, base, bytes, FERRY_TP_ACCESS_REMOTE_WRITE, in->mr);
+	if (rc) {
+		ferry_warn("reloc: table %u: cannot register a landing inbox of %zu bytes on rank "
+			   "%u (%s); keys localized to it are handed over by message",
+			   t->id, bytes, fy->rank, ferry_strerror(rc));
+		rc = 0;
+		goto err_free;
+	}
+	for (size_t i = 0; i < n; i++) /* entry 0 on top */
+		in->free[i] = (uint32_t)(n - 1 - i);
+	in->nfree = (uint32_t)n;
+	in->n = (uint32_t)n;
+	in->stride = (uint32_t)stride;
+	in->bytes = bytes;
+	in->base = base;
+	return 0;
+
+err_free:
+	free(in->mr);
+	free(in->free);
+	free(in->busy);
+	in->mr = NULL;
+	in->free = NULL;
+	in->busy = NULL;
+	munmap(base, bytes);
+	return rc;
+}
+
+/* table free: no handler sees the table any more */
+void ferry__reloc_inbox_fini(struct ferry *fy, struct ferry_table *t)
+{
+	struct ferry_inbox *in = &t->inbox;
+
+	if (!in->base)
+		return;
+	if (fy->tp)
+		fy->tp->ops->mem_dereg(fy->tp, in->mr);
+	free(in->mr);
+	free(in->free);
+	free(in->busy);
+	munmap(in->base, in->bytes);
+	in->base = NULL;
+	in->n = in->nfree = 0;
+}
+
+void ferry__reloc_inbox_usage(struct ferry_table *t, uint32_t *entries_p, uint32_t *nfree_p)
+{
+	pthread_mutex_lock(&t->pend_lock);
+	*entries_p = t->inbox.n;
+	*nfree_p = t->inbox.nfree;
+	pthread_mutex_unlock(&t->pend_lock);
+}
+
+/* reserve a landing entry, or FERRY_LANDING_NONE; t->pend_lock held */
+static uint32_t inbox_get(struct ferry_table *t)
+{
+	struct ferry_inbox *in = &t->inbox;
+	uint32_t idx;
+
+	if (!in->nfree)
+		return FERRY_LANDING_NONE;
+	idx = in->free[--in->nfree];
+	in->busy[idx] = 1;
+	return idx;
+}
+
+/* give a reserved entry back (FERRY_LANDING_NONE: nothing); t->pend_lock held */
+static void inbox_put(struct ferry_table *t, uint32_t idx)
+{
+	struct ferry_inbox *in = &t->inbox;
+
+	if (idx == FERRY_LANDING_NONE)
+		return;
+	if (idx >= in->n || !in->busy[idx]) {
+		/* a bug here, never a peer's doing: entries are ours to track */
+		ferry_err("reloc: table %u: landing entry %u freed twice (or never reserved); "
+			  "kept out of the free list",
+			  t->id, idx);
+		assert(!"landing entry freed twice");
+		return;
+	}
+	in->busy[idx] = 0;
+	in->free[in->nfree++] = idx;
+}
+
+static const float *inbox_entry(const struct ferry_table *t, uint32_t idx)
+{
+	return (const float *)(t->inbox.base + (size_t)idx * t->inbox.stride);
+}
 
 /* ---- the pending table (t->pend_lock held) ----------------------------- */
 
@@ -109,7 +269,9 @@ void ferry__reloc_table_fini(struct ferry_table *t)
 		while (t->pend[b]) {
 			struct ferry_pend *e = t->pend[b];
 
+			/* moves that never ended: their entries end with the inbox */
 			t->pend[b] = e->next;
+			inbox_put(t, e->landing);
 			pend_free(e);
 		}
 	free(t->pend);
@@ -154,9 +316,10 @@ struct reloc_batch {
 	uint32_t count;
 };
 
-/* @with_value: a HANDOVER entry, whose value the caller stages separately */
+/* @with_value: a HANDOVER entry, whose value the caller stages separately;
+ * @landing: the requester's landing entry, or FERRY_LANDING_NONE */
 static void reloc_batch_add(struct reloc_batch *b, uint64_t key, uint32_t slot, uint32_t len,
-			    int with_value, uint32_t requester)
+			    int with_value, uint32_t requester, uint32_t landing)
 {
 	struct ferry_msg_mv *mv;
 
@@ -174,6 +337,7 @@ static void reloc_batch_add(struct reloc_batch *b, uint64_t key, uint32_t slot, 
 		mv->key = key;
 		mv->slot = slot;
 		mv->len = with_value ? len : 0;
+		mv->landing = landing;
 	}
 	b->count++;
 }
@@ -213,6 +377,7 @@ int ferry__reloc_start(struct ferry_worker *w, struct ferry_table *t, struct fer
 	struct reloc_batch *to = calloc(fy->world, sizeof(*to));
 	uint32_t *done_idx = malloc((r->n ? r->n : 1) * sizeof(uint32_t));
 	uint32_t ndone = 0, nfail = 0;
+	bool inbox;
 	int rc = 0;
 
 	if (!to || !done_idx) {
@@ -228,6 +393,8 @@ int ferry__reloc_start(struct ferry_worker *w, struct ferry_table *t, struct fer
 	/* keys that left recently hold slots until a grace period passes */
 	if (ferry__arena_avail(&t->arena) < r->n)
 		ferry__arena_reclaim(&t->arena);
+	/* a landing entry helps only where peers know the inbox (create done) */
+	inbox = t->inbox.n && ferry__table_onesided(t);
 	urcu_memb_read_lock();
 	pthread_mutex_lock(&t->pend_lock);
 	for (size_t i = 0; i < r->n; i++) {
@@ -262,10 +429,11 @@ int ferry__reloc_start(struct ferry_worker *w, struct ferry_table *t, struct fer
 
 				e->key = key;
 				e->slot = slot;
+				e->landing = inbox ? inbox_get(t) : FERRY_LANDING_NONE;
 				e->next = *pend_bucket(t, key);
 				*pend_bucket(t, key) = e;
 				t->npend++;
-				reloc_batch_add(&to[home], key, slot, 0, 0, fy->rank);
+				reloc_batch_add(&to[home], key, slot, 0, 0, fy->rank, e->landing);
 			}
 		}
 		if (!e || !wt) {
@@ -332,11 +500,11 @@ void ferry__reloc_on_localize(struct ferry *fy, struct ferry_table *t, uint32_t 
 		}
 		cur = t->dir.owner[mv->key];
 		if (cur == src) {
-			reloc_batch_add(&ack, mv->key, mv->slot, 0, 0, src);
+			reloc_batch_add(&ack, mv->key, mv->slot, 0, 0, src, mv->landing);
 			continue;
 		}
 		t->dir.owner[mv->key] = src;
-		reloc_batch_add(&to[cur], mv->key, mv->slot, 0, 0, src);
+		reloc_batch_add(&to[cur], mv->key, mv->slot, 0, 0, src, mv->landing);
 	}
 	reloc_batch_send(fy, t, &ack, FERRY_MSG_LOC_ACK, src, NULL);
 	for (uint32_t d = 0; d < fy->world; d++)
@@ -364,9 +532,10 @@ static void reloc_take(struct ferry *fy, struct ferry_table *t, struct ferry_slo
 	atomic_fetch_add_explicit(&fy->reloc_out, 1, memory_order_relaxed);
 }
 
-/* stage a taken slot's value for a HANDOVER message, then free the slot */
+/* stage a taken slot's value for a HANDOVER message, then free the slot;
+ * @landing: the requester's entry, echoed (it frees it on arrival) */
 static void reloc_stage(struct ferry_table *t, struct ferry_slot *s, uint64_t key,
-			uint32_t new_owner, uint32_t slot, struct reloc_batch *b,
+			uint32_t new_owner, uint32_t slot, uint32_t landing, struct reloc_batch *b,
 			struct ferry_frame *vals)
 {
 	uint32_t len = ferry__value_len(t, key);
@@ -375,28 +544,31 @@ static void reloc_stage(struct ferry_table *t, struct ferry_slot *s, uint64_t ke
 	if (dst)
 		memcpy(dst, s->val, len * sizeof(float));
 	ferry__arena_free_deferred(&t->arena, ferry__arena_idx(&t->arena, s));
-	reloc_batch_add(b, key, slot, len, 1, new_owner);
+	reloc_batch_add(b, key, slot, len, 1, new_owner, landing);
 }
 
 /* take a live slot out of service and hand its value over by message */
 static void reloc_give(struct ferry *fy, struct ferry_table *t, struct ferry_slot *s, uint64_t key,
-		       uint32_t new_owner, uint32_t slot, int published, struct reloc_batch *b,
-		       struct ferry_frame *vals)
+		       uint32_t new_owner, uint32_t slot, uint32_t landing, int published,
+		       struct reloc_batch *b, struct ferry_frame *vals)
 {
 	reloc_take(fy, t, s, key, new_owner, published);
-	reloc_stage(t, s, key, new_owner, slot, b, vals);
+	reloc_stage(t, s, key, new_owner, slot, landing, b, vals);
 }
 
 /*
- * One-sided hand-over: the values go by RDMA WRITE straight into the slots
- * the requester prepared; once every write completed here (so the data sits
- * in the requester's memory ahead of anything sent after it), one
- * HANDOVER_DONE names the keys. A failed write sends the values by message
- * instead: they are still in this node's slots, which are freed only then.
+ * One-sided hand-over: the values go by RDMA WRITE into the landing entries
+ * the requester reserved (never into its arena, which peers may only read);
+ * once every write completed here (so the data sits in the requester's
+ * memory ahead of anything sent after it), one HANDOVER_DONE names the keys
+ * and their entries. A failed write sends the values of the whole batch by
+ * message instead: they are still in this node's slots, which are freed
+ * only then; the requester frees the entries when the message arrives.
  */
 struct reloc_wentry {
 	uint64_t key;
-	uint32_t rslot; /* the requester's */
+	uint32_t rslot;	  /* the requester's slot */
+	uint32_t landing; /* and landing entry */
 	struct ferry_slot *s;
 };
 
@@ -419,19 +591,22 @@ static void reloc_wbatch_put(struct ferry *fy, struct reloc_wbatch *wb)
 	if (__atomic_sub_fetch(&wb->pending, 1, __ATOMIC_ACQ_REL))
 		return;
 	for (uint32_t i = 0; i < wb->n; i++) {
+		const struct reloc_wentry *e = &wb->e[i];
+
 		if (wb->failed) {
-			reloc_stage(t, wb->e[i].s, wb->e[i].key, wb->requester, wb->e[i].rslot, &b,
+			reloc_stage(t, e->s, e->key, wb->requester, e->rslot, e->landing, &b,
 				    &vals);
 		} else {
-			reloc_batch_add(&b, wb->e[i].key, wb->e[i].rslot, 0, 0, wb->requester);
-			ferry__arena_free_deferred(&t->arena,
-						   ferry__arena_idx(&t->arena, wb->e[i].s));
+			reloc_batch_add(&b, e->key, e->rslot, 0, 0, wb->requester, e->landing);
+			ferry__arena_free_deferred(&t->arena, ferry__arena_idx(&t->arena, e->s));
 		}
 	}
-	if (wb->failed)
+	if (wb->failed) {
+		atomic_fetch_add_explicit(&t->inbox.write_fallbacks, 1, memory_order_relaxed);
 		ferry_warn("reloc: a one-sided hand-over to rank %u failed; sending the %u "
 			   "values by message",
 			   wb->requester, wb->n);
+	}
 	reloc_batch_send(fy, t, &b, wb->failed ? FERRY_MSG_HANDOVER : FERRY_MSG_HANDOVER_DONE,
 			 wb->requester, wb->failed ? &vals : NULL);
 	ferry__frame_free(&vals);
@@ -460,9 +635,8 @@ static void reloc_wbatch_post(struct ferry *fy, struct reloc_wbatch *wb)
 
 		/* every write completes with the batch as its context */
 		rc = fy->tp->ops->write(fy->tp, wb->requester, e->s->val, t->arena.mr,
-					ar->addr + (uint64_t)e->rslot * t->arena.stride +
-						FERRY_SLOT_HDR,
-					ar->rkey, len * sizeof(float), wb);
+					ar->inbox_addr + (uint64_t)e->landing * ar->inbox_stride,
+					ar->inbox_rkey, len * sizeof(float), wb);
 		if (rc) {
 			__atomic_store_n(&wb->failed, 1, __ATOMIC_RELAXED);
 			reloc_wbatch_put(fy, wb);
@@ -478,8 +652,11 @@ void ferry__reloc_on_handover_req(struct ferry *fy, struct ferry_table *t, uint3
 	struct reloc_batch b = { 0 };
 	struct ferry_frame vals = { 0 };
 	struct reloc_wbatch *wb = NULL;
+	uint32_t nland = 0;
 
-	if (ferry__table_onesided(t) && fy->tp->ops->write && m->requester != fy->rank) {
+	if (ferry__table_onesided(t) && fy->tp->ops->write && m->requester != fy->rank)
+		nland = t->peer_arena[m->requester].inbox_entries;
+	if (nland) {
 		wb = calloc(1, sizeof(*wb) + v->count * sizeof(wb->e[0]));
 		if (wb) {
 			wb->ctx.kind = FERRY_RDMA_CTX_WRITE;
@@ -490,6 +667,7 @@ void ferry__reloc_on_handover_req(struct ferry *fy, struct ferry_table *t, uint3
 
 	for (uint32_t i = 0; i < v->count; i++) {
 		const struct ferry_msg_mv *mv = &v->mvs[i];
+		bool onesided = wb && mv->landing != FERRY_LANDING_NONE;
 		struct ferry_slot *s;
 
 		if (ferry__home(t, mv->key) != src) {
@@ -497,17 +675,28 @@ void ferry__reloc_on_handover_req(struct ferry *fy, struct ferry_table *t, uint3
 				  src, (unsigned long long)mv->key);
 			continue;
 		}
+		if (onesided && mv->landing >= nland) {
+			/* a bad index costs the speed of this hand-over, never a value */
+			if (!atomic_exchange(&t->inbox.bad_index_logged, true))
+				ferry_err("reloc: table %u: rank %u named landing entry %u of rank "
+					  "%u, which has %u; handing key %llu over by message",
+					  t->id, src, mv->landing, m->requester, nland,
+					  (unsigned long long)mv->key);
+			onesided = false;
+		}
 		pthread_mutex_lock(&t->pend_lock);
 		s = rcu_dereference(t->dir.own[mv->key]);
 		if (s) {
 			pthread_mutex_unlock(&t->pend_lock);
-			if (wb) {
+			if (onesided) {
 				reloc_take(fy, t, s, mv->key, m->requester, 1);
 				wb->e[wb->n++] = (struct reloc_wentry){ .key = mv->key,
 									.rslot = mv->slot,
+									.landing = mv->landing,
 									.s = s };
 			} else {
-				reloc_give(fy, t, s, mv->key, m->requester, mv->slot, 1, &b, &vals);
+				reloc_give(fy, t, s, mv->key, m->requester, mv->slot, mv->landing,
+					   1, &b, &vals);
 			}
 			continue;
 		}
@@ -519,6 +708,7 @@ void ferry__reloc_on_handover_req(struct ferry *fy, struct ferry_table *t, uint3
 				it->kind = PEND_HANDOVER;
 				it->requester = m->requester;
 				it->slot = mv->slot;
+				it->landing = mv->landing;
 				pend_append(e, it);
 			} else {
 				ferry_err(
@@ -546,7 +736,8 @@ static void reloc_wake(struct ferry *fy, struct ferry_pend *e, int status)
 		ferry__ops_complete(fy, wt->worker, wt->ticket, &wt->idx, 1, status, NULL, 0);
 }
 
-/* install one arrived value and replay what queued; pend_lock held */
+/* install one arrived value (from a message or a landing entry) and replay
+ * what queued; pend_lock held */
 static void reloc_install(struct ferry *fy, struct ferry_table *t, struct ferry_pend *e,
 			  const float *val, uint32_t len)
 {
@@ -556,8 +747,7 @@ static void reloc_install(struct ferry *fy, struct ferry_table *t, struct ferry_
 
 	s->key = e->key;
 	s->len = len;
-	if (val) /* NULL: it was written one-sided already */
-		memcpy(s->val, val, len * sizeof(float));
+	memcpy(s->val, val, len * sizeof(float));
 	__atomic_store_n(&s->state, FERRY_SLOT_LIVE, __ATOMIC_RELEASE);
 	atomic_fetch_add_explicit(&fy->reloc_in, 1, memory_order_relaxed);
 
@@ -595,7 +785,8 @@ static void reloc_install(struct ferry *fy, struct ferry_table *t, struct ferry_
 			struct reloc_batch b = { 0 };
 			struct ferry_frame vals = { 0 };
 
-			reloc_give(fy, t, s, e->key, it->requester, it->slot, 0, &b, &vals);
+			reloc_give(fy, t, s, e->key, it->requester, it->slot, it->landing, 0, &b,
+				   &vals);
 			reloc_batch_send(fy, t, &b, FERRY_MSG_HANDOVER, it->requester, &vals);
 			ferry__frame_free(&vals);
 			owned = 0;
@@ -612,6 +803,7 @@ static void reloc_install(struct ferry *fy, struct ferry_table *t, struct ferry_
 void ferry__reloc_on_handover(struct ferry *fy, struct ferry_table *t, uint32_t src,
 			      const struct ferry_proto_view *v)
 {
+	const bool done = v->hdr->type == FERRY_MSG_HANDOVER_DONE;
 	const float *val = v->vals;
 
 	for (uint32_t i = 0; i < v->count; i++) {
@@ -628,9 +820,23 @@ void ferry__reloc_on_handover(struct ferry *fy, struct ferry_table *t, uint32_t 
 			val += mv->len;
 			continue;
 		}
+		if (done && (e->landing == FERRY_LANDING_NONE || e->landing != mv->landing)) {
+			pthread_mutex_unlock(&t->pend_lock);
+			ferry_err(
+				"reloc: rank %u wrote key %llu into landing entry %u, but this node "
+				"reserved %d for it; value dropped",
+				src, (unsigned long long)mv->key, mv->landing,
+				e->landing == FERRY_LANDING_NONE ? -1 : (int)e->landing);
+			continue;
+		}
 		pend_unlink(t, e);
-		reloc_install(fy, t, e, v->hdr->type == FERRY_MSG_HANDOVER_DONE ? NULL : val,
+		if (done)
+			atomic_fetch_add_explicit(&t->inbox.onesided, 1, memory_order_relaxed);
+		reloc_install(fy, t, e, done ? inbox_entry(t, e->landing) : val,
 			      ferry__value_len(t, mv->key));
+		/* every write into it completed before the message was sent */
+		inbox_put(t, e->landing);
+		e->landing = FERRY_LANDING_NONE;
 		pthread_mutex_unlock(&t->pend_lock);
 		reloc_wake(fy, e, 0);
 		pend_free(e);
@@ -647,10 +853,14 @@ void ferry__reloc_on_ack(struct ferry *fy, struct ferry_table *t, uint32_t src,
 
 		pthread_mutex_lock(&t->pend_lock);
 		e = pend_find(t, mv->key);
-		if (e && e->slot == mv->slot)
+		if (e && e->slot == mv->slot) {
 			pend_unlink(t, e);
-		else
+			/* nobody was asked to write it */
+			inbox_put(t, e->landing);
+			e->landing = FERRY_LANDING_NONE;
+		} else {
 			e = NULL;
+		}
 		pthread_mutex_unlock(&t->pend_lock);
 		if (!e)
 			continue;

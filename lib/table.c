@@ -62,8 +62,14 @@ static void table_try_verdict(struct ferry *fy, uint32_t id)
 		return; /* the others time out, and the log said why */
 	}
 	for (uint32_t r = 0; r < fy->world; r++) {
-		arenas[r].addr = fy->table_seen[id][r].arena_addr;
-		arenas[r].rkey = fy->table_seen[id][r].arena_rkey;
+		const struct ferry_msg_table *m = &fy->table_seen[id][r];
+
+		arenas[r] = (struct ferry_msg_arena){ .addr = m->arena_addr,
+						      .rkey = m->arena_rkey,
+						      .inbox_addr = m->inbox_addr,
+						      .inbox_rkey = m->inbox_rkey,
+						      .inbox_entries = m->inbox_entries,
+						      .inbox_stride = m->inbox_stride };
 	}
 	for (uint32_t r = 1; r < fy->world && field == FERRY_TF_NONE; r++) {
 		field = table_diff(&fy->table_seen[id][0], &fy->table_seen[id][r]);
@@ -173,6 +179,7 @@ static int table_check_params(const struct ferry_table_params *p)
 static void table_free(struct ferry_table *t)
 {
 	ferry__reloc_table_fini(t);
+	ferry__reloc_inbox_fini(t->fy, t);
 	if (t->arena.mr && t->fy->tp)
 		t->fy->tp->ops->mem_dereg(t->fy->tp, t->arena.mr);
 	free(t->arena.mr);
@@ -247,17 +254,20 @@ static int table_build(struct ferry *fy, const struct ferry_table_params *p, str
 	if (rc)
 		return rc;
 	if (fy->tp->ops->mem_reg) {
+		/* peers only read slots; hand-overs land in the inbox (reloc.c) */
 		t->arena.mr = calloc(1, fy->tp->ops->mr_size);
 		if (!t->arena.mr)
 			return -ENOMEM;
-		rc = fy->tp->ops->mem_reg(
-			fy->tp, t->arena.base, t->arena.bytes,
-			FERRY_TP_ACCESS_REMOTE_READ | FERRY_TP_ACCESS_REMOTE_WRITE, t->arena.mr);
+		rc = fy->tp->ops->mem_reg(fy->tp, t->arena.base, t->arena.bytes,
+					  FERRY_TP_ACCESS_REMOTE_READ, t->arena.mr);
 		if (rc) {
 			free(t->arena.mr);
 			t->arena.mr = NULL;
 			return rc;
 		}
+		rc = ferry__reloc_inbox_init(fy, t);
+		if (rc)
+			return rc;
 	}
 
 	next_slot = calloc(fy->world, sizeof(*next_slot));
@@ -303,8 +313,37 @@ static int table_build(struct ferry *fy, const struct ferry_table_params *p, str
 		t->wire.arena_addr = (uint64_t)(uintptr_t)t->arena.base;
 		t->wire.arena_rkey = t->arena.mr->rkey;
 		t->wire.arena_stride = t->arena.stride;
+		if (t->inbox.base) {
+			t->wire.inbox_addr = (uint64_t)(uintptr_t)t->inbox.base;
+			t->wire.inbox_rkey = t->inbox.mr->rkey;
+			t->wire.inbox_entries = t->inbox.n;
+			t->wire.inbox_stride = t->inbox.stride;
+		}
 	}
 	return 0;
+}
+
+/*
+ * proto.c checked each announced inbox on its own; what only the table knows
+ * is the largest value: an entry that cannot hold it is not used (hand-overs
+ * to that rank go by message). Context: create, before one-sided access is on.
+ */
+static void table_check_inboxes(struct ferry_table *t)
+{
+	const uint64_t need = (uint64_t)t->max_len * sizeof(float);
+
+	for (uint32_t r = 0; r < t->fy->world; r++) {
+		struct ferry_msg_arena *a = &t->peer_arena[r];
+
+		if (a->inbox_entries && a->inbox_stride < need) {
+			ferry_err(
+				"table %u: rank %u's landing entries hold %u bytes, less than the "
+				"largest value (%llu bytes); keys localized to it are handed "
+				"over by message",
+				t->id, r, a->inbox_stride, (unsigned long long)need);
+			a->inbox_entries = 0;
+		}
+	}
 }
 
 int ferry_table_create(struct ferry *fy, const struct ferry_table_params *p,
@@ -394,12 +433,15 @@ int ferry_table_create(struct ferry *fy, const struct ferry_table_params *p,
 		t->peer_arena = fy->table_arenas[id];
 		fy->table_arenas[id] = NULL;
 		pthread_mutex_unlock(&fy->lock);
-		if (!t->peer_arena)
+		if (!t->peer_arena) {
 			ferry_err("table %u: rank 0 sent no arena addresses; one-sided access is "
 				  "off for this table",
 				  id);
-		else /* the progress thread may serve this table already: publish last */
+		} else {
+			table_check_inboxes(t);
+			/* the progress thread may serve this table already: publish last */
 			__atomic_store_n(&t->onesided, true, __ATOMIC_RELEASE);
+		}
 	}
 	atomic_fetch_add(&fy->refs, 1);
 	*table_p = t;

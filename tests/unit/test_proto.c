@@ -156,7 +156,8 @@ static size_t op_nvals(const uint64_t *keys, uint32_t n, const struct ferry_prot
 	return s;
 }
 
-/* LOCALIZE, HANDOVER_REQ, HANDOVER, LOC_ACK */
+/* LOCALIZE, HANDOVER_REQ, HANDOVER, LOC_ACK, HANDOVER_DONE; entry i names
+ * slot 500 + i and landing entry 1000 + i */
 static struct fr move_frame(uint8_t type, uint32_t requester, uint32_t count_field,
 			    const uint64_t *keys, const uint32_t *lens, uint32_t n, size_t nvals)
 {
@@ -174,6 +175,7 @@ static struct fr move_frame(uint8_t type, uint32_t requester, uint32_t count_fie
 		m->key = keys[i];
 		m->slot = 500 + i;
 		m->len = lens[i];
+		m->landing = 1000 + i;
 	}
 	for (size_t i = 0; i < nvals; i++)
 		*(float *)ferry__frame_put(&f, sizeof(float)) = (float)i + 0.25f;
@@ -202,7 +204,9 @@ static struct fr reply_frame(uint8_t op, uint32_t count_field, uint32_t n, int32
 	return fr_take(&f, FERRY_MSG_REPLY, 3, 5);
 }
 
-/* a type with a fixed body only; @extra bytes after it */
+/* a type with a fixed body only; @extra bytes after it. The body is a byte
+ * pattern, except that a table body announces no landing inbox (its inbox
+ * fields are checked: all zero is the one value a pattern cannot break) */
 static struct fr fixed_frame(uint8_t type, size_t body, size_t extra)
 {
 	struct ferry_frame f;
@@ -215,6 +219,12 @@ static struct fr fixed_frame(uint8_t type, size_t body, size_t extra)
 		p[i] = (uint8_t)(i + 1);
 	for (size_t i = body; i < body + extra; i++)
 		p[i] = 0xee;
+	if (type == FERRY_MSG_TABLE || type == FERRY_MSG_TABLE_ACK) {
+		struct ferry_msg_table *t = (struct ferry_msg_table *)p;
+
+		t->inbox_addr = t->inbox_rkey = 0;
+		t->inbox_entries = t->inbox_stride = 0;
+	}
 	return fr_take(&f, type, 0, 0);
 }
 
@@ -404,6 +414,7 @@ Test(proto, move_frames_round_trip)
 				cr_assert_eq(v.mvs[i].key, keys[i]);
 				cr_assert_eq(v.mvs[i].slot, 500 + (uint32_t)i);
 				cr_assert_eq(v.mvs[i].len, lens[i]);
+				cr_assert_eq(v.mvs[i].landing, 1000 + (uint32_t)i);
 			}
 			cr_assert_eq(v.nvals, nvals, "type %u: nvals %zu want %zu", types[t],
 				     v.nvals, nvals);
@@ -512,6 +523,10 @@ Test(proto, fixed_body_frames_round_trip)
 		t->status = -FERRY_E_MISMATCH;
 		t->field = FERRY_TF_VNODES;
 		t->from_rank = 3;
+		t->inbox_addr = 0x7f1234560000ull;
+		t->inbox_rkey = 0x1234;
+		t->inbox_entries = 1024;
+		t->inbox_stride = 4096;
 		x = fr_take(&f, type, 3, 200);
 		expect_ok(&x, NULL, &v, "table");
 		r = v.body;
@@ -523,6 +538,10 @@ Test(proto, fixed_body_frames_round_trip)
 		cr_assert_eq(r->status, -FERRY_E_MISMATCH);
 		cr_assert_eq(r->field, FERRY_TF_VNODES);
 		cr_assert_eq(r->from_rank, 3);
+		cr_assert_eq(r->inbox_addr, 0x7f1234560000ull);
+		cr_assert_eq(r->inbox_rkey, 0x1234);
+		cr_assert_eq(r->inbox_entries, 1024);
+		cr_assert_eq(r->inbox_stride, 4096);
 		cr_assert_eq(v.hdr->table, 200);
 		fr_free(&x);
 	}
@@ -1218,6 +1237,12 @@ static struct fr table_ack_frame(size_t narenas, size_t extra)
 
 		a->addr = 0x7f0000000000ull + (i << 20);
 		a->rkey = 100 + i;
+		if (i % 2) /* every other rank has no inbox */
+			continue;
+		a->inbox_addr = 0x7e0000000000ull + (i << 20);
+		a->inbox_rkey = 200 + i;
+		a->inbox_entries = (uint32_t)(1 + i);
+		a->inbox_stride = 64 * (uint32_t)(1 + i);
 	}
 	if (extra)
 		memset(ferry__frame_put(&f, extra), 0xee, extra);
@@ -1246,8 +1271,168 @@ Test(proto, table_ack_with_one_arena_per_rank_round_trips)
 	for (size_t i = 0; i < WORLD; i++) {
 		cr_assert_eq(v.arenas[i].addr, 0x7f0000000000ull + (i << 20));
 		cr_assert_eq(v.arenas[i].rkey, 100 + i);
+		cr_assert_eq(v.arenas[i].inbox_addr, i % 2 ? 0 : 0x7e0000000000ull + (i << 20));
+		cr_assert_eq(v.arenas[i].inbox_rkey, i % 2 ? 0 : 200 + i);
+		cr_assert_eq(v.arenas[i].inbox_entries, i % 2 ? 0 : 1 + i);
+		cr_assert_eq(v.arenas[i].inbox_stride, i % 2 ? 0 : 64 * (1 + i));
 	}
 	fr_free(&x);
+}
+
+/* ---- landing inboxes: the table's fields and the move entries' index -------- */
+
+struct inbox_case {
+	uint64_t addr, rkey;
+	uint32_t entries, stride;
+	const char *reason; /* NULL: valid */
+	const char *what;
+};
+
+static const struct inbox_case inbox_cases[] = {
+	{ 0, 0, 0, 0, NULL, "no inbox" },
+	{ 0x1000, 1, 1, 64, NULL, "one entry of 64 bytes" },
+	{ 0x1000, 1, 1024, 4096, NULL, "1024 entries of 4 KiB: 4 MiB" },
+	{ 0x1000, 1, 1, 16u << 20, NULL, "one entry of the largest value" },
+	{ UINT64_MAX - 127, 1, 1, 64, NULL, "64 bytes below the end of the address space" },
+	{ 0x1000, 0, 0, 0, "without entries", "address without entries" },
+	{ 0, 1, 0, 0, "without entries", "key without entries" },
+	{ 0, 0, 0, 64, "without entries", "stride without entries" },
+	{ 0x1000, 1, 1025, 64, "more entries", "1025 entries" },
+	{ 0x1000, 1, UINT32_MAX, 64, "more entries", "2^32 - 1 entries" },
+	{ 0, 1, 1, 64, "without an address", "entries at address 0" },
+	{ 0x1000, 1, 1, 0, "stride", "stride 0" },
+	{ 0x1000, 1, 1, 100, "stride", "stride not a multiple of 64" },
+	{ 0x1000, 1, 1, (16u << 20) + 64, "stride", "stride above 16 MiB" },
+	{ 0x1000, 1, 1, UINT32_MAX & ~63u, "stride", "stride near 2^32" },
+	{ 0x1000, 1, 1024, 4160, "4 MiB", "1024 entries of 4160 bytes" },
+	{ 0x1000, 1, 2, 4u << 20, "4 MiB", "two entries of 4 MiB" },
+	{ UINT64_MAX - 127, 1, 2, 64, "wraps", "range up to the end of the address space" },
+	{ UINT64_MAX - 63, 1, 1, 64, "wraps", "one entry up to the end of the address space" },
+	{ UINT64_MAX, 1, 1, 64, "wraps", "address 2^64 - 1" },
+};
+
+static struct fr table_inbox_frame(uint8_t type, const struct inbox_case *c)
+{
+	struct ferry_frame f;
+	struct ferry_msg_table *t;
+
+	ferry__frame_begin(&f);
+	t = ferry__frame_put(&f, sizeof(*t));
+	cr_assert_not_null(t);
+	t->num_keys = 1000;
+	t->inbox_addr = c->addr;
+	t->inbox_rkey = c->rkey;
+	t->inbox_entries = c->entries;
+	t->inbox_stride = c->stride;
+	return fr_take(&f, type, 1, 1);
+}
+
+Test(proto, table_inbox_fields_are_checked)
+{
+	for (size_t i = 0; i < sizeof(inbox_cases) / sizeof(inbox_cases[0]); i++) {
+		const struct inbox_case *c = &inbox_cases[i];
+
+		for (uint8_t type = FERRY_MSG_TABLE; type <= FERRY_MSG_TABLE_ACK; type++) {
+			struct ferry_proto_view v;
+			struct fr x = table_inbox_frame(type, c);
+
+			if (c->reason)
+				expect_body_bad(&x, &lim_fixed, c->reason, c->what);
+			else
+				expect_ok(&x, &lim_fixed, &v, c->what);
+			fr_free(&x);
+		}
+	}
+}
+
+Test(proto, table_ack_trailer_inbox_fields_are_checked)
+{
+	for (size_t i = 0; i < sizeof(inbox_cases) / sizeof(inbox_cases[0]); i++) {
+		const struct inbox_case *c = &inbox_cases[i];
+
+		/* the case in each rank's entry in turn, the others valid */
+		for (size_t bad = 0; bad < WORLD; bad++) {
+			struct ferry_proto_view v;
+			struct fr x = table_ack_frame(WORLD, 0);
+			struct ferry_msg_arena *a =
+				(struct ferry_msg_arena *)(x.buf + 16 +
+							   sizeof(struct ferry_msg_table)) +
+				bad;
+
+			a->inbox_addr = c->addr;
+			a->inbox_rkey = c->rkey;
+			a->inbox_entries = c->entries;
+			a->inbox_stride = c->stride;
+			if (c->reason) {
+				expect_body_bad(&x, &lim_fixed, c->reason, c->what);
+			} else {
+				expect_ok(&x, &lim_fixed, &v, c->what);
+				cr_assert_eq(v.arenas[bad].inbox_entries, c->entries);
+				cr_assert_eq(v.arenas[bad].inbox_stride, c->stride);
+			}
+			fr_free(&x);
+		}
+	}
+}
+
+/* mv_keys as @type with entry 1's landing index and padding set */
+static struct fr move_landing_frame(uint8_t type, uint32_t landing, uint32_t pad)
+{
+	uint32_t lens[3];
+	size_t nv = 0;
+	struct fr x;
+	struct ferry_msg_mv *mv;
+
+	for (int i = 0; i < 3; i++) {
+		lens[i] = type == FERRY_MSG_HANDOVER ? VLEN : 0;
+		nv += lens[i];
+	}
+	x = move_frame(type, 1, 3, mv_keys, lens, 3, nv);
+	mv = (struct ferry_msg_mv *)(x.buf + 16 + sizeof(struct ferry_msg_move)) + 1;
+	mv->landing = landing;
+	mv->pad = pad;
+	return x;
+}
+
+Test(proto, move_landing_index_is_checked)
+{
+	for (size_t t = 0; t < sizeof(move_types); t++) {
+		uint8_t type = move_types[t];
+		struct ferry_proto_view v;
+		struct fr x;
+
+		x = move_landing_frame(type, FERRY_INBOX_MAX_ENTRIES - 1, 0);
+		expect_ok(&x, &lim_fixed, &v, "landing entry 1023");
+		cr_assert_eq(v.mvs[1].landing, FERRY_INBOX_MAX_ENTRIES - 1);
+		fr_free(&x);
+		x = move_landing_frame(type, 0, 0);
+		expect_ok(&x, &lim_fixed, &v, "landing entry 0");
+		fr_free(&x);
+
+		x = move_landing_frame(type, FERRY_LANDING_NONE, 0);
+		if (type == FERRY_MSG_HANDOVER_DONE) {
+			/* the value is in a landing entry, or nowhere */
+			expect_body_bad(&x, &lim_fixed, "without a landing entry",
+					"hand-over done, no landing entry");
+		} else {
+			expect_ok(&x, &lim_fixed, &v, "no landing entry");
+			cr_assert_eq(v.mvs[1].landing, FERRY_LANDING_NONE);
+		}
+		fr_free(&x);
+
+		x = move_landing_frame(type, FERRY_INBOX_MAX_ENTRIES, 0);
+		expect_body_bad(&x, &lim_fixed, "landing entry out of range", "landing 1024");
+		fr_free(&x);
+		x = move_landing_frame(type, FERRY_LANDING_NONE - 1, 0);
+		expect_body_bad(&x, &lim_fixed, "landing entry out of range", "landing 2^32 - 2");
+		fr_free(&x);
+		x = move_landing_frame(type, 5, 1);
+		expect_body_bad(&x, &lim_fixed, "padding", "move entry padding 1");
+		fr_free(&x);
+		x = move_landing_frame(type, 5, UINT32_MAX);
+		expect_body_bad(&x, &lim_fixed, "padding", "move entry padding 2^32 - 1");
+		fr_free(&x);
+	}
 }
 
 Test(proto, table_ack_trailer_must_match_the_world)
@@ -1417,8 +1602,13 @@ static void check_view(const uint8_t *buf, size_t len, const struct ferry_proto_
 	if (v->mvs) {
 		cr_assert_leq((const uint8_t *)(v->mvs + v->count), end, "iter %llu: mvs past end",
 			      (unsigned long long)iter);
-		for (uint32_t i = 0; i < v->count; i++)
+		for (uint32_t i = 0; i < v->count; i++) {
 			cr_assert_lt(v->mvs[i].key, lim->num_keys);
+			cr_assert(v->mvs[i].landing == FERRY_LANDING_NONE ||
+				  v->mvs[i].landing < FERRY_INBOX_MAX_ENTRIES);
+			cr_assert(type != FERRY_MSG_HANDOVER_DONE ||
+				  v->mvs[i].landing != FERRY_LANDING_NONE);
+		}
 	}
 	if (v->idx)
 		cr_assert_leq((const uint8_t *)(v->idx + v->count), end, "iter %llu: idx past end",
@@ -1433,6 +1623,8 @@ static void check_view(const uint8_t *buf, size_t len, const struct ferry_proto_
 		cr_assert_eq(v->count, lim->world);
 		cr_assert_eq((const uint8_t *)(v->arenas + v->count), end,
 			     "iter %llu: arenas do not end the frame", (unsigned long long)iter);
+		for (uint32_t i = 0; i < v->count; i++)
+			cr_assert_leq(v->arenas[i].inbox_entries, FERRY_INBOX_MAX_ENTRIES);
 	}
 	if (v->nvals) {
 		cr_assert_not_null(v->vals);

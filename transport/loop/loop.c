@@ -11,8 +11,27 @@
  * on the thread that posted (the handler contract allows it for this
  * transport: the core's on_rdma_done handler works from any registered
  * thread).
+ *
+ * Like a NIC, too, an access is checked against the target's registrations
+ * (the rule of rdma.c's own-rank access): the rkey must name a registration
+ * of the destination node (same cluster, rank @dst) that covers the whole
+ * range and grants REMOTE_READ for a read, REMOTE_WRITE for a write;
+ * otherwise the operation completes with -EACCES and touches nothing. Every
+ * registration of every loop node of the process sits in one list
+ * (loop_regs), so a node can check a peer's memory; the copy runs under the
+ * list's read lock, so a registration cannot go away under it.
+ *
+ * Fault injection, for tests of the fallbacks (read once, at init):
+ *
+ *   FERRY_LOOP_FAIL_WRITES=N   every N-th write() of this node (N >= 1)
+ *                              writes only the first half of its bytes and
+ *                              completes with -EIO, as a write cut off by a
+ *                              failing link may leave part of its data;
+ *                              the connection stays up (unlike rdma, where
+ *                              a failed work request ends it)
  */
 #include <errno.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -23,7 +42,23 @@ struct loop_tp {
 	struct ferry_tp base;
 	struct ferry_tp *tcp; /* the message transport */
 	pid_t pid;
+	uint64_t fail_writes; /* FERRY_LOOP_FAIL_WRITES, 0: off */
+	uint64_t nwrites;     /* write() calls (atomic) */
 };
+
+struct loop_mr {
+	struct ferry_tp_mr base;
+	struct loop_mr *next;	   /* loop_regs */
+	const struct ferry_tp *tp; /* the node that registered it */
+	uint64_t cluster_id;
+	uint32_t rank;
+	unsigned access;
+};
+
+/* every loop registration in the process: the memory a NIC would know */
+static pthread_rwlock_t loop_regs_lock = PTHREAD_RWLOCK_INITIALIZER;
+static struct loop_mr *loop_regs;
+static uint64_t loop_next_rkey = 0x1000; /* under the write lock */
 
 struct loop_addr {
 	uint32_t pid;
@@ -43,6 +78,23 @@ static int loop_init(struct ferry_tp *tp, const struct ferry_tp_config *cfg)
 
 	tp->cfg = *cfg;
 	l->pid = getpid();
+	{
+		const char *f = getenv("FERRY_LOOP_FAIL_WRITES");
+		char *end = NULL;
+		unsigned long long n = f ? strtoull(f, &end, 10) : 0;
+
+		if (f && (!*f || *end || !n)) {
+			ferry_err("loop: FERRY_LOOP_FAIL_WRITES=%s is not a number >= 1; set it to "
+				  "N to fail every N-th write, or unset it",
+				  f);
+			return -EINVAL;
+		}
+		l->fail_writes = n;
+		if (n)
+			ferry_warn("loop: rank %u fails every %llu-th one-sided write "
+				   "(FERRY_LOOP_FAIL_WRITES)",
+				   cfg->rank, n);
+	}
 	l->tcp = calloc(1, ferry__tcp_ops.tp_size);
 	if (!l->tcp)
 		return -ENOMEM;
@@ -116,18 +168,64 @@ static int loop_send(struct ferry_tp *tp, uint32_t dst, const struct iovec *iov,
 	return ferry__tcp_ops.send(to_loop(tp)->tcp, dst, iov, iovcnt);
 }
 
+static inline struct loop_mr *to_loop_mr(struct ferry_tp_mr *mr)
+{
+	return (struct loop_mr *)mr;
+}
+
+/* Context: any thread, after connect (the cluster id is known) */
 static int loop_mem_reg(struct ferry_tp *tp, void *addr, size_t len, unsigned access,
 			struct ferry_tp_mr *mr)
 {
+	struct loop_mr *m = to_loop_mr(mr);
+
+	if (!addr || !len)
+		return -EINVAL;
+	m->tp = tp;
+	m->cluster_id = tp->cfg.cluster_id;
+	m->rank = tp->cfg.rank;
+	m->access = access;
 	mr->addr = addr;
 	mr->len = len;
-	mr->rkey = 0x100 | access; /* checked on access, like a real key */
+	pthread_rwlock_wrlock(&loop_regs_lock);
+	mr->rkey = loop_next_rkey++;
+	m->next = loop_regs;
+	loop_regs = m;
+	pthread_rwlock_unlock(&loop_regs_lock);
 	return 0;
 }
 
+/* Context: any thread; no read()/write() on @mr may be in flight */
 static void loop_mem_dereg(struct ferry_tp *tp, struct ferry_tp_mr *mr)
 {
+	struct loop_mr *m = to_loop_mr(mr), **pp;
+
+	if (!mr->addr)
+		return;
+	pthread_rwlock_wrlock(&loop_regs_lock);
+	for (pp = &loop_regs; *pp; pp = &(*pp)->next)
+		if (*pp == m) {
+			*pp = m->next;
+			break;
+		}
+	pthread_rwlock_unlock(&loop_regs_lock);
 	mr->addr = NULL;
+}
+
+/* is [raddr, raddr + len) of rank @dst open to @need under @rkey? read lock held */
+static int loop_access_ok(const struct ferry_tp *tp, uint32_t dst, uint64_t raddr, uint64_t rkey,
+			  size_t len, unsigned need)
+{
+	for (const struct loop_mr *m = loop_regs; m; m = m->next) {
+		uintptr_t a = (uintptr_t)m->base.addr;
+
+		if (m->base.rkey != rkey)
+			continue;
+		return m->cluster_id == tp->cfg.cluster_id && m->rank == dst && raddr >= a &&
+		       raddr - a <= m->base.len && len <= m->base.len - (raddr - a) &&
+		       (m->access & need) == need;
+	}
+	return 0;
 }
 
 /* copy in address order, 8 bytes at a time, as a NIC's DMA would */
@@ -141,42 +239,53 @@ static void loop_copy(void *dst, const void *src, size_t len)
 	memcpy((uint8_t *)dst + len / 8 * 8, (const uint8_t *)src + len / 8 * 8, len % 8);
 }
 
-static int loop_rw(struct ferry_tp *tp, uint32_t dst, void *local, uint64_t raddr, uint64_t rkey,
-		   size_t len, void *ctx, int write)
+static int loop_rw(struct ferry_tp *tp, uint32_t dst, void *local, struct ferry_tp_mr *lmr,
+		   uint64_t raddr, uint64_t rkey, size_t len, void *ctx, int write)
 {
 	const struct ferry_tp_handler *h = tp->cfg.handler;
 	unsigned need = write ? FERRY_TP_ACCESS_REMOTE_WRITE : FERRY_TP_ACCESS_REMOTE_READ;
+	struct loop_tp *l = to_loop(tp);
+	int status = 0;
 
-	if (dst >= tp->cfg.world || !raddr)
+	/* the local side must lie in a registration, as rdma_rw checks */
+	if (dst >= tp->cfg.world || !raddr || !local || !len || !lmr || !lmr->addr ||
+	    (uintptr_t)local < (uintptr_t)lmr->addr ||
+	    (uintptr_t)local - (uintptr_t)lmr->addr > lmr->len ||
+	    len > lmr->len - ((uintptr_t)local - (uintptr_t)lmr->addr))
 		return -EINVAL;
-	if ((rkey & 0x100) == 0 || !(rkey & need)) {
-		h->on_rdma_done(tp->cfg.core, ctx, -EACCES);
-		return 0;
-	}
-	if (write) {
+	pthread_rwlock_rdlock(&loop_regs_lock);
+	if (!loop_access_ok(tp, dst, raddr, rkey, len, need)) {
+		status = -EACCES;
+	} else if (write) {
 		uint64_t *d = (uint64_t *)(uintptr_t)raddr;
 		const uint64_t *s = local;
+		uint64_t nth = __atomic_add_fetch(&l->nwrites, 1, __ATOMIC_RELAXED);
 
+		if (l->fail_writes && nth % l->fail_writes == 0) {
+			len /= 2; /* cut off halfway */
+			status = -EIO;
+		}
 		for (size_t i = 0; i < len / 8; i++)
 			__atomic_store_n(&d[i], s[i], __ATOMIC_RELEASE);
 		memcpy((uint8_t *)d + len / 8 * 8, (const uint8_t *)s + len / 8 * 8, len % 8);
 	} else {
 		loop_copy(local, (const void *)(uintptr_t)raddr, len);
 	}
-	h->on_rdma_done(tp->cfg.core, ctx, 0);
+	pthread_rwlock_unlock(&loop_regs_lock);
+	h->on_rdma_done(tp->cfg.core, ctx, status);
 	return 0;
 }
 
 static int loop_read(struct ferry_tp *tp, uint32_t dst, void *local, struct ferry_tp_mr *lmr,
 		     uint64_t raddr, uint64_t rkey, size_t len, void *ctx)
 {
-	return loop_rw(tp, dst, local, raddr, rkey, len, ctx, 0);
+	return loop_rw(tp, dst, local, lmr, raddr, rkey, len, ctx, 0);
 }
 
 static int loop_write(struct ferry_tp *tp, uint32_t dst, const void *local, struct ferry_tp_mr *lmr,
 		      uint64_t raddr, uint64_t rkey, size_t len, void *ctx)
 {
-	return loop_rw(tp, dst, (void *)local, raddr, rkey, len, ctx, 1);
+	return loop_rw(tp, dst, (void *)local, lmr, raddr, rkey, len, ctx, 1);
 }
 
 /* each read on its own, completed inline: what a doorbell batch must amount to */
@@ -196,7 +305,18 @@ static int loop_read_v(struct ferry_tp *tp, struct ferry_tp_rd *rds, size_t n)
 static void loop_fini(struct ferry_tp *tp)
 {
 	struct loop_tp *l = to_loop(tp);
+	struct loop_mr **pp;
 
+	/* registrations left behind (a table destroyed after its node closed)
+	 * leave the list now: their memory is freed without a dereg */
+	pthread_rwlock_wrlock(&loop_regs_lock);
+	for (pp = &loop_regs; *pp;) {
+		if ((*pp)->tp == tp)
+			*pp = (*pp)->next;
+		else
+			pp = &(*pp)->next;
+	}
+	pthread_rwlock_unlock(&loop_regs_lock);
 	if (!l->tcp)
 		return;
 	ferry__tcp_ops.fini(l->tcp);
@@ -209,7 +329,7 @@ const struct ferry_tp_ops ferry__loop_ops = {
 	.name = "loop",
 	.caps = FERRY_TP_CAP_READ | FERRY_TP_CAP_WRITE,
 	.tp_size = sizeof(struct loop_tp),
-	.mr_size = sizeof(struct ferry_tp_mr),
+	.mr_size = sizeof(struct loop_mr),
 	.init = loop_init,
 	.addr_get = loop_addr_get,
 	.connect = loop_connect,
