@@ -294,8 +294,8 @@ static int loop_read_v(struct ferry_tp *tp, struct ferry_tp_rd *rds, size_t n)
 	int ret = 0;
 
 	for (size_t i = 0; i < n; i++) {
-		rds[i].status = loop_rw(tp, rds[i].dst, rds[i].local, rds[i].raddr, rds[i].rkey,
-					rds[i].len, rds[i].ctx, 0);
+		rds[i].status = loop_rw(tp, rds[i].dst, rds[i].local, rds[i].lmr, rds[i].raddr,
+					rds[i].rkey, rds[i].len, rds[i].ctx, 0);
 		if (rds[i].status && !ret)
 			ret = rds[i].status;
 	}
