@@ -1293,7 +1293,8 @@ struct tbuf {
 static void tbuf_reg(struct tnode *n, struct tbuf *b, size_t len, unsigned access)
 {
 	b->len = len;
-	b->mem = aligned_alloc(4096, len);
+	/* aligned_alloc wants a multiple of the alignment */
+	b->mem = aligned_alloc(4096, (len + 4095) & ~(size_t)4095);
 	cr_assert_not_null(b->mem);
 	memset(b->mem, 0, len);
 	b->mr = calloc(1, n->ops->mr_size);
