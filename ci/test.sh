@@ -163,6 +163,9 @@ else
 		vm_args+=(--bin "build/tests/$t"
 			--cmd "FERRY_TRANSPORT=rdma FERRY_BIND_ADDR=10.77.0.1 $t --jobs 1")
 	done
+	# the landing inbox over real RDMA WRITEs (its other cases need the loop transport)
+	vm_args+=(--bin build/tests/test_inbox
+		--cmd "FERRY_TRANSPORT=rdma FERRY_BIND_ADDR=10.77.0.1 test_inbox --jobs 1 --filter 'inbox/hand_overs_*'")
 	stage vm 1000 bash ci/softroce-vm.sh "${vm_args[@]}" || true
 fi
 
