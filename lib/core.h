@@ -172,6 +172,7 @@ struct ferry {
 	atomic_int refs;
 	atomic_bool closed;
 	atomic_int pollers;  /* threads inside ferry__node_poll(): close waits for them */
+	int tp_polls;	     /* the transport has poll(); set before any worker exists */
 	atomic_bool *failed; /* per rank */
 
 	pthread_mutex_t lock; /* tables, workers, barrier and table handshakes */

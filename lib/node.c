@@ -342,6 +342,7 @@ int ferry_open(const struct ferry_params *params, struct ferry **fy_p)
 	}
 
 	fy->tp->ops = ops;
+	fy->tp_polls = ops->poll != NULL;
 	tcfg = (struct ferry_tp_config){
 		.rank = fy->rank,
 		.world = fy->world,
@@ -421,8 +422,10 @@ int ferry__node_poll(struct ferry *fy, unsigned flags)
 {
 	int n = 0;
 
+	if (!fy->tp_polls)
+		return 0; /* no shared counter to bounce between waiting workers */
 	atomic_fetch_add(&fy->pollers, 1);
-	if (!atomic_load(&fy->closed) && fy->tp->ops->poll)
+	if (!atomic_load(&fy->closed))
 		n = fy->tp->ops->poll(fy->tp, flags);
 	atomic_fetch_sub(&fy->pollers, 1);
 	return n;
