@@ -235,10 +235,9 @@ static void keys_init(struct ferry_table_params *tp)
 					   .capacity = 2 * NKEYS };
 }
 
-/* set every key from rank 0 */
-static void set_all(struct tc *c)
+/* a buffer for the values of every key */
+static float *all_vals_alloc(void)
 {
-	struct ferry_worker *w;
 	size_t total = 0;
 	float *vals;
 
@@ -246,7 +245,16 @@ static void set_all(struct tc *c)
 		total += lens[k];
 	vals = malloc(total * sizeof(float));
 	cr_assert_not_null(vals);
-	total = 0;
+	return vals;
+}
+
+/* set every key from rank 0 */
+static void set_all(struct tc *c)
+{
+	struct ferry_worker *w;
+	float *vals = all_vals_alloc();
+	size_t total = 0;
+
 	for (uint32_t k = 0; k < NKEYS; k++)
 		for (uint32_t j = 0; j < lens[k]; j++)
 			vals[total++] = key_val(k, j);
@@ -260,14 +268,10 @@ static void set_all(struct tc *c)
 static void check_all(struct tc *c, int r, uint32_t pushes)
 {
 	struct ferry_worker *w;
-	size_t total = 0, at = 0;
+	float *vals = all_vals_alloc();
+	size_t at = 0;
 	long bad = 0;
-	float *vals;
 
-	for (uint32_t k = 0; k < NKEYS; k++)
-		total += lens[k];
-	vals = malloc(total * sizeof(float));
-	cr_assert_not_null(vals);
 	cr_assert_eq(ferry_worker_create(c->fy[r], &w), 0);
 	cr_assert_eq(ferry_pull(w, c->t[r], all_keys, NKEYS, vals), 0);
 	for (uint32_t k = 0; k < NKEYS; k++)
@@ -280,7 +284,7 @@ static void check_all(struct tc *c, int r, uint32_t pushes)
 			}
 	ferry_worker_destroy(w);
 	free(vals);
-	cr_assert_eq(bad, 0, "%ld values wrong (of %zu floats)", bad, total);
+	cr_assert_eq(bad, 0, "%ld values wrong (of %zu floats)", bad, at);
 }
 
 /* every landing entry of every node is free again */
