@@ -4,7 +4,7 @@
 #   bash ci/softroce-vm.sh --build-dir build --tests '' --cmd "$(cat bench/rdma-pull-interleaved.sh)"
 # Prints per round: "IBREAD round N: p50 .. us p99 .. us" and "FERRY round N: p50 .. us p99 .. us".
 MHZ=$(awk '/cpu MHz/{print $4; exit}' /proc/cpuinfo)
-for i in 1 2 3; do
+for i in 1 2 3 4 5; do
 	ib_read_lat -d rxe0 -x 1 -s 64 -n 2000 -F -C -p 18600 >/dev/null 2>&1 &
 	sleep 1
 	ib_read_lat -d rxe0 -x 1 -s 64 -n 2000 -F -C -p 18600 10.77.0.1 2>&1 |

@@ -1175,17 +1175,14 @@ static const char *ops_name(uint8_t op)
 static int ops_wait_req(struct ferry_worker *w, struct ferry_req *r, int block)
 {
 	struct ferry *fy = w->fy;
-	int64_t deadline, spin_until;
+	/* a one-sided read takes a few µs on hardware and tens under rxe: spin
+	 * longer for it, since this thread completes it (ferry__node_poll) */
+	int64_t spin = fy->busy_poll ? INT64_MAX / 2 : ferry__table_onesided(r->t) ? 200000 : 50000;
+	int64_t deadline = 0, spin_until = 0;
 	int rc = 0;
 
 	if (!r->held && !__atomic_load_n(&r->remaining, __ATOMIC_ACQUIRE) && !w->held_head)
 		goto collect; /* served in place: no clock needed */
-	deadline = ops_now_ns() + (int64_t)fy->timeout_ms * 1000000;
-	/* a one-sided read takes a few µs on hardware and tens under rxe: spin
-	 * longer for it, since this thread completes it (ferry__node_poll) */
-	spin_until = ops_now_ns() + (fy->busy_poll		 ? INT64_MAX / 2 :
-				     ferry__table_onesided(r->t) ? 200000 :
-								   50000);
 
 	for (unsigned iter = 0;; iter++) {
 		/* take our reads' completions here, not through the progress thread */
@@ -1200,19 +1197,30 @@ static int ops_wait_req(struct ferry_worker *w, struct ferry_req *r, int block)
 		}
 		if (!block)
 			return -EAGAIN;
-		if ((iter & 63) == 0) {
+		/*
+		 * The clock is read only once the wait has lasted 64 rounds, and
+		 * then every 64: a short wait reads it never. (In a VM whose
+		 * clock source is an emulated HPET each read is a system call and
+		 * a device access, microseconds under emulation.) The deadline
+		 * counts from the first read: later by 63 rounds, a few µs.
+		 */
+		if ((iter & 63) == 63) {
 			int64_t now = ops_now_ns();
 
+			if (!deadline) {
+				deadline = now + (int64_t)fy->timeout_ms * 1000000;
+				spin_until = now + spin;
+			}
 			if (now >= deadline) {
 				rc = -ETIMEDOUT;
 				break;
 			}
 			if (now >= spin_until && !r->held) {
+				int64_t until = now + 1000000; /* re-check every ms */
 				struct timespec ts;
 
 				/* the progress thread takes our completions while we sleep */
 				ferry__node_poll(fy, FERRY_TP_POLL_LAST);
-				int64_t until = now + 1000000; /* re-check every ms */
 
 				if (until > deadline)
 					until = deadline;
