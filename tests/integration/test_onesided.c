@@ -165,3 +165,47 @@ Test(onesided, a_moved_key_falls_back_then_reads_one_sided_again, .timeout = 120
 	ferry_worker_destroy(w2);
 	tc_close(&c);
 }
+
+/*
+ * While a worker polls the completion queue for its reads, the rdma transport
+ * leaves that queue unarmed, so the progress thread is not woken per read.
+ * Completions must still be taken once nobody polls: here node 0's worker
+ * pulls one-sided (the queue goes unarmed), then idles, and node 1 localizes
+ * node 0's keys. Node 0 hands them over by RDMA WRITE and sends HANDOVER_DONE
+ * only once the writes completed, and nothing else reaches node 0: without
+ * the progress thread re-arming the queue on its own, the localize hangs
+ * until it times out. (On the loop transport completions are inline.)
+ */
+Test(onesided, a_hand_over_completes_after_the_readers_stopped_polling, .timeout = 120)
+{
+	struct ferry_table_params tp = { .num_keys = 8, .value_len = VLEN };
+	uint64_t remote = 5, mine[4] = { 0, 1, 2, 3 }; /* range placement: 0..3 on node 0 */
+	struct ferry_worker *w0, *w1;
+	float v[4 * VLEN], one[4 * VLEN];
+	struct ferry_stats s0, s1;
+	struct tc c;
+
+	use_onesided_transport();
+	cr_assert_eq(tc_open(&c, 2, &tp, 20000), 0);
+	cr_assert_eq(ferry_worker_create(c.fy[0], &w0), 0);
+	cr_assert_eq(ferry_worker_create(c.fy[1], &w1), 0);
+	for (int i = 0; i < 4 * VLEN; i++)
+		one[i] = 1;
+	cr_assert_eq(ferry_set(w0, c.t[0], mine, 4, one), 0);
+	ferry_stats(c.fy[0], &s0);
+	for (int i = 0; i < 1000; i++)
+		cr_assert_eq(ferry_pull(w0, c.t[0], &remote, 1, v), 0);
+	ferry_stats(c.fy[0], &s1);
+	cr_assert_eq(s1.onesided_reads - s0.onesided_reads, 1000);
+	/* node 0's worker is idle from here on */
+	cr_assert_eq(ferry_localize(w1, c.t[1], mine, 4), 0,
+		     "the hand-over never completed on the node whose readers stopped polling");
+	cr_assert_eq(ferry_pull(w1, c.t[1], mine, 4, v), 0);
+	for (int i = 0; i < 4 * VLEN; i++)
+		cr_assert_eq(v[i], 1.0f, "value %d: %g after the move", i, v[i]);
+	ferry_stats(c.fy[1], &s1);
+	cr_assert_geq(s1.relocations_in, 4);
+	ferry_worker_destroy(w0);
+	ferry_worker_destroy(w1);
+	tc_close(&c);
+}
