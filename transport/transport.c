@@ -65,3 +65,14 @@ int ferry__tp_check_frame(const struct ferry_tp *tp, uint32_t dst, const struct 
 		  tp->cfg.rank, total, dst, why);
 	return -EINVAL;
 }
+
+void ferry__tp_send_bye(struct ferry_tp *tp)
+{
+	struct ferry_msg_hdr bye;
+	struct iovec iov = { .iov_base = &bye, .iov_len = sizeof(bye) };
+
+	ferry__proto_hdr_init(&bye, FERRY_MSG_BYE, sizeof(bye), tp->cfg.rank, 0);
+	for (uint32_t r = 0; r < tp->cfg.world; r++)
+		if (r != tp->cfg.rank)
+			tp->ops->send(tp, r, &iov, 1);
+}

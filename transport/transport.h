@@ -178,6 +178,10 @@ int ferry__tp_parse_ipv4(const void *blob, size_t len, struct sockaddr_in *sa);
 int ferry__tp_check_frame(const struct ferry_tp *tp, uint32_t dst, const struct iovec *iov,
 			  int iovcnt, size_t *total_p);
 
+/* fini(): tell every peer, through tp->ops->send, that this close is on
+ * purpose (a FERRY_MSG_BYE frame), so it logs a departure, not a failure */
+void ferry__tp_send_bye(struct ferry_tp *tp);
+
 /* the transports that exist */
 extern const struct ferry_tp_ops ferry__tcp_ops;
 extern const struct ferry_tp_ops ferry__rdma_ops;

@@ -3033,8 +3033,6 @@ err_free_devices:
 	return ret;
 }
 
-static int rdma_send(struct ferry_tp *tp, uint32_t dst, const struct iovec *iov, int iovcnt);
-
 /*
  * rdma_fini - stop the progress thread and free everything but @tp itself
  *
@@ -3049,15 +3047,9 @@ static void rdma_fini(struct ferry_tp *tp)
 {
 	struct rdma_tp *t = to_rdma(tp);
 	struct rdma_selfmsg *m, *next;
-	struct ferry_msg_hdr bye;
-	struct iovec iov = { .iov_base = &bye, .iov_len = sizeof(bye) };
 	struct rdma_mr *mr;
 
-	/* tell the peers this close is on purpose; queued, flushed while draining */
-	ferry__proto_hdr_init(&bye, FERRY_MSG_BYE, sizeof(bye), t->base.cfg.rank, 0);
-	for (uint32_t r = 0; r < t->base.cfg.world; r++)
-		if (r != t->base.cfg.rank)
-			rdma_send(tp, r, &iov, 1);
+	ferry__tp_send_bye(tp); /* queued, flushed while draining */
 	__atomic_store_n(&t->closing, 1, __ATOMIC_RELEASE);
 	rdma_wake(t);
 	pthread_join(t->thread, NULL);

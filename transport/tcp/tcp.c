@@ -849,20 +849,12 @@ err_close_listen:
  * Flushes queued frames for at most TCP_DRAIN_MS first. No handler runs
  * after it returns. Context: not concurrently with any other op of @tp.
  */
-static int tcp_send(struct ferry_tp *tp, uint32_t dst, const struct iovec *iov, int iovcnt);
-
 static void tcp_fini(struct ferry_tp *tp)
 {
 	struct tcp_tp *t = to_tcp(tp);
 	struct tcp_selfmsg *m, *next;
-	struct ferry_msg_hdr bye;
-	struct iovec iov = { .iov_base = &bye, .iov_len = sizeof(bye) };
 
-	/* tell the peers this close is on purpose; queued, flushed while draining */
-	ferry__proto_hdr_init(&bye, FERRY_MSG_BYE, sizeof(bye), t->base.cfg.rank, 0);
-	for (uint32_t r = 0; r < t->base.cfg.world; r++)
-		if (r != t->base.cfg.rank)
-			tcp_send(tp, r, &iov, 1);
+	ferry__tp_send_bye(tp); /* queued, flushed while draining */
 	__atomic_store_n(&t->closing, 1, __ATOMIC_RELEASE);
 	tcp_wake(t);
 	pthread_join(t->thread, NULL);
