@@ -26,7 +26,7 @@
 #include <unistd.h>
 
 #include "lib/bootstrap.h"
-#include "lib/log.h"
+#include "transport/base/log.h"
 
 #define BS_MAGIC 0x46594253u /* "FYBS" */
 #define BS_VERSION 1

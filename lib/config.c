@@ -13,7 +13,7 @@
 #include <strings.h>
 
 #include "lib/config.h"
-#include "lib/log.h"
+#include "transport/base/log.h"
 
 const struct ferry_option ferry__options[] = {
 	{ "FERRY_RANK", "rank", "launcher's", "this node's rank, 0 .. world-1" },

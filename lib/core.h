@@ -26,7 +26,7 @@
 #include <urcu/urcu-memb.h>
 
 #include "ferry/ferry.h"
-#include "lib/log.h"
+#include "transport/base/log.h"
 #include "lib/placement.h"
 #include "lib/proto.h"
 #include "lib/store.h"

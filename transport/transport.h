@@ -25,7 +25,7 @@
  * socket or queue pair cannot take now is queued and flushed by the progress
  * thread, so two nodes sending to each other can never deadlock.
  *
- * Frames are whole Ferry protocol messages (lib/proto.h): the first 16 bytes
+ * Frames are whole Ferry protocol messages (transport/base/frame.h): the first 16 bytes
  * are a struct ferry_msg_hdr whose len field gives the frame's total length.
  * A transport reads that header to frame a byte stream and checks
  * magic, version and length with ferry__proto_check_hdr() before it trusts
@@ -43,8 +43,8 @@
 #include <netinet/in.h>
 #include <sys/uio.h>
 
-#include "lib/proto.h"
-#include "lib/log.h"
+#include "transport/base/frame.h"
+#include "transport/base/log.h"
 
 /* capability bits: the core tests bits, never transport names */
 #define FERRY_TP_CAP_READ (1u << 0)   /* one-sided read of registered memory */

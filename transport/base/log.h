@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* log.h - Ferry's internal logging: one line per event, logged once, where seen. */
-#ifndef FERRY_LIB_LOG_H
-#define FERRY_LIB_LOG_H
+#ifndef FERRY_TRANSPORT_BASE_LOG_H
+#define FERRY_TRANSPORT_BASE_LOG_H
 
 #include "ferry/ferry.h"
 

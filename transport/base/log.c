@@ -8,7 +8,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "lib/log.h"
+#include "transport/base/log.h"
 
 static pthread_once_t log_once = PTHREAD_ONCE_INIT;
 static int log_level = FERRY_LOG_WARN;

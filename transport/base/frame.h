@@ -1,0 +1,104 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * frame.h - the frame header every Ferry message starts with, and the
+ * checks of it that the transports and the core share (transport/base/).
+ *
+ * A frame is a 16-byte header followed by a body whose layout depends on the
+ * type (lib/core/proto.h has the bodies the core uses). Integers are
+ * little-endian (the host order of every supported machine; a big-endian
+ * host is refused at build time). A frame's length is a multiple of 8
+ * (padded with zeros at the end), so frames packed back to back in a buffer
+ * that starts 8-byte aligned stay aligned.
+ *
+ *   0      2   3    4          8          12         16
+ *   +------+---+----+----------+----------+----------+---- body ...
+ *   |magic |ver|type| len      | src rank | table id |
+ *   +------+---+----+----------+----------+----------+----
+ *
+ * A transport frames its byte stream with len after
+ * ferry__proto_check_hdr() passed, and answers HELLO and BYE itself; every
+ * other type goes up to the core's dispatcher. The type numbers are the
+ * registry of the wire: one list for every layer.
+ */
+#ifndef FERRY_TRANSPORT_BASE_FRAME_H
+#define FERRY_TRANSPORT_BASE_FRAME_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "Ferry's wire format assumes a little-endian host"
+#endif
+
+#define FERRY_MSG_MAGIC 0x5946u /* "FY" on the wire */
+/* 2: landing inboxes (table trailer, move entries); version 1 peers are refused */
+#define FERRY_PROTO_VERSION 2
+#define FERRY_MSG_MAX (64u << 20) /* largest frame, header included */
+#define FERRY_MSG_ALIGN 8u	  /* every frame's len is a multiple: frames stay aligned */
+
+enum ferry_msg_type {
+	FERRY_MSG_HELLO = 1,	 /* connection handshake (transports) */
+	FERRY_MSG_OP,		 /* pull / push / set of keys, maybe forwarded */
+	FERRY_MSG_REPLY,	 /* results back to the origin */
+	FERRY_MSG_LOCALIZE,	 /* requester -> home: move these keys to me */
+	FERRY_MSG_HANDOVER_REQ,	 /* home -> current owner: give them to X */
+	FERRY_MSG_HANDOVER,	 /* old owner -> new owner: keys and values */
+	FERRY_MSG_LOC_ACK,	 /* home -> requester: already yours */
+	FERRY_MSG_BARRIER,	 /* node -> rank 0 */
+	FERRY_MSG_BARRIER_REL,	 /* rank 0 -> every node */
+	FERRY_MSG_TABLE,	 /* node -> rank 0: my table parameters */
+	FERRY_MSG_TABLE_ACK,	 /* rank 0 -> every node: verdict */
+	FERRY_MSG_HANDOVER_DONE, /* old owner -> new owner: values already written
+				      one-sided into the requester's landing entries */
+	FERRY_MSG_BYE,		 /* header only: the sender closes on purpose
+				      (transports consume it; the core never sees it) */
+	FERRY_MSG_TYPE_MAX
+};
+
+struct ferry_msg_hdr {
+	uint16_t magic;
+	uint8_t version;
+	uint8_t type;
+	uint32_t len; /* whole frame, header included */
+	uint32_t src; /* sender's rank */
+	uint32_t table;
+};
+
+/* FERRY_MSG_HELLO: the first frame on every connection, both ways */
+struct ferry_msg_hello {
+	uint64_t cluster_id;
+	uint32_t rank;
+	uint32_t world;
+};
+
+/**
+ * ferry__proto_check_hdr - validate a frame header
+ * @hdr: the first sizeof(struct ferry_msg_hdr) bytes of a frame
+ * @world: ranks are < @world
+ * @why_p: on failure, a static description of what was wrong
+ *
+ * Checks magic, version, type, src and that len lies within
+ * [sizeof(hdr), FERRY_MSG_MAX]. Context: any thread.
+ * Return: 0 or -FERRY_E_PROTO.
+ */
+int ferry__proto_check_hdr(const struct ferry_msg_hdr *hdr, uint32_t world, const char **why_p);
+
+/**
+ * ferry__proto_check_hello - is a HELLO frame one of our cluster's?
+ * @frame: the peer's HELLO frame (header and body, at least @len bytes)
+ * @cluster_id, @world, @rank: ours
+ * @dialed: the rank we dialed, or -1 for a connection the peer opened (the
+ *          peer must then have the higher rank: lower ranks wait to be dialed)
+ * @why, @wlen: on failure, what was wrong, for the log
+ *
+ * The transports' shared handshake rule. Context: any thread.
+ * Return: the peer's rank, or -1.
+ */
+int ferry__proto_check_hello(const void *frame, size_t len, uint64_t cluster_id, uint32_t world,
+			     uint32_t rank, int dialed, char *why, size_t wlen);
+
+/** ferry__proto_hdr_init - fill a header for @type with total frame length @len */
+void ferry__proto_hdr_init(struct ferry_msg_hdr *hdr, uint8_t type, uint32_t len, uint32_t src,
+			   uint32_t table);
+
+#endif /* FERRY_TRANSPORT_BASE_FRAME_H */
