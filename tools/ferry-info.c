@@ -15,7 +15,7 @@
 #include <infiniband/verbs.h>
 #endif
 
-#include "lib/config.h"
+#include "lib/core/config.h"
 #include "transport/transport.h"
 
 static void print_limit(const char *what, rlim_t v)

@@ -12,8 +12,8 @@
 #include <unistd.h>
 
 #include "common/cluster.h"
-#include "lib/bootstrap.h"
-#include "lib/core.h"
+#include "lib/core/bootstrap.h"
+#include "lib/core/core.h"
 
 static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
 static int log_errors;

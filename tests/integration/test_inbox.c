@@ -18,7 +18,7 @@
 #include <string.h>
 
 #include "common/cluster.h"
-#include "lib/core.h"
+#include "lib/core/core.h"
 
 static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
 static int log_errors;

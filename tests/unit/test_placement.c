@@ -12,7 +12,7 @@
 #include <stdlib.h>
 
 #include "ferry/ferry.h"
-#include "lib/placement.h"
+#include "lib/dir/placement.h"
 
 /* ---- range --------------------------------------------------------------- */
 

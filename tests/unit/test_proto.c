@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "ferry/ferry.h"
-#include "lib/proto.h"
+#include "lib/core/proto.h"
 
 #define WORLD 4
 #define NKEYS 100

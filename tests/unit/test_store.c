@@ -18,7 +18,7 @@
 
 #include <urcu/urcu-memb.h>
 
-#include "lib/store.h"
+#include "lib/store/store.h"
 
 /* a fresh arena and one LIVE slot holding @key with @len floats */
 static struct ferry_slot *live_slot(struct ferry_arena *a, uint32_t capacity, uint32_t len,

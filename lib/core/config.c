@@ -12,7 +12,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "lib/config.h"
+#include "lib/core/config.h"
 #include "transport/base/log.h"
 
 const struct ferry_option ferry__options[] = {

@@ -25,7 +25,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "lib/bootstrap.h"
+#include "lib/core/bootstrap.h"
 #include "transport/base/log.h"
 
 #define BS_MAGIC 0x46594253u /* "FYBS" */

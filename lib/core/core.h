@@ -27,9 +27,9 @@
 
 #include "ferry/ferry.h"
 #include "transport/base/log.h"
-#include "lib/placement.h"
-#include "lib/proto.h"
-#include "lib/store.h"
+#include "lib/dir/placement.h"
+#include "lib/core/proto.h"
+#include "lib/store/store.h"
 #include "transport/transport.h"
 
 #define FERRY_MAX_TABLES 256

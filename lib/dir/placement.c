@@ -4,7 +4,7 @@
 #include <stdlib.h>
 
 #include "ferry/ferry.h"
-#include "lib/placement.h"
+#include "lib/dir/placement.h"
 
 struct ring_point {
 	uint64_t hash;

@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "lib/core.h"
+#include "lib/core/core.h"
 
 static const char *const table_field_names[] = {
 	[FERRY_TF_NONE] = "none",

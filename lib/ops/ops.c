@@ -26,7 +26,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "lib/core.h"
+#include "lib/core/core.h"
 
 static __thread int ops_rcu_regs; /* workers of this thread: register once */
 

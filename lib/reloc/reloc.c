@@ -56,7 +56,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
-#include "lib/core.h"
+#include "lib/core/core.h"
 
 enum {
 	PEND_OP = 1,

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "lib/proto.h"
+#include "lib/core/proto.h"
 #include "ferry/ferry.h"
 
 void ferry__frame_begin(struct ferry_frame *f)

@@ -6,7 +6,7 @@
 
 #include <urcu/urcu-memb.h>
 
-#include "lib/store.h"
+#include "lib/store/store.h"
 #include "transport/base/log.h"
 
 int ferry__arena_init(struct ferry_arena *a, uint32_t capacity, uint32_t max_len)

@@ -6,7 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "lib/config.h"
+#include "lib/core/config.h"
 #include "transport/transport.h"
 
 struct ferry_addr {

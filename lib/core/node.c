@@ -14,9 +14,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "lib/bootstrap.h"
-#include "lib/config.h"
-#include "lib/core.h"
+#include "lib/core/bootstrap.h"
+#include "lib/core/config.h"
+#include "lib/core/core.h"
 
 int ferry__deadline_ms(int timeout_ms, struct timespec *ts)
 {
