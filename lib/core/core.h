@@ -11,8 +11,8 @@
  *                          and the progress thread under rcu_read_lock
  *   table.dir.loc[]        location hints; relaxed atomics, any thread
  *   table.dir.owner[]      authoritative owner at the home: progress thread only
- *   table.pend             keys on their way here: table.pend_lock
- *   table.inbox            landing entries (free list, busy marks): table.pend_lock
+ *   table.pend             keys on their way here: table.pend.lock (+ RCU)
+ *   table.inbox            landing entries (free list, busy marks): table.pend.lock
  *   worker.reqs[]          the worker's thread; replies under worker.lock
  */
 #ifndef FERRY_LIB_CORE_H
@@ -27,7 +27,9 @@
 
 #include "ferry/ferry.h"
 #include "transport/base/log.h"
+#include "lib/dir/pend.h"
 #include "lib/dir/placement.h"
+#include "lib/core/config.h"
 #include "lib/core/proto.h"
 #include "lib/store/store.h"
 #include "transport/transport.h"
@@ -37,43 +39,47 @@
 #define FERRY_MAX_INFLIGHT 1024 /* tickets per worker */
 #define FERRY_MAX_HOPS 32	/* forwards before an operation is given up */
 
-/* what a one-sided operation's completion context starts with */
-enum {
-	FERRY_RDMA_CTX_READ = 1,
-	FERRY_RDMA_CTX_WRITE
-};
+struct ferry;
+struct ferry_table;
+
+/*
+ * What a one-sided operation's completion context starts with: the function
+ * that finishes it. The node's on_rdma_done calls it with rcu_read_lock held,
+ * on the progress thread or on a worker polling the transport; the module
+ * that posted the operation owns the context.
+ */
 struct ferry_rdma_ctx {
-	int kind;
-};
-
-/* ---- location hints: owner rank in one 64-bit word per key ------------- */
-
-/* ---- keys on their way to this node (dir.c / reloc.c) ------------------- */
-
-struct ferry_pend_item; /* a queued operation or hand-over request */
-
-struct ferry_pend {
-	uint64_t key;
-	uint32_t slot;			     /* the slot reserved for the value */
-	uint32_t landing;		     /* landing entry reserved, or FERRY_LANDING_NONE */
-	struct ferry_pend *next;	     /* hash chain */
-	struct ferry_pend_item *head, *tail; /* arrived early, in order */
-	struct ferry_pend_waiter *waiters;
-};
-
-struct ferry_pend_waiter {
-	struct ferry_pend_waiter *next;
-	uint32_t worker;
-	uint64_t ticket;
-	uint32_t idx;
+	void (*done)(struct ferry *fy, void *ctx, int status);
 };
 
 /*
- * The landing inbox (reloc.c): entries a peer RDMA WRITEs a handed-over value
+ * The frame dispatcher (dispatch.c). A module registers a handler per frame
+ * type before the node starts (ferry__node_start); the progress thread calls
+ * it, one frame at a time, with rcu_read_lock held, after ferry__proto_parse
+ * checked the whole frame. FERRY_DISPATCH_TABLE: the frame names a table,
+ * which the dispatcher looks up and parses against (@t is never NULL);
+ * FERRY_DISPATCH_NODE: a node-wide frame, parsed with the world's limits
+ * only (@t is NULL). Bound: one entry per frame type.
+ */
+enum ferry_dispatch_scope {
+	FERRY_DISPATCH_NODE = 1,
+	FERRY_DISPATCH_TABLE,
+};
+
+typedef void (*ferry_msg_fn)(struct ferry *fy, struct ferry_table *t, uint32_t src,
+			     const struct ferry_proto_view *v);
+
+struct ferry_msg_handler {
+	ferry_msg_fn fn;
+	enum ferry_dispatch_scope scope;
+};
+
+/*
+ * The landing inbox (lib/reloc/inbox.c): entries a peer RDMA WRITEs a handed-over value
  * into, registered for remote writes only, so that the arena needs no remote
  * write access. The requester reserves an entry with the slot when it starts
  * a localize and frees it when the key is installed (or the home says it is
- * ours already). Free list and busy marks under table.pend_lock.
+ * ours already). Free list and busy marks under table.pend.lock.
  */
 struct ferry_inbox {
 	uint8_t *base; /* NULL: no inbox, hand-overs to this node go by message */
@@ -81,9 +87,9 @@ struct ferry_inbox {
 	uint32_t n;	 /* entries */
 	uint32_t stride; /* bytes per entry, a multiple of 64 */
 	struct ferry_tp_mr *mr;
-	uint32_t *free; /* stack of free entries (pend_lock) */
+	uint32_t *free; /* stack of free entries (pend.lock) */
 	uint32_t nfree;
-	uint8_t *busy;			      /* per entry: 1 while reserved (pend_lock) */
+	uint8_t *busy;			      /* per entry: 1 while reserved (pend.lock) */
 	atomic_uint_fast64_t onesided;	      /* values received through it */
 	atomic_uint_fast64_t write_fallbacks; /* old owner: batches sent by message after a
 					       * failed write */
@@ -114,19 +120,26 @@ struct ferry_table {
 			* known, after the table is already served; read it with
 			* ferry__table_onesided() */
 
-	pthread_mutex_t pend_lock;
-	struct ferry_pend **pend; /* hash buckets */
-	uint32_t pend_buckets;
-	uint64_t npend;
+	struct ferry_pend_table pend; /* keys on their way here (lib/dir/pend.h) */
 
 	/* table create handshake (rank 0 collects; everyone waits for the ack) */
 	struct ferry_msg_table wire;
 };
 
+struct ferry_worker;
+struct ferry_req;
+
+/* sends a request's remote part for a request kind of a module above ops
+ * (localize); the worker's thread. Return: 0 or a negative errno (the
+ * request then carries the status). */
+typedef int (*ferry_req_start_fn)(struct ferry_worker *w, struct ferry_table *t,
+				  struct ferry_req *r, uint64_t ticket);
+
 struct ferry_req {
-	uint64_t ticket; /* (generation << 32) | index; 0 when free */
-	uint8_t op;	 /* enum ferry_op, or FERRY_REQ_LOCALIZE */
-	bool held;	 /* waiting for an earlier operation on one of its keys */
+	uint64_t ticket;	  /* (generation << 32) | index; 0 when free */
+	uint8_t op;		  /* enum ferry_op, or FERRY_REQ_LOCALIZE */
+	ferry_req_start_fn start; /* NULL: pull, push, set (OP frames) */
+	bool held;		  /* waiting for an earlier operation on one of its keys */
 	struct ferry_table *t;
 	const uint64_t *keys;
 	size_t n;
@@ -165,6 +178,8 @@ struct ferry_worker {
 
 struct ferry {
 	uint32_t rank, world;
+	struct ferry_msg_handler handlers[FERRY_MSG_TYPE_MAX]; /* written before start */
+	struct ferry_config *cfg; /* between ferry__node_create and _start only */
 	int timeout_ms;
 	int busy_poll;
 	struct ferry_tp *tp;
@@ -199,62 +214,34 @@ struct ferry {
 	atomic_uint_fast64_t onesided_reads, onesided_retries, onesided_fallbacks;
 };
 
-/* node.c */
+/* node.c: the bottom of the core; modules call it, it calls none of them */
+/* a node from @params, its transport chosen, not started: modules register
+ * their handlers, then ferry__node_start(); 0 or a negative errno */
+int ferry__node_create(const struct ferry_params *params, struct ferry **fy_p);
+/* start the transport, join the cluster, connect; on failure the node is
+ * freed. Context: the thread of ferry_open. */
+int ferry__node_start(struct ferry *fy);
+void ferry__node_close(struct ferry *fy);
 int ferry__send(struct ferry *fy, uint32_t dst, const void *frame, size_t len);
 void ferry__node_put(struct ferry *fy);
 int ferry__node_poll(struct ferry *fy, unsigned flags);
 int ferry__deadline_ms(int timeout_ms, struct timespec *ts);
 int ferry__cond_wait_until(pthread_cond_t *c, pthread_mutex_t *m, const struct timespec *ts);
+/* mark @src failed (a protocol breach, seen by a module); logged by the caller */
+void ferry__node_drop_peer(struct ferry *fy, uint32_t src);
+/* register the calling thread with RCU unless it is already (counted per
+ * thread: workers and table teardown share it); any application thread */
+void ferry__rcu_enter(void);
+void ferry__rcu_leave(void);
 
-/* ops.c: called by the progress thread */
-void ferry__ops_on_op(struct ferry *fy, struct ferry_table *t, uint32_t src,
-		      const struct ferry_proto_view *v);
-void ferry__ops_on_reply(struct ferry *fy, struct ferry_table *t, uint32_t src,
-			 const struct ferry_proto_view *v);
-/* mark key idx of a ticket done with @status; progress thread */
-void ferry__ops_complete(struct ferry *fy, uint32_t worker, uint64_t ticket, const uint32_t *idx,
-			 uint32_t count, int status, const float *vals, size_t nvals);
-/* send results of an operation to its origin (or complete it, if ours) */
-void ferry__ops_send_reply(struct ferry *fy, struct ferry_table *t, const struct ferry_msg_op *op,
-			   int status, const uint32_t *idx, uint32_t count, const float *vals,
-			   size_t nvals);
-/* pass one key operation on toward its owner */
-void ferry__ops_forward_one(struct ferry *fy, struct ferry_table *t, const struct ferry_msg_op *op,
-			    const struct ferry_msg_key *k, const float *in);
-/* apply one key operation to a live slot here; 0 or -EAGAIN (not live) */
-int ferry__ops_apply(struct ferry_table *t, uint8_t op, uint64_t key, const float *in, float *out);
+/* dispatch.c */
+/* Context: before ferry__node_start. Return: 0, or -EEXIST / -EINVAL. */
+int ferry__dispatch_register(struct ferry *fy, uint8_t type, enum ferry_dispatch_scope scope,
+			     ferry_msg_fn fn);
+extern const struct ferry_tp_handler ferry__dispatch_handler;
 
-/* a one-sided read finished (transport handler; any registered thread) */
-void ferry__ops_on_rdma_done(struct ferry *fy, void *ctx, int status);
-/* free a worker's landing areas (worker destroy) */
-void ferry__ops_rd_fini(struct ferry_worker *w);
-
-/* reloc.c */
-int ferry__reloc_start(struct ferry_worker *w, struct ferry_table *t, struct ferry_req *r,
-		       uint64_t ticket);
-void ferry__reloc_on_localize(struct ferry *fy, struct ferry_table *t, uint32_t src,
-			      const struct ferry_proto_view *v);
-void ferry__reloc_on_handover_req(struct ferry *fy, struct ferry_table *t, uint32_t src,
-				  const struct ferry_proto_view *v);
-void ferry__reloc_on_handover(struct ferry *fy, struct ferry_table *t, uint32_t src,
-			      const struct ferry_proto_view *v);
-void ferry__reloc_on_ack(struct ferry *fy, struct ferry_table *t, uint32_t src,
-			 const struct ferry_proto_view *v);
-/* queue an arriving operation on a key on its way here; 1 if queued */
-int ferry__reloc_queue_op(struct ferry_table *t, const struct ferry_msg_op *op,
-			  const struct ferry_msg_key *k, const float *vals);
-void ferry__reloc_table_fini(struct ferry_table *t);
-/* create and register the table's landing inbox where the transport writes
- * one-sided (table build; none is not an error); 0 or -ENOMEM */
-int ferry__reloc_inbox_init(struct ferry *fy, struct ferry_table *t);
-void ferry__reloc_inbox_fini(struct ferry *fy, struct ferry_table *t);
-/* tests: entries and free entries of the inbox; any thread */
-void ferry__reloc_inbox_usage(struct ferry_table *t, uint32_t *entries_p, uint32_t *nfree_p);
-/* a hand-over write finished (on_rdma_done with a FERRY_RDMA_CTX_WRITE) */
-void ferry__reloc_on_write_done(struct ferry *fy, void *ctx, int status);
-
-/* table.c */
-void ferry__table_on_msg(struct ferry *fy, uint32_t src, const struct ferry_proto_view *v);
+/* barrier.c */
+int ferry__barrier_attach(struct ferry *fy);
 
 /* small helpers */
 static inline bool ferry__table_onesided(const struct ferry_table *t)

@@ -56,258 +56,9 @@
 #include <string.h>
 #include <sys/mman.h>
 
-#include "lib/core/core.h"
-
-enum {
-	PEND_OP = 1,
-	PEND_HANDOVER
-};
-
-struct ferry_pend_item {
-	struct ferry_pend_item *next;
-	int kind;
-	struct ferry_msg_op op;		   /* PEND_OP */
-	struct ferry_msg_key key;	   /* PEND_OP */
-	uint32_t requester, slot, landing; /* PEND_HANDOVER */
-	float vals[];			   /* PEND_OP push/set */
-};
-
-/* ---- the landing inbox ---------------------------------------------------- */
-
-/*
- * Size: one entry per key that can be on its way here (the arena's
- * capacity), at most FERRY_INBOX_MAX_ENTRIES (1024) and FERRY_INBOX_BYTES
- * (4 MiB) in all, but at least one entry. The inbox is pinned memory on RDMA
- * (it counts against the memlock limit) per table and node, so it is
- * bounded; 4 MiB holds 1024 values of 1024 floats. Keys localized beyond it
- * at once are handed over by message, where the value bytes cost about what
- * they cost by write. Classic mode never moves keys: no inbox.
- *
- * Context: table build, before the table is published. Return: 0 (also when
- * there is no inbox: transport without one-sided writes, or its registration
- * failed, logged) or -ENOMEM.
- */
-int ferry__reloc_inbox_init(struct ferry *fy, struct ferry_table *t)
-{
-	const struct ferry_tp_ops *ops = fy->tp->ops;
-	const uint32_t need = FERRY_TP_CAP_READ | FERRY_TP_CAP_WRITE;
-	struct ferry_inbox *in = &t->inbox;
-	size_t stride = ((size_t)t->max_len * sizeof(float) + 63) & ~(size_t)63;
-	size_t n, bytes;
-	uint8_t *base;
-	int rc;
-
-	if (!ops->mem_reg || !ops->write || (ops->caps & need) != need ||
-	    t->params.mode == FERRY_MODE_CLASSIC || !t->arena.capacity)
-		return 0;
-	n = FERRY_INBOX_BYTES / stride;
-	if (n < 1)
-		n = 1;
-	if (n > FERRY_INBOX_MAX_ENTRIES)
-		n = FERRY_INBOX_MAX_ENTRIES;
-	if (n > t->arena.capacity)
-		n = t->arena.capacity;
-	bytes = n * stride;
-	base = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	if (base == MAP_FAILED)
-		return -ENOMEM;
-	in->mr = calloc(1, ops->mr_size);
-	in->free = malloc(n * sizeof(*in->free));
-	in->busy = calloc(n, sizeof(*in->busy));
-	if (!in->mr || !in->free || !in->busy) {
-		rc = -ENOMEM;
-		goto err_free;
-	}
-	rc = ops->mem_reg(fy->tp, base, bytes, FERRY_TP_ACCESS_REMOTE_WRITE, in->mr);
-	if (rc) {
-		ferry_warn("reloc: table %u: cannot register a landing inbox of %zu bytes on rank "
-			   "%u (%s); keys localized to it are handed over by message",
-			   t->id, bytes, fy->rank, ferry_strerror(rc));
-		rc = 0;
-		goto err_free;
-	}
-	for (size_t i = 0; i < n; i++) /* entry 0 on top */
-		in->free[i] = (uint32_t)(n - 1 - i);
-	in->nfree = (uint32_t)n;
-	in->n = (uint32_t)n;
-	in->stride = (uint32_t)stride;
-	in->bytes = bytes;
-	in->base = base;
-	return 0;
-
-err_free:
-	free(in->mr);
-	free(in->free);
-	free(in->busy);
-	in->mr = NULL;
-	in->free = NULL;
-	in->busy = NULL;
-	munmap(base, bytes);
-	return rc;
-}
-
-/* table free: no handler sees the table any more */
-void ferry__reloc_inbox_fini(struct ferry *fy, struct ferry_table *t)
-{
-	struct ferry_inbox *in = &t->inbox;
-
-	if (!in->base)
-		return;
-	if (fy->tp)
-		fy->tp->ops->mem_dereg(fy->tp, in->mr);
-	free(in->mr);
-	free(in->free);
-	free(in->busy);
-	munmap(in->base, in->bytes);
-	in->base = NULL;
-	in->n = in->nfree = 0;
-}
-
-void ferry__reloc_inbox_usage(struct ferry_table *t, uint32_t *entries_p, uint32_t *nfree_p)
-{
-	pthread_mutex_lock(&t->pend_lock);
-	*entries_p = t->inbox.n;
-	*nfree_p = t->inbox.nfree;
-	pthread_mutex_unlock(&t->pend_lock);
-}
-
-/* reserve a landing entry, or FERRY_LANDING_NONE; t->pend_lock held */
-static uint32_t inbox_get(struct ferry_table *t)
-{
-	struct ferry_inbox *in = &t->inbox;
-	uint32_t idx;
-
-	if (!in->nfree)
-		return FERRY_LANDING_NONE;
-	idx = in->free[--in->nfree];
-	in->busy[idx] = 1;
-	return idx;
-}
-
-/* give a reserved entry back (FERRY_LANDING_NONE: nothing); t->pend_lock held */
-static void inbox_put(struct ferry_table *t, uint32_t idx)
-{
-	struct ferry_inbox *in = &t->inbox;
-
-	if (idx == FERRY_LANDING_NONE)
-		return;
-	if (idx >= in->n || !in->busy[idx]) {
-		/* a bug here, never a peer's doing: entries are ours to track */
-		ferry_err("reloc: table %u: landing entry %u freed twice (or never reserved); "
-			  "kept out of the free list",
-			  t->id, idx);
-		assert(!"landing entry freed twice");
-		return;
-	}
-	in->busy[idx] = 0;
-	in->free[in->nfree++] = idx;
-}
-
-static const float *inbox_entry(const struct ferry_table *t, uint32_t idx)
-{
-	return (const float *)(t->inbox.base + (size_t)idx * t->inbox.stride);
-}
-
-/* ---- the pending table (t->pend_lock held) ----------------------------- */
-
-static struct ferry_pend **pend_bucket(struct ferry_table *t, uint64_t key)
-{
-	return &t->pend[ferry__hash64(key) & (t->pend_buckets - 1)];
-}
-
-static struct ferry_pend *pend_find(struct ferry_table *t, uint64_t key)
-{
-	struct ferry_pend *e = *pend_bucket(t, key);
-
-	while (e && e->key != key)
-		e = e->next;
-	return e;
-}
-
-static void pend_unlink(struct ferry_table *t, struct ferry_pend *e)
-{
-	struct ferry_pend **pp = pend_bucket(t, e->key);
-
-	while (*pp != e)
-		pp = &(*pp)->next;
-	*pp = e->next;
-	t->npend--;
-}
-
-static void pend_free(struct ferry_pend *e)
-{
-	while (e->head) {
-		struct ferry_pend_item *it = e->head;
-
-		e->head = it->next;
-		free(it);
-	}
-	while (e->waiters) {
-		struct ferry_pend_waiter *wt = e->waiters;
-
-		e->waiters = wt->next;
-		free(wt);
-	}
-	free(e);
-}
-
-static void pend_append(struct ferry_pend *e, struct ferry_pend_item *it)
-{
-	it->next = NULL;
-	if (e->tail)
-		e->tail->next = it;
-	else
-		e->head = it;
-	e->tail = it;
-}
-
-void ferry__reloc_table_fini(struct ferry_table *t)
-{
-	if (!t->pend)
-		return;
-	for (uint32_t b = 0; b < t->pend_buckets; b++)
-		while (t->pend[b]) {
-			struct ferry_pend *e = t->pend[b];
-
-			/* moves that never ended: their entries end with the inbox */
-			t->pend[b] = e->next;
-			inbox_put(t, e->landing);
-			pend_free(e);
-		}
-	free(t->pend);
-	t->pend = NULL;
-}
-
-int ferry__reloc_queue_op(struct ferry_table *t, const struct ferry_msg_op *op,
-			  const struct ferry_msg_key *k, const float *vals)
-{
-	struct ferry_pend_item *it;
-	struct ferry_pend *e;
-	size_t nv = vals ? k->len : 0;
-
-	pthread_mutex_lock(&t->pend_lock);
-	e = pend_find(t, k->key);
-	if (!e) {
-		pthread_mutex_unlock(&t->pend_lock);
-		return 0;
-	}
-	it = malloc(sizeof(*it) + nv * sizeof(float));
-	if (!it) {
-		pthread_mutex_unlock(&t->pend_lock);
-		ferry_err("reloc: out of memory queueing an operation on key %llu",
-			  (unsigned long long)k->key);
-		ferry__ops_send_reply(t->fy, t, op, -ENOMEM, &k->idx, 1, NULL, 0);
-		return 1;
-	}
-	it->kind = PEND_OP;
-	it->op = *op;
-	it->key = *k;
-	if (nv)
-		memcpy(it->vals, vals, nv * sizeof(float));
-	pend_append(e, it);
-	pthread_mutex_unlock(&t->pend_lock);
-	return 1;
-}
+#include "lib/ops/ops.h"
+#include "lib/reloc/inbox.h"
+#include "lib/reloc/reloc.h"
 
 /* ---- requester: start ------------------------------------------------- */
 
@@ -370,7 +121,7 @@ static int reloc_batch_send(struct ferry *fy, struct ferry_table *t, struct relo
 	return rc;
 }
 
-int ferry__reloc_start(struct ferry_worker *w, struct ferry_table *t, struct ferry_req *r,
+static int reloc_start(struct ferry_worker *w, struct ferry_table *t, struct ferry_req *r,
 		       uint64_t ticket)
 {
 	struct ferry *fy = w->fy;
@@ -396,7 +147,7 @@ int ferry__reloc_start(struct ferry_worker *w, struct ferry_table *t, struct fer
 	/* a landing entry helps only where peers know the inbox (create done) */
 	inbox = t->inbox.n && ferry__table_onesided(t);
 	urcu_memb_read_lock();
-	pthread_mutex_lock(&t->pend_lock);
+	pthread_mutex_lock(&t->pend.lock);
 	for (size_t i = 0; i < r->n; i++) {
 		uint64_t key = r->keys[i];
 		struct ferry_pend_waiter *wt;
@@ -409,7 +160,7 @@ int ferry__reloc_start(struct ferry_worker *w, struct ferry_table *t, struct fer
 			continue;
 		}
 		wt = malloc(sizeof(*wt));
-		e = pend_find(t, key);
+		e = ferry__pend_find(&t->pend, key);
 		if (!e && wt) {
 			if (ferry__arena_alloc(&t->arena, &slot)) {
 				if (!nfail++)
@@ -422,18 +173,17 @@ int ferry__reloc_start(struct ferry_worker *w, struct ferry_table *t, struct fer
 				free(wt);
 				wt = NULL;
 				rc = -ENOSPC;
-			} else if (!(e = calloc(1, sizeof(*e)))) {
-				ferry__arena_free(&t->arena, slot);
 			} else {
-				uint32_t home = ferry__home(t, key);
+				uint32_t land = inbox ? ferry__inbox_get(t) : FERRY_LANDING_NONE;
 
-				e->key = key;
-				e->slot = slot;
-				e->landing = inbox ? inbox_get(t) : FERRY_LANDING_NONE;
-				e->next = *pend_bucket(t, key);
-				*pend_bucket(t, key) = e;
-				t->npend++;
-				reloc_batch_add(&to[home], key, slot, 0, 0, fy->rank, e->landing);
+				e = ferry__pend_add(&t->pend, key, slot, land);
+				if (!e) {
+					ferry__inbox_put(t, land);
+					ferry__arena_free(&t->arena, slot);
+				} else {
+					reloc_batch_add(&to[ferry__home(t, key)], key, slot, 0, 0,
+							fy->rank, land);
+				}
 			}
 		}
 		if (!e || !wt) {
@@ -449,7 +199,7 @@ int ferry__reloc_start(struct ferry_worker *w, struct ferry_table *t, struct fer
 		wt->next = e->waiters;
 		e->waiters = wt;
 	}
-	pthread_mutex_unlock(&t->pend_lock);
+	pthread_mutex_unlock(&t->pend.lock);
 	urcu_memb_read_unlock();
 
 	if (ndone)
@@ -470,7 +220,7 @@ int ferry__reloc_start(struct ferry_worker *w, struct ferry_table *t, struct fer
 
 /* ---- home: record the new owner, ask the old one ------------------------ */
 
-void ferry__reloc_on_localize(struct ferry *fy, struct ferry_table *t, uint32_t src,
+static void reloc_on_localize(struct ferry *fy, struct ferry_table *t, uint32_t src,
 			      const struct ferry_proto_view *v)
 {
 	const struct ferry_msg_move *m = v->body;
@@ -573,7 +323,7 @@ struct reloc_wentry {
 };
 
 struct reloc_wbatch {
-	struct ferry_rdma_ctx ctx; /* FERRY_RDMA_CTX_WRITE */
+	struct ferry_rdma_ctx ctx; /* done: reloc_on_write_done */
 	struct ferry_table *t;
 	uint32_t requester;
 	uint32_t n;
@@ -613,7 +363,7 @@ static void reloc_wbatch_put(struct ferry *fy, struct reloc_wbatch *wb)
 	free(wb);
 }
 
-void ferry__reloc_on_write_done(struct ferry *fy, void *ctx, int status)
+static void reloc_on_write_done(struct ferry *fy, void *ctx, int status)
 {
 	struct reloc_wbatch *wb = ctx;
 
@@ -645,7 +395,7 @@ static void reloc_wbatch_post(struct ferry *fy, struct reloc_wbatch *wb)
 	reloc_wbatch_put(fy, wb);
 }
 
-void ferry__reloc_on_handover_req(struct ferry *fy, struct ferry_table *t, uint32_t src,
+static void reloc_on_handover_req(struct ferry *fy, struct ferry_table *t, uint32_t src,
 				  const struct ferry_proto_view *v)
 {
 	const struct ferry_msg_move *m = v->body;
@@ -659,7 +409,7 @@ void ferry__reloc_on_handover_req(struct ferry *fy, struct ferry_table *t, uint3
 	if (nland) {
 		wb = calloc(1, sizeof(*wb) + v->count * sizeof(wb->e[0]));
 		if (wb) {
-			wb->ctx.kind = FERRY_RDMA_CTX_WRITE;
+			wb->ctx.done = reloc_on_write_done;
 			wb->t = t;
 			wb->requester = m->requester;
 		}
@@ -684,10 +434,10 @@ void ferry__reloc_on_handover_req(struct ferry *fy, struct ferry_table *t, uint3
 					  (unsigned long long)mv->key);
 			onesided = false;
 		}
-		pthread_mutex_lock(&t->pend_lock);
+		pthread_mutex_lock(&t->pend.lock);
 		s = rcu_dereference(t->dir.own[mv->key]);
 		if (s) {
-			pthread_mutex_unlock(&t->pend_lock);
+			pthread_mutex_unlock(&t->pend.lock);
 			if (onesided) {
 				reloc_take(fy, t, s, mv->key, m->requester, 1);
 				wb->e[wb->n++] = (struct reloc_wentry){ .key = mv->key,
@@ -701,15 +451,15 @@ void ferry__reloc_on_handover_req(struct ferry *fy, struct ferry_table *t, uint3
 			continue;
 		}
 		{
-			struct ferry_pend *e = pend_find(t, mv->key);
+			struct ferry_pend *e = ferry__pend_find(&t->pend, mv->key);
 			struct ferry_pend_item *it;
 
 			if (e && (it = calloc(1, sizeof(*it)))) {
-				it->kind = PEND_HANDOVER;
+				it->kind = FERRY_PEND_HANDOVER;
 				it->requester = m->requester;
 				it->slot = mv->slot;
 				it->landing = mv->landing;
-				pend_append(e, it);
+				ferry__pend_append(e, it);
 			} else {
 				ferry_err(
 					"reloc: rank %u asked rank %u to hand key %llu over, but it "
@@ -717,7 +467,7 @@ void ferry__reloc_on_handover_req(struct ferry *fy, struct ferry_table *t, uint3
 					src, fy->rank, (unsigned long long)mv->key);
 			}
 		}
-		pthread_mutex_unlock(&t->pend_lock);
+		pthread_mutex_unlock(&t->pend.lock);
 	}
 	if (b.f.buf)
 		reloc_batch_send(fy, t, &b, FERRY_MSG_HANDOVER, m->requester, &vals);
@@ -753,9 +503,9 @@ static void reloc_install(struct ferry *fy, struct ferry_table *t, struct ferry_
 
 	while ((it = e->head)) {
 		e->head = it->next;
-		if (!owned && it->kind == PEND_OP) {
+		if (!owned && it->kind == FERRY_PEND_OP) {
 			ferry__ops_forward_one(fy, t, &it->op, &it->key, it->vals);
-		} else if (it->kind == PEND_OP) {
+		} else if (it->kind == FERRY_PEND_OP) {
 			float *out = NULL;
 			int rc;
 
@@ -800,7 +550,7 @@ static void reloc_install(struct ferry *fy, struct ferry_table *t, struct ferry_
 	}
 }
 
-void ferry__reloc_on_handover(struct ferry *fy, struct ferry_table *t, uint32_t src,
+static void reloc_on_handover(struct ferry *fy, struct ferry_table *t, uint32_t src,
 			      const struct ferry_proto_view *v)
 {
 	const bool done = v->hdr->type == FERRY_MSG_HANDOVER_DONE;
@@ -810,10 +560,10 @@ void ferry__reloc_on_handover(struct ferry *fy, struct ferry_table *t, uint32_t 
 		const struct ferry_msg_mv *mv = &v->mvs[i];
 		struct ferry_pend *e;
 
-		pthread_mutex_lock(&t->pend_lock);
-		e = pend_find(t, mv->key);
+		pthread_mutex_lock(&t->pend.lock);
+		e = ferry__pend_find(&t->pend, mv->key);
 		if (!e || e->slot != mv->slot) {
-			pthread_mutex_unlock(&t->pend_lock);
+			pthread_mutex_unlock(&t->pend.lock);
 			ferry_err("reloc: rank %u handed over key %llu, which this node does not "
 				  "expect (slot %u); value dropped",
 				  src, (unsigned long long)mv->key, mv->slot);
@@ -821,7 +571,7 @@ void ferry__reloc_on_handover(struct ferry *fy, struct ferry_table *t, uint32_t 
 			continue;
 		}
 		if (done && (e->landing == FERRY_LANDING_NONE || e->landing != mv->landing)) {
-			pthread_mutex_unlock(&t->pend_lock);
+			pthread_mutex_unlock(&t->pend.lock);
 			ferry_err(
 				"reloc: rank %u wrote key %llu into landing entry %u, but this node "
 				"reserved %d for it; value dropped",
@@ -829,44 +579,88 @@ void ferry__reloc_on_handover(struct ferry *fy, struct ferry_table *t, uint32_t 
 				e->landing == FERRY_LANDING_NONE ? -1 : (int)e->landing);
 			continue;
 		}
-		pend_unlink(t, e);
+		ferry__pend_del(&t->pend, e);
 		if (done)
 			atomic_fetch_add_explicit(&t->inbox.onesided, 1, memory_order_relaxed);
-		reloc_install(fy, t, e, done ? inbox_entry(t, e->landing) : val,
+		reloc_install(fy, t, e, done ? ferry__inbox_entry(t, e->landing) : val,
 			      ferry__value_len(t, mv->key));
 		/* every write into it completed before the message was sent */
-		inbox_put(t, e->landing);
+		ferry__inbox_put(t, e->landing);
 		e->landing = FERRY_LANDING_NONE;
-		pthread_mutex_unlock(&t->pend_lock);
+		pthread_mutex_unlock(&t->pend.lock);
 		reloc_wake(fy, e, 0);
-		pend_free(e);
+		ferry__pend_free(e);
 		val += mv->len;
 	}
 }
 
-void ferry__reloc_on_ack(struct ferry *fy, struct ferry_table *t, uint32_t src,
+static void reloc_on_ack(struct ferry *fy, struct ferry_table *t, uint32_t src,
 			 const struct ferry_proto_view *v)
 {
 	for (uint32_t i = 0; i < v->count; i++) {
 		const struct ferry_msg_mv *mv = &v->mvs[i];
 		struct ferry_pend *e;
 
-		pthread_mutex_lock(&t->pend_lock);
-		e = pend_find(t, mv->key);
+		pthread_mutex_lock(&t->pend.lock);
+		e = ferry__pend_find(&t->pend, mv->key);
 		if (e && e->slot == mv->slot) {
-			pend_unlink(t, e);
+			ferry__pend_del(&t->pend, e);
 			/* nobody was asked to write it */
-			inbox_put(t, e->landing);
+			ferry__inbox_put(t, e->landing);
 			e->landing = FERRY_LANDING_NONE;
 		} else {
 			e = NULL;
 		}
-		pthread_mutex_unlock(&t->pend_lock);
+		pthread_mutex_unlock(&t->pend.lock);
 		if (!e)
 			continue;
 		/* the home says it is ours already: the reserved slot was never used */
 		ferry__arena_free(&t->arena, e->slot);
 		reloc_wake(fy, e, 0);
-		pend_free(e);
+		ferry__pend_free(e);
 	}
+}
+
+/* ---- the module ----------------------------------------------------------- */
+
+int ferry_localize(struct ferry_worker *w, struct ferry_table *t, const uint64_t *keys, size_t n)
+{
+	return ferry__ops_sync(w, t, FERRY_REQ_LOCALIZE, keys, n, NULL, NULL, reloc_start);
+}
+
+int ferry_localize_start(struct ferry_worker *w, struct ferry_table *t, const uint64_t *keys,
+			 size_t n, uint64_t *ticket_p)
+{
+	return ferry__ops_async(w, t, FERRY_REQ_LOCALIZE, keys, n, NULL, NULL, reloc_start,
+				ticket_p);
+}
+
+/* moves that never ended: their landing entries go back (the inbox goes next) */
+static void reloc_pend_drop(void *arg, struct ferry_pend *e)
+{
+	ferry__inbox_put(arg, e->landing);
+}
+
+void ferry__reloc_table_fini(struct ferry_table *t)
+{
+	ferry__pend_fini(&t->pend, reloc_pend_drop, t);
+}
+
+int ferry__reloc_attach(struct ferry *fy)
+{
+	static const struct {
+		uint8_t type;
+		ferry_msg_fn fn;
+	} h[] = {
+		{ FERRY_MSG_LOCALIZE, reloc_on_localize },
+		{ FERRY_MSG_HANDOVER_REQ, reloc_on_handover_req },
+		{ FERRY_MSG_HANDOVER, reloc_on_handover },
+		{ FERRY_MSG_HANDOVER_DONE, reloc_on_handover },
+		{ FERRY_MSG_LOC_ACK, reloc_on_ack },
+	};
+	int rc = 0;
+
+	for (size_t i = 0; i < sizeof(h) / sizeof(h[0]) && !rc; i++)
+		rc = ferry__dispatch_register(fy, h[i].type, FERRY_DISPATCH_TABLE, h[i].fn);
+	return rc;
 }

@@ -10,7 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "lib/core/core.h"
+#include "lib/reloc/reloc.h"
+#include "lib/table/table.h"
 
 static const char *const table_field_names[] = {
 	[FERRY_TF_NONE] = "none",
@@ -110,7 +111,8 @@ static void table_record(struct ferry *fy, uint32_t src, uint32_t id,
 	table_try_verdict(fy, id);
 }
 
-void ferry__table_on_msg(struct ferry *fy, uint32_t src, const struct ferry_proto_view *v)
+static void table_on_msg(struct ferry *fy, struct ferry_table *unused, uint32_t src,
+			 const struct ferry_proto_view *v)
 {
 	const struct ferry_msg_hdr *hdr = v->hdr;
 	const struct ferry_msg_table *m = v->body;
@@ -178,7 +180,11 @@ static int table_check_params(const struct ferry_table_params *p)
 
 static void table_free(struct ferry_table *t)
 {
+	/* the pending table's teardown walks it under RCU: register this
+	 * thread for it if no worker did */
+	ferry__rcu_enter();
 	ferry__reloc_table_fini(t);
+	ferry__rcu_leave();
 	ferry__reloc_inbox_fini(t->fy, t);
 	if (t->arena.mr && t->fy->tp)
 		t->fy->tp->ops->mem_dereg(t->fy->tp, t->arena.mr);
@@ -191,7 +197,6 @@ static void table_free(struct ferry_table *t)
 	free(t->value_lens);
 	free(t->value_offs);
 	free(t->peer_arena);
-	pthread_mutex_destroy(&t->pend_lock);
 	free(t);
 }
 
@@ -206,7 +211,9 @@ static int table_build(struct ferry *fy, const struct ferry_table_params *p, str
 	t->params = *p;
 	t->params.vnodes = p->vnodes ? p->vnodes : 1024;
 	t->params.value_lens = NULL;
-	pthread_mutex_init(&t->pend_lock, NULL);
+	rc = ferry__pend_init(&t->pend);
+	if (rc)
+		return rc;
 	t->max_len = p->value_len;
 	if (p->value_lens) {
 		t->value_lens = malloc(n * sizeof(uint32_t));
@@ -235,9 +242,7 @@ static int table_build(struct ferry *fy, const struct ferry_table_params *p, str
 	t->dir.own = calloc(n, sizeof(*t->dir.own));
 	t->dir.loc = malloc(n * sizeof(*t->dir.loc));
 	t->dir.owner = malloc(n * sizeof(*t->dir.owner));
-	t->pend_buckets = 1024;
-	t->pend = calloc(t->pend_buckets, sizeof(*t->pend));
-	if (!t->dir.own || !t->dir.loc || !t->dir.owner || !t->pend)
+	if (!t->dir.own || !t->dir.loc || !t->dir.owner)
 		return -ENOMEM;
 
 	/* by default a node can own every key, and a few more slots cover keys
@@ -488,4 +493,13 @@ uint32_t ferry_table_value_len(const struct ferry_table *t, uint64_t key)
 	if (!t || key >= t->params.num_keys)
 		return 0;
 	return ferry__value_len(t, key);
+}
+
+int ferry__table_attach(struct ferry *fy)
+{
+	int rc = ferry__dispatch_register(fy, FERRY_MSG_TABLE, FERRY_DISPATCH_NODE, table_on_msg);
+
+	return rc ? rc :
+		    ferry__dispatch_register(fy, FERRY_MSG_TABLE_ACK, FERRY_DISPATCH_NODE,
+					     table_on_msg);
 }

@@ -19,6 +19,7 @@
 
 #include "common/cluster.h"
 #include "lib/core/core.h"
+#include "lib/reloc/inbox.h"
 
 static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
 static int log_errors;

@@ -1,0 +1,145 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * pend.c - keys on their way to this node, in a cds_lfht (see pend.h for
+ * the contract of each function and the bound).
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "lib/dir/pend.h"
+#include "lib/dir/placement.h"
+
+static int pend_match(struct cds_lfht_node *node, const void *key)
+{
+	const struct ferry_pend *e = caa_container_of(node, struct ferry_pend, node);
+
+	return e->key == *(const uint64_t *)key;
+}
+
+int ferry__pend_init(struct ferry_pend_table *pt)
+{
+	pt->ht = cds_lfht_new_flavor(64, 64, 0, CDS_LFHT_AUTO_RESIZE | CDS_LFHT_ACCOUNTING,
+				     &urcu_memb_flavor, NULL);
+	if (!pt->ht)
+		return -ENOMEM;
+	pthread_mutex_init(&pt->lock, NULL);
+	pt->n = 0;
+	return 0;
+}
+
+static void pend_free_rcu(struct rcu_head *head)
+{
+	free(caa_container_of(head, struct ferry_pend, rcu));
+}
+
+void ferry__pend_free(struct ferry_pend *e)
+{
+	while (e->head) {
+		struct ferry_pend_item *it = e->head;
+
+		e->head = it->next;
+		free(it);
+	}
+	e->tail = NULL;
+	while (e->waiters) {
+		struct ferry_pend_waiter *wt = e->waiters;
+
+		e->waiters = wt->next;
+		free(wt);
+	}
+	urcu_memb_call_rcu(&e->rcu, pend_free_rcu);
+}
+
+void ferry__pend_fini(struct ferry_pend_table *pt, void (*each)(void *arg, struct ferry_pend *e),
+		      void *arg)
+{
+	struct cds_lfht_iter it;
+	struct ferry_pend *e;
+
+	if (!pt->ht)
+		return;
+	urcu_memb_read_lock();
+	cds_lfht_for_each_entry(pt->ht, &it, e, node) {
+		cds_lfht_del(pt->ht, &e->node);
+		pt->n--;
+		if (each)
+			each(arg, e);
+		ferry__pend_free(e);
+	}
+	urcu_memb_read_unlock();
+	cds_lfht_destroy(pt->ht, NULL);
+	pt->ht = NULL;
+	pthread_mutex_destroy(&pt->lock);
+}
+
+struct ferry_pend *ferry__pend_find(struct ferry_pend_table *pt, uint64_t key)
+{
+	struct cds_lfht_iter it;
+	struct cds_lfht_node *node;
+
+	cds_lfht_lookup(pt->ht, ferry__hash64(key), pend_match, &key, &it);
+	node = cds_lfht_iter_get_node(&it);
+	return node ? caa_container_of(node, struct ferry_pend, node) : NULL;
+}
+
+struct ferry_pend *ferry__pend_add(struct ferry_pend_table *pt, uint64_t key, uint32_t slot,
+				   uint32_t landing)
+{
+	struct ferry_pend *e = calloc(1, sizeof(*e));
+
+	if (!e)
+		return NULL;
+	e->key = key;
+	e->slot = slot;
+	e->landing = landing;
+	cds_lfht_node_init(&e->node);
+	/* the caller checked that @key has no entry, under pt->lock */
+	cds_lfht_add(pt->ht, ferry__hash64(key), &e->node);
+	pt->n++;
+	return e;
+}
+
+void ferry__pend_del(struct ferry_pend_table *pt, struct ferry_pend *e)
+{
+	cds_lfht_del(pt->ht, &e->node);
+	pt->n--;
+}
+
+void ferry__pend_append(struct ferry_pend *e, struct ferry_pend_item *it)
+{
+	it->next = NULL;
+	if (e->tail)
+		e->tail->next = it;
+	else
+		e->head = it;
+	e->tail = it;
+}
+
+int ferry__pend_queue_op(struct ferry_pend_table *pt, const struct ferry_msg_op *op,
+			 const struct ferry_msg_key *k, const float *vals)
+{
+	struct ferry_pend_item *it;
+	struct ferry_pend *e;
+	size_t nv = vals ? k->len : 0;
+
+	pthread_mutex_lock(&pt->lock);
+	e = ferry__pend_find(pt, k->key);
+	if (!e) {
+		pthread_mutex_unlock(&pt->lock);
+		return 0;
+	}
+	it = malloc(sizeof(*it) + nv * sizeof(float));
+	if (!it) {
+		pthread_mutex_unlock(&pt->lock);
+		return -ENOMEM;
+	}
+	it->kind = FERRY_PEND_OP;
+	it->op = *op;
+	it->key = *k;
+	if (nv)
+		memcpy(it->vals, vals, nv * sizeof(float));
+	ferry__pend_append(e, it);
+	pthread_mutex_unlock(&pt->lock);
+	return 1;
+}

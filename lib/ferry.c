@@ -1,0 +1,55 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * ferry.c - the top of the library: ferry_open() makes a node (lib/core),
+ * lets every module register its frame handlers with the dispatcher, and
+ * only then starts the transport, so no frame arrives before its handler.
+ *
+ *   lib/ferry.c, lib/cluster.c      open/close, local clusters
+ *     lib/table/                    collective create/destroy
+ *       lib/reloc/                  localize protocol, landing inbox
+ *         lib/ops/                  pull/push/set, requests, one-sided pulls
+ *           lib/core/               node, dispatcher, barrier, proto, bootstrap
+ *             lib/dir/ lib/store/   placement, pending moves; arenas and slots
+ *               transport/          tcp, rdma, loop over transport/base
+ *
+ * Each layer calls only those below it (ci/check-layers.sh checks it).
+ */
+#include <errno.h>
+
+#include "lib/core/core.h"
+#include "lib/ops/ops.h"
+#include "lib/reloc/reloc.h"
+#include "lib/table/table.h"
+
+int ferry_open(const struct ferry_params *params, struct ferry **fy_p)
+{
+	struct ferry *fy;
+	int rc;
+
+	if (!fy_p)
+		return -EINVAL;
+	rc = ferry__node_create(params, &fy);
+	if (rc)
+		return rc;
+	rc = ferry__barrier_attach(fy);
+	if (!rc)
+		rc = ferry__ops_attach(fy);
+	if (!rc)
+		rc = ferry__reloc_attach(fy);
+	if (!rc)
+		rc = ferry__table_attach(fy);
+	if (rc) {
+		ferry__node_put(fy);
+		return rc;
+	}
+	rc = ferry__node_start(fy);
+	if (rc)
+		return rc;
+	*fy_p = fy;
+	return 0;
+}
+
+void ferry_close(struct ferry *fy)
+{
+	ferry__node_close(fy);
+}

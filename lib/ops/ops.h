@@ -1,0 +1,44 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * ops.h - what the operations module (lib/ops/) offers the layers above it
+ * (reloc, table, ferry.c): its attach, the request machinery that localize
+ * reuses, and serving key operations.
+ */
+#ifndef FERRY_LIB_OPS_H
+#define FERRY_LIB_OPS_H
+
+#include "lib/core/core.h"
+
+/* register the OP and REPLY handlers (serve.c); before the node starts */
+int ferry__ops_attach(struct ferry *fy);
+
+/*
+ * Run an operation as a request of @w (request.c). @op is enum ferry_op, or
+ * FERRY_REQ_LOCALIZE with @start: the function that sends the request's
+ * remote part instead of the OP frames of a pull, push or set (so a module
+ * above, reloc, reuses tickets, holding and waiting without ops calling it
+ * by name). Synchronous: returns when done, 0 or a negative errno; async:
+ * the ticket in *@ticket_p. Context: @w's thread.
+ */
+int ferry__ops_sync(struct ferry_worker *w, struct ferry_table *t, uint8_t op, const uint64_t *keys,
+		    size_t n, const float *in, float *out, ferry_req_start_fn start);
+int ferry__ops_async(struct ferry_worker *w, struct ferry_table *t, uint8_t op,
+		     const uint64_t *keys, size_t n, const float *in, float *out,
+		     ferry_req_start_fn start, uint64_t *ticket_p);
+
+/* mark keys @idx of a ticket done with @status (and pulled @vals); progress
+ * thread or a worker, rcu_read_lock held (serve.c) */
+void ferry__ops_complete(struct ferry *fy, uint32_t worker, uint64_t ticket, const uint32_t *idx,
+			 uint32_t count, int status, const float *vals, size_t nvals);
+/* send results of an operation to its origin (or complete it, if ours) */
+void ferry__ops_send_reply(struct ferry *fy, struct ferry_table *t, const struct ferry_msg_op *op,
+			   int status, const uint32_t *idx, uint32_t count, const float *vals,
+			   size_t nvals);
+/* pass one key operation on toward its owner; progress thread */
+void ferry__ops_forward_one(struct ferry *fy, struct ferry_table *t, const struct ferry_msg_op *op,
+			    const struct ferry_msg_key *k, const float *in);
+/* apply one key operation to a live slot here; 0 or -EAGAIN (not live);
+ * rcu_read_lock held */
+int ferry__ops_apply(struct ferry_table *t, uint8_t op, uint64_t key, const float *in, float *out);
+
+#endif /* FERRY_LIB_OPS_H */
