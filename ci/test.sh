@@ -6,6 +6,8 @@
 # Stages, each bounded with timeout(1), in this order:
 #   deps        ci/deps.sh build (and vm unless --no-vm)
 #   build       cmake -S . -B build -DFERRY_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo; build
+#   layers      ci/check-layers.sh: transports include no lib/ header, no file over 1000 lines,
+#               no call upward between layers and no call circle (from the objects, with nm)
 #   ctest       ctest --test-dir build --output-on-failure
 #   asan-build  the same into build-asan/ with -DFERRY_SANITIZE=address,undefined
 #   asan-ctest  ctest there, with ASAN_OPTIONS / UBSAN_OPTIONS that abort on the first finding
@@ -132,8 +134,10 @@ stage deps 1200 bash ci/deps.sh "${dep_groups[@]}" || true
 build_ok=0
 stage build 900 bash -c 'configure_build build' && build_ok=1
 if [[ $build_ok -eq 1 ]]; then
+	stage layers 120 bash ci/check-layers.sh --build-dir build || true
 	stage ctest 900 ctest --test-dir build --output-on-failure || true
 else
+	skip layers "build failed"
 	skip ctest "build failed"
 fi
 

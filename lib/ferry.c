@@ -42,7 +42,7 @@ int ferry_open(const struct ferry_params *params, struct ferry **fy_p)
 		ferry__node_put(fy);
 		return rc;
 	}
-	rc = ferry__node_start(fy);
+	rc = ferry__node_start(fy, &ferry__dispatch_handler);
 	if (rc)
 		return rc;
 	*fy_p = fy;

@@ -218,9 +218,10 @@ struct ferry {
 /* a node from @params, its transport chosen, not started: modules register
  * their handlers, then ferry__node_start(); 0 or a negative errno */
 int ferry__node_create(const struct ferry_params *params, struct ferry **fy_p);
-/* start the transport, join the cluster, connect; on failure the node is
- * freed. Context: the thread of ferry_open. */
-int ferry__node_start(struct ferry *fy);
+/* start the transport with @handler (the dispatcher's) for what it
+ * delivers, join the cluster, connect; on failure the node is freed.
+ * Context: the thread of ferry_open. */
+int ferry__node_start(struct ferry *fy, const struct ferry_tp_handler *handler);
 void ferry__node_close(struct ferry *fy);
 int ferry__send(struct ferry *fy, uint32_t dst, const void *frame, size_t len);
 void ferry__node_put(struct ferry *fy);

@@ -5,7 +5,8 @@
  *
  * The bottom of the core: the modules above (ops, reloc, table, barrier)
  * call it and register their frame handlers with the dispatcher
- * (dispatch.c); nothing here calls a module by name. lib/ferry.c composes
+ * (dispatch.c, which ferry_open hands to ferry__node_start); nothing here
+ * calls a module, or the dispatcher, by name. lib/ferry.c composes
  * them in ferry_open().
  */
 #include <errno.h>
@@ -169,7 +170,7 @@ int ferry__node_create(const struct ferry_params *params, struct ferry **fy_p)
 	return 0;
 }
 
-int ferry__node_start(struct ferry *fy)
+int ferry__node_start(struct ferry *fy, const struct ferry_tp_handler *handler)
 {
 	const struct ferry_tp_ops *ops = fy->tp->ops;
 	struct ferry_config *c = fy->cfg;
@@ -192,7 +193,7 @@ int ferry__node_start(struct ferry *fy)
 		.bind_addr = c->bind_addr,
 		.busy_poll = c->busy_poll,
 		.timeout_ms = c->timeout_ms,
-		.handler = &ferry__dispatch_handler,
+		.handler = handler,
 		.core = fy,
 	};
 	rc = ops->init(fy->tp, &tcfg);
