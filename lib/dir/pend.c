@@ -54,14 +54,19 @@ void ferry__pend_free(struct ferry_pend *e)
 void ferry__pend_fini(struct ferry_pend_table *pt, void (*each)(void *arg, struct ferry_pend *e),
 		      void *arg)
 {
+	struct cds_lfht_node *node;
 	struct cds_lfht_iter it;
-	struct ferry_pend *e;
 
 	if (!pt->ht)
 		return;
 	urcu_memb_read_lock();
-	cds_lfht_for_each_entry(pt->ht, &it, e, node) {
-		cds_lfht_del(pt->ht, &e->node);
+	/* not cds_lfht_for_each_entry: it forms container_of(NULL) at the end,
+	 * which UBSan rightly reports */
+	for (cds_lfht_first(pt->ht, &it); (node = cds_lfht_iter_get_node(&it));
+	     cds_lfht_next(pt->ht, &it)) {
+		struct ferry_pend *e = caa_container_of(node, struct ferry_pend, node);
+
+		cds_lfht_del(pt->ht, node);
 		pt->n--;
 		if (each)
 			each(arg, e);
