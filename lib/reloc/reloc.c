@@ -62,62 +62,168 @@
 
 /* ---- requester: start ------------------------------------------------- */
 
-struct reloc_batch {
-	struct ferry_frame f;
-	uint32_t count;
+/*
+ * A batch: the move entries for one destination, in frames of at most
+ * FERRY_MSG_MAX bytes. reloc_batch_add sends the frame built so far when the
+ * next entry would not fit, so a batch of any size goes out in pieces; the
+ * user's call may be as large as memory allows.
+ *
+ * A HANDOVER frame carries values: the slots they came from leave service
+ * only once the transport accepted the frame (then they are freed after a
+ * grace period); a frame that could not be built or sent puts its keys
+ * back into service here (reloc_restore), so no value is lost.
+ */
+struct reloc_item {
+	uint64_t key;
+	uint32_t slot;	      /* LOCALIZE: the slot reserved here */
+	struct ferry_slot *s; /* HANDOVER(_DONE): the slot the value left from */
 };
 
-/* @with_value: a HANDOVER entry, whose value the caller stages separately;
- * @landing: the requester's landing entry, or FERRY_LANDING_NONE */
-static void reloc_batch_add(struct reloc_batch *b, uint64_t key, uint32_t slot, uint32_t len,
-			    int with_value, uint32_t requester, uint32_t landing)
+struct reloc_batch {
+	uint8_t type;
+	uint32_t dst;
+	uint32_t requester;
+	struct ferry_frame f;
+	uint32_t count;
+	struct ferry_frame vals;  /* HANDOVER: values, spliced in at send */
+	struct reloc_item *items; /* the frame's keys, to settle after the send */
+	uint32_t nitems, items_cap;
+	int rc; /* first send failure */
+};
+
+static void reloc_batch_init(struct reloc_batch *b, uint8_t type, uint32_t dst, uint32_t requester)
 {
-	struct ferry_msg_mv *mv;
-
-	if (!b->f.buf) {
-		struct ferry_msg_move *m;
-
-		ferry__frame_begin(&b->f);
-		m = ferry__frame_put(&b->f, sizeof(*m));
-		if (m)
-			m->requester = requester;
-		b->count = 0;
-	}
-	mv = ferry__frame_put(&b->f, sizeof(*mv));
-	if (mv) {
-		mv->key = key;
-		mv->slot = slot;
-		mv->len = with_value ? len : 0;
-		mv->landing = landing;
-	}
-	b->count++;
+	memset(b, 0, sizeof(*b));
+	b->type = type;
+	b->dst = dst;
+	b->requester = requester;
 }
 
-/* finish and send one batch frame (values, if any, were staged in @vals) */
-static int reloc_batch_send(struct ferry *fy, struct ferry_table *t, struct reloc_batch *b,
-			    uint8_t type, uint32_t dst, struct ferry_frame *vals)
+static void reloc_restore(struct ferry *fy, struct ferry_table *t, struct ferry_slot *s,
+			  uint64_t key);
+static void reloc_unstart(struct ferry *fy, struct ferry_table *t, uint64_t key, uint32_t slot,
+			  int status);
+
+/* finish and send the frame built so far; settle the slots it carried */
+static int reloc_batch_flush(struct ferry *fy, struct ferry_table *t, struct reloc_batch *b)
 {
 	struct ferry_msg_move *m;
 	int rc;
 
 	if (!b->f.buf)
 		return 0;
-	if (vals && vals->len) {
-		void *p = vals->len == SIZE_MAX ? NULL : ferry__frame_put(&b->f, vals->len);
+	if (b->vals.len) {
+		void *p = b->vals.len == SIZE_MAX ? NULL : ferry__frame_put(&b->f, b->vals.len);
 
 		if (p)
-			memcpy(p, vals->buf, vals->len);
+			memcpy(p, b->vals.buf, b->vals.len);
 		else
 			b->f.len = SIZE_MAX;
 	}
-	rc = ferry__frame_finish(&b->f, type, fy->rank, t->id);
+	rc = ferry__frame_finish(&b->f, b->type, fy->rank, t->id);
 	if (!rc) {
 		m = (struct ferry_msg_move *)(b->f.buf + sizeof(struct ferry_msg_hdr));
 		m->count = b->count;
-		rc = ferry__send(fy, dst, b->f.buf, b->f.len);
+		rc = ferry__send(fy, b->dst, b->f.buf, b->f.len);
 	}
+	for (uint32_t i = 0; i < b->nitems; i++) {
+		struct reloc_item *it = &b->items[i];
+
+		if (it->s && !rc)
+			ferry__arena_free_deferred(&t->arena, ferry__arena_idx(&t->arena, it->s));
+		else if (it->s)
+			reloc_restore(fy, t, it->s, it->key);
+		else if (rc && b->type == FERRY_MSG_LOCALIZE)
+			reloc_unstart(fy, t, it->key, it->slot, rc);
+	}
+	if (rc && b->nitems)
+		ferry_err("reloc: table %u: cannot send %u moves (type %u) to rank %u: %s; %s",
+			  t->id, b->nitems, b->type, b->dst, ferry_strerror(rc),
+			  b->type == FERRY_MSG_LOCALIZE ? "their localize fails, the keys stay "
+							  "where they are" :
+							  "the keys stay live here");
 	ferry__frame_free(&b->f);
+	ferry__frame_free(&b->vals);
 	b->count = 0;
+	b->nitems = 0;
+	if (rc && !b->rc)
+		b->rc = rc;
+	return rc;
+}
+
+/* send what is left and free the batch's memory; Return: the first failure */
+static int reloc_batch_end(struct ferry *fy, struct ferry_table *t, struct reloc_batch *b)
+{
+	reloc_batch_flush(fy, t, b);
+	free(b->items);
+	b->items = NULL;
+	b->items_cap = 0;
+	return b->rc;
+}
+
+/*
+ * Add one move entry for @key. @s: the taken slot of a HANDOVER or
+ * HANDOVER_DONE (settled after the send), else NULL; @with_value: copy the
+ * slot's value into a HANDOVER; @slot: the requester's slot; @landing: its
+ * landing entry, or FERRY_LANDING_NONE. A LOCALIZE entry is undone if its
+ * frame cannot go. Return: 0, or the failure of a frame sent to make room
+ * (its keys were settled as reloc_batch_flush says).
+ */
+static int reloc_batch_add(struct ferry *fy, struct ferry_table *t, struct reloc_batch *b,
+			   uint64_t key, uint32_t slot, uint32_t landing, struct ferry_slot *s,
+			   int with_value)
+{
+	uint32_t len = with_value ? ferry__value_len(t, key) : 0;
+	size_t need = sizeof(struct ferry_msg_mv) + (size_t)len * sizeof(float);
+	struct ferry_msg_mv *mv;
+	int rc = 0;
+
+	/* room for the entry, its value and the padding: else send what we have */
+	if (b->f.buf && b->f.len != SIZE_MAX && b->vals.len != SIZE_MAX &&
+	    b->f.len + b->vals.len + need + FERRY_MSG_ALIGN > FERRY_MSG_MAX)
+		rc = reloc_batch_flush(fy, t, b);
+	if (b->nitems == b->items_cap) {
+		uint32_t cap = b->items_cap ? 2 * b->items_cap : 64;
+		struct reloc_item *items = realloc(b->items, cap * sizeof(*items));
+
+		if (!items) {
+			/* cannot track the key: settle it now as a failed send would */
+			if (s)
+				reloc_restore(fy, t, s, key);
+			else if (b->type == FERRY_MSG_LOCALIZE)
+				reloc_unstart(fy, t, key, slot, -ENOMEM);
+			ferry_err("reloc: table %u: out of memory for a move of key %llu; it "
+				  "stays where it is",
+				  t->id, (unsigned long long)key);
+			return -ENOMEM;
+		}
+		b->items = items;
+		b->items_cap = cap;
+	}
+	if (!b->f.buf) {
+		struct ferry_msg_move *m;
+
+		ferry__frame_begin(&b->f);
+		m = ferry__frame_put(&b->f, sizeof(*m));
+		if (m)
+			m->requester = b->requester;
+		b->count = 0;
+	}
+	mv = ferry__frame_put(&b->f, sizeof(*mv));
+	if (mv) {
+		mv->key = key;
+		mv->slot = slot;
+		mv->len = len;
+		mv->landing = landing;
+	}
+	b->count++;
+	if (with_value) {
+		float *dst = ferry__frame_put(&b->vals, (size_t)len * sizeof(float));
+
+		if (dst)
+			memcpy(dst, s->val, (size_t)len * sizeof(float));
+	}
+	b->items[b->nitems++] = (struct reloc_item){ .key = key, .slot = slot, .s = s };
 	return rc;
 }
 
@@ -127,14 +233,18 @@ static int reloc_start(struct ferry_worker *w, struct ferry_table *t, struct fer
 	struct ferry *fy = w->fy;
 	struct reloc_batch *to = calloc(fy->world, sizeof(*to));
 	uint32_t *done_idx = malloc((r->n ? r->n : 1) * sizeof(uint32_t));
-	uint32_t ndone = 0, nfail = 0;
+	struct reloc_item *moves = malloc((r->n ? r->n : 1) * sizeof(*moves));
+	uint32_t *lands = malloc((r->n ? r->n : 1) * sizeof(*lands));
+	uint32_t ndone = 0, nfail = 0, nmoves = 0;
 	bool inbox;
 	int rc = 0;
 
-	if (!to || !done_idx) {
+	if (!to || !done_idx || !moves || !lands) {
 		free(to);
 		free(done_idx);
-		ferry__ops_complete(fy, w->id, ticket, NULL, 0, 0, NULL, 0);
+		free(moves);
+		free(lands);
+		ferry_err("localize: out of memory starting a move of %zu keys", r->n);
 		pthread_mutex_lock(&w->lock);
 		r->status = -ENOMEM;
 		__atomic_store_n(&r->remaining, 0, __ATOMIC_RELEASE);
@@ -154,7 +264,7 @@ static int reloc_start(struct ferry_worker *w, struct ferry_table *t, struct fer
 		struct ferry_pend *e;
 		uint32_t slot;
 
-		/* own[] is published under pend_lock: either it is here, or pending */
+		/* own[] is published under pend.lock: either it is here, or pending */
 		if (rcu_dereference(t->dir.own[key])) {
 			done_idx[ndone++] = (uint32_t)i;
 			continue;
@@ -181,8 +291,9 @@ static int reloc_start(struct ferry_worker *w, struct ferry_table *t, struct fer
 					ferry__inbox_put(t, land);
 					ferry__arena_free(&t->arena, slot);
 				} else {
-					reloc_batch_add(&to[ferry__home(t, key)], key, slot, 0, 0,
-							fy->rank, land);
+					lands[nmoves] = land;
+					moves[nmoves++] =
+						(struct reloc_item){ .key = key, .slot = slot };
 				}
 			}
 		}
@@ -200,22 +311,56 @@ static int reloc_start(struct ferry_worker *w, struct ferry_table *t, struct fer
 		e->waiters = wt;
 	}
 	pthread_mutex_unlock(&t->pend.lock);
-	urcu_memb_read_unlock();
 
 	if (ndone)
 		ferry__ops_complete(fy, w->id, ticket, done_idx, ndone, rc, NULL, 0);
 	__atomic_store_n(&w->local_ops, w->local_ops + ndone, __ATOMIC_RELAXED);
-	for (uint32_t d = 0; d < fy->world; d++) {
-		int src = reloc_batch_send(fy, t, &to[d], FERRY_MSG_LOCALIZE, d, NULL);
-
-		if (src)
-			ferry_err("localize: cannot reach home rank %u: %s", d,
-				  ferry_strerror(src));
-		/* the waiters of those keys time out; the log said why */
-	}
+	/* outside pend.lock: a frame that cannot go undoes its moves, which
+	 * takes the lock (reloc_unstart) */
+	for (uint32_t d = 0; d < fy->world; d++)
+		reloc_batch_init(&to[d], FERRY_MSG_LOCALIZE, d, fy->rank);
+	for (uint32_t i = 0; i < nmoves; i++)
+		reloc_batch_add(fy, t, &to[ferry__home(t, moves[i].key)], moves[i].key,
+				moves[i].slot, lands[i], NULL, 0);
+	for (uint32_t d = 0; d < fy->world; d++)
+		reloc_batch_end(fy, t, &to[d]);
+	urcu_memb_read_unlock();
 	free(to);
 	free(done_idx);
+	free(moves);
+	free(lands);
 	return rc;
+}
+
+static void reloc_wake(struct ferry *fy, struct ferry_pend *e, int status);
+
+/*
+ * A LOCALIZE that could not be sent: the home never heard of the move, so
+ * nobody else knows of the reserved slot and entry. Give them back, answer
+ * what queued (nothing can have, as the home never pointed anyone here), and
+ * fail the waiters with @status. Context: rcu_read_lock held, pend.lock not.
+ */
+static void reloc_unstart(struct ferry *fy, struct ferry_table *t, uint64_t key, uint32_t slot,
+			  int status)
+{
+	struct ferry_pend *e;
+
+	pthread_mutex_lock(&t->pend.lock);
+	e = ferry__pend_find(&t->pend, key);
+	if (!e || e->slot != slot) {
+		pthread_mutex_unlock(&t->pend.lock);
+		return;
+	}
+	ferry__pend_del(&t->pend, e);
+	ferry__inbox_put(t, e->landing);
+	e->landing = FERRY_LANDING_NONE;
+	pthread_mutex_unlock(&t->pend.lock);
+	ferry__arena_free(&t->arena, slot);
+	for (struct ferry_pend_item *it = e->head; it; it = it->next)
+		if (it->kind == FERRY_PEND_OP)
+			ferry__ops_send_reply(fy, t, &it->op, status, &it->key.idx, 1, NULL, 0);
+	reloc_wake(fy, e, status);
+	ferry__pend_free(e);
 }
 
 /* ---- home: record the new owner, ask the old one ------------------------ */
@@ -225,7 +370,7 @@ static void reloc_on_localize(struct ferry *fy, struct ferry_table *t, uint32_t 
 {
 	const struct ferry_msg_move *m = v->body;
 	struct reloc_batch *to = calloc(fy->world, sizeof(*to));
-	struct reloc_batch ack = { 0 };
+	struct reloc_batch ack;
 
 	if (!to) {
 		ferry_err("localize: out of memory at the home of %u keys", v->count);
@@ -234,10 +379,13 @@ static void reloc_on_localize(struct ferry *fy, struct ferry_table *t, uint32_t 
 	if (m->requester != src) {
 		ferry_err("proto: rank %u asked to localize keys for rank %u; dropping rank %u",
 			  src, m->requester, src);
-		atomic_store(&fy->failed[src], true);
+		ferry__node_drop_peer(fy, src);
 		free(to);
 		return;
 	}
+	reloc_batch_init(&ack, FERRY_MSG_LOC_ACK, src, src);
+	for (uint32_t d = 0; d < fy->world; d++)
+		reloc_batch_init(&to[d], FERRY_MSG_HANDOVER_REQ, d, src);
 	for (uint32_t i = 0; i < v->count; i++) {
 		const struct ferry_msg_mv *mv = &v->mvs[i];
 		uint32_t cur;
@@ -250,15 +398,15 @@ static void reloc_on_localize(struct ferry *fy, struct ferry_table *t, uint32_t 
 		}
 		cur = t->dir.owner[mv->key];
 		if (cur == src) {
-			reloc_batch_add(&ack, mv->key, mv->slot, 0, 0, src, mv->landing);
+			reloc_batch_add(fy, t, &ack, mv->key, mv->slot, mv->landing, NULL, 0);
 			continue;
 		}
 		t->dir.owner[mv->key] = src;
-		reloc_batch_add(&to[cur], mv->key, mv->slot, 0, 0, src, mv->landing);
+		reloc_batch_add(fy, t, &to[cur], mv->key, mv->slot, mv->landing, NULL, 0);
 	}
-	reloc_batch_send(fy, t, &ack, FERRY_MSG_LOC_ACK, src, NULL);
+	reloc_batch_end(fy, t, &ack);
 	for (uint32_t d = 0; d < fy->world; d++)
-		reloc_batch_send(fy, t, &to[d], FERRY_MSG_HANDOVER_REQ, d, NULL);
+		reloc_batch_end(fy, t, &to[d]);
 	free(to);
 }
 
@@ -282,28 +430,32 @@ static void reloc_take(struct ferry *fy, struct ferry_table *t, struct ferry_slo
 	atomic_fetch_add_explicit(&fy->reloc_out, 1, memory_order_relaxed);
 }
 
-/* stage a taken slot's value for a HANDOVER message, then free the slot;
- * @landing: the requester's entry, echoed (it frees it on arrival) */
-static void reloc_stage(struct ferry_table *t, struct ferry_slot *s, uint64_t key,
-			uint32_t new_owner, uint32_t slot, uint32_t landing, struct reloc_batch *b,
-			struct ferry_frame *vals)
+/* take a live slot out of service and hand its value over by message: the
+ * slot is freed, or put back into service, once the frame's send is known */
+static void reloc_give(struct ferry *fy, struct ferry_table *t, struct ferry_slot *s, uint64_t key,
+		       uint32_t slot, uint32_t landing, int published, struct reloc_batch *b)
 {
-	uint32_t len = ferry__value_len(t, key);
-	float *dst = ferry__frame_put(vals, len * sizeof(float));
-
-	if (dst)
-		memcpy(dst, s->val, len * sizeof(float));
-	ferry__arena_free_deferred(&t->arena, ferry__arena_idx(&t->arena, s));
-	reloc_batch_add(b, key, slot, len, 1, new_owner, landing);
+	reloc_take(fy, t, s, key, b->requester, published);
+	reloc_batch_add(fy, t, b, key, slot, landing, s, 1);
 }
 
-/* take a live slot out of service and hand its value over by message */
-static void reloc_give(struct ferry *fy, struct ferry_table *t, struct ferry_slot *s, uint64_t key,
-		       uint32_t new_owner, uint32_t slot, uint32_t landing, int published,
-		       struct reloc_batch *b, struct ferry_frame *vals)
+/*
+ * A hand-over that could not be sent: the key goes back into service here,
+ * with the value it had (the slot was not freed). The home has recorded the
+ * requester as owner; operations that reach the requester are forwarded
+ * through the home, and a later localize moves the key on from here.
+ * Progress thread, rcu_read_lock held.
+ */
+static void reloc_restore(struct ferry *fy, struct ferry_table *t, struct ferry_slot *s,
+			  uint64_t key)
 {
-	reloc_take(fy, t, s, key, new_owner, published);
-	reloc_stage(t, s, key, new_owner, slot, landing, b, vals);
+	uint64_t ver = ferry__slot_lock(&t->arena, s);
+
+	s->state = FERRY_SLOT_LIVE;
+	ferry__slot_unlock(&t->arena, s, ver);
+	rcu_assign_pointer(t->dir.own[key], s);
+	ferry__loc_set(t, key, fy->rank);
+	atomic_fetch_sub_explicit(&fy->reloc_out, 1, memory_order_relaxed);
 }
 
 /*
@@ -335,21 +487,17 @@ struct reloc_wbatch {
 static void reloc_wbatch_put(struct ferry *fy, struct reloc_wbatch *wb)
 {
 	struct ferry_table *t = wb->t;
-	struct reloc_batch b = { 0 };
-	struct ferry_frame vals = { 0 };
+	struct reloc_batch b;
 
 	if (__atomic_sub_fetch(&wb->pending, 1, __ATOMIC_ACQ_REL))
 		return;
+	reloc_batch_init(&b, wb->failed ? FERRY_MSG_HANDOVER : FERRY_MSG_HANDOVER_DONE,
+			 wb->requester, wb->requester);
+	/* the slots are freed (or restored) once the frame's send is known */
 	for (uint32_t i = 0; i < wb->n; i++) {
 		const struct reloc_wentry *e = &wb->e[i];
 
-		if (wb->failed) {
-			reloc_stage(t, e->s, e->key, wb->requester, e->rslot, e->landing, &b,
-				    &vals);
-		} else {
-			reloc_batch_add(&b, e->key, e->rslot, 0, 0, wb->requester, e->landing);
-			ferry__arena_free_deferred(&t->arena, ferry__arena_idx(&t->arena, e->s));
-		}
+		reloc_batch_add(fy, t, &b, e->key, e->rslot, e->landing, e->s, wb->failed);
 	}
 	if (wb->failed) {
 		atomic_fetch_add_explicit(&t->inbox.write_fallbacks, 1, memory_order_relaxed);
@@ -357,9 +505,7 @@ static void reloc_wbatch_put(struct ferry *fy, struct reloc_wbatch *wb)
 			   "values by message",
 			   wb->requester, wb->n);
 	}
-	reloc_batch_send(fy, t, &b, wb->failed ? FERRY_MSG_HANDOVER : FERRY_MSG_HANDOVER_DONE,
-			 wb->requester, wb->failed ? &vals : NULL);
-	ferry__frame_free(&vals);
+	reloc_batch_end(fy, t, &b);
 	free(wb);
 }
 
@@ -399,10 +545,18 @@ static void reloc_on_handover_req(struct ferry *fy, struct ferry_table *t, uint3
 				  const struct ferry_proto_view *v)
 {
 	const struct ferry_msg_move *m = v->body;
-	struct reloc_batch b = { 0 };
-	struct ferry_frame vals = { 0 };
 	struct reloc_wbatch *wb = NULL;
+	struct reloc_batch b;
 	uint32_t nland = 0;
+
+	if (m->requester >= fy->world) {
+		ferry_err("proto: rank %u named rank %u as a requester in a world of %u; dropping "
+			  "rank %u",
+			  src, m->requester, fy->world, src);
+		ferry__node_drop_peer(fy, src);
+		return;
+	}
+	reloc_batch_init(&b, FERRY_MSG_HANDOVER, m->requester, m->requester);
 
 	if (ferry__table_onesided(t) && fy->tp->ops->write && m->requester != fy->rank)
 		nland = t->peer_arena[m->requester].inbox_entries;
@@ -445,8 +599,7 @@ static void reloc_on_handover_req(struct ferry *fy, struct ferry_table *t, uint3
 									.landing = mv->landing,
 									.s = s };
 			} else {
-				reloc_give(fy, t, s, mv->key, m->requester, mv->slot, mv->landing,
-					   1, &b, &vals);
+				reloc_give(fy, t, s, mv->key, mv->slot, mv->landing, 1, &b);
 			}
 			continue;
 		}
@@ -469,9 +622,7 @@ static void reloc_on_handover_req(struct ferry *fy, struct ferry_table *t, uint3
 		}
 		pthread_mutex_unlock(&t->pend.lock);
 	}
-	if (b.f.buf)
-		reloc_batch_send(fy, t, &b, FERRY_MSG_HANDOVER, m->requester, &vals);
-	ferry__frame_free(&vals);
+	reloc_batch_end(fy, t, &b);
 	if (wb && wb->n)
 		reloc_wbatch_post(fy, wb);
 	else
@@ -531,15 +682,14 @@ static void reloc_install(struct ferry *fy, struct ferry_table *t, struct ferry_
 			atomic_fetch_add_explicit(&fy->served_ops, 1, memory_order_relaxed);
 			free(out);
 		} else {
-			/* moved on before anyone here saw it */
-			struct reloc_batch b = { 0 };
-			struct ferry_frame vals = { 0 };
+			/* moved on before anyone here saw it; a hand-over that
+			 * cannot go leaves the key live here (reloc_restore) */
+			struct reloc_batch b;
 
-			reloc_give(fy, t, s, e->key, it->requester, it->slot, it->landing, 0, &b,
-				   &vals);
-			reloc_batch_send(fy, t, &b, FERRY_MSG_HANDOVER, it->requester, &vals);
-			ferry__frame_free(&vals);
-			owned = 0;
+			reloc_batch_init(&b, FERRY_MSG_HANDOVER, it->requester, it->requester);
+			reloc_give(fy, t, s, e->key, it->slot, it->landing, 0, &b);
+			if (!reloc_batch_end(fy, t, &b))
+				owned = 0;
 		}
 		free(it);
 	}
