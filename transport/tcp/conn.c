@@ -1,0 +1,586 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * conn.c - the tcp transport's connection setup: the listening socket
+ * (opened by init()) and ops->connect, which dials, accepts, exchanges
+ * HELLOs and hands the sockets to the progress thread. Context: the thread
+ * that calls init() or connect(); nothing here runs on the progress thread,
+ * which sees a connection only once tcp_setup_publish() put it in the epoll
+ * set.
+ *
+ * Connection setup (ops->connect, on the caller's thread)
+ *
+ *   Rank i dials every rank j < i and accepts every rank j > i. Both ends
+ *   send a HELLO first and check the other's before the connection counts:
+ *
+ *     rank j (j < i)                                  rank i
+ *     listening since init  <-------- connect() ----  retried until the deadline
+ *     HELLO{cluster, j, world} --------------------->  magic, version, cluster,
+ *                            <---------------------   world, rank == j
+ *     magic, version, cluster, world,                  HELLO{cluster, i, world}
+ *     rank i > j, not a duplicate
+ *
+ *   A connection that fails its HELLO is logged once, closed and not counted;
+ *   accepting goes on. Once all world-1 connections stand, the listening
+ *   socket is closed (later strangers are refused by the kernel) and the
+ *   sockets are handed to the progress thread.
+ */
+#define _GNU_SOURCE /* accept4 */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "transport/tcp/tcp.h"
+
+/* ---- sockets, and the listening socket of init() ------------------------ */
+
+static void tcp_set_nodelay(int fd)
+{
+	int one = 1;
+
+	/* a failure costs latency, not correctness */
+	if (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)))
+		ferry_dbg("tcp: TCP_NODELAY: %s", strerror(errno));
+}
+
+static void tcp_sockaddr_str(const struct sockaddr_in *sa, char *buf, size_t len)
+{
+	char ip[INET_ADDRSTRLEN];
+
+	if (!inet_ntop(AF_INET, &sa->sin_addr, ip, sizeof(ip)))
+		snprintf(ip, sizeof(ip), "?");
+	snprintf(buf, len, "%s:%u", ip, (unsigned)ntohs(sa->sin_port));
+}
+
+static int tcp_resolve(const char *host, struct in_addr *in)
+{
+	struct addrinfo hints = { .ai_family = AF_INET, .ai_socktype = SOCK_STREAM };
+	struct addrinfo *res;
+	int ret;
+
+	if (inet_pton(AF_INET, host, in) == 1)
+		return 0;
+	ret = getaddrinfo(host, NULL, &hints, &res);
+	if (ret) {
+		ferry_err("tcp: cannot resolve the bind address \"%s\" to IPv4: %s", host,
+			  gai_strerror(ret));
+		return -EADDRNOTAVAIL;
+	}
+	*in = ((struct sockaddr_in *)res->ai_addr)->sin_addr;
+	freeaddrinfo(res);
+	return 0;
+}
+
+int tcp_listen(struct tcp_tp *t)
+{
+	struct sockaddr_in sa = { .sin_family = AF_INET };
+	socklen_t salen = sizeof(sa);
+	int ret, fd;
+
+	ret = tcp_resolve(t->bind, &sa.sin_addr);
+	if (ret)
+		return ret;
+	fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (fd < 0) {
+		ret = -errno;
+		ferry_err("tcp: socket: %s", strerror(errno));
+		return ret;
+	}
+	if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) || listen(fd, SOMAXCONN) ||
+	    getsockname(fd, (struct sockaddr *)&sa, &salen)) {
+		ret = -errno;
+		ferry_err("tcp: cannot listen on %s: %s; check that the address belongs to "
+			  "this host",
+			  t->bind, strerror(errno));
+		close(fd);
+		return ret;
+	}
+	tcp_sockaddr_str(&sa, t->addr, sizeof(t->addr));
+	t->lfd = fd;
+	return 0;
+}
+
+/* ---- connection setup --------------------------------------------------- */
+
+/* a connection in its HELLO exchange */
+struct tcp_hs {
+	int fd;		/* -1: none */
+	int connecting; /* our non-blocking connect() is in flight */
+	size_t out_off;
+	size_t in_off;
+	unsigned char in[TCP_HELLO_LEN];
+	char who[64]; /* the peer's ip:port, for the log */
+};
+
+/* the state of our dials to one lower rank */
+struct tcp_dial {
+	struct sockaddr_in sa;
+	char where[64];
+	struct tcp_hs hs;
+	int64_t next_ms; /* earliest time of the next attempt */
+	int backoff_ms;
+	int last_err;  /* errno of the last failed attempt, 0 when none */
+	char why[160]; /* or why its HELLO was refused */
+	int logged;    /* a refused HELLO was logged */
+};
+
+struct tcp_setup {
+	struct tcp_tp *t;
+	uint32_t rank, world;
+	int *fds; /* established, per rank; -1 while missing */
+	uint32_t missing;
+	struct tcp_dial *dials; /* ranks [0, rank) */
+	struct tcp_hs acc[TCP_MAX_HANDSHAKES];
+	unsigned char hello[TCP_HELLO_LEN];
+	int64_t deadline;
+	int full_logged; /* "too many handshakes" was logged */
+};
+
+static void tcp_hs_close(struct tcp_hs *hs)
+{
+	if (hs->fd >= 0)
+		close(hs->fd);
+	hs->fd = -1;
+}
+
+static void tcp_dial_retry(struct tcp_dial *d, int err)
+{
+	tcp_hs_close(&d->hs);
+	if (err)
+		d->last_err = err;
+	d->next_ms = tcp_now_ms() + d->backoff_ms;
+	d->backoff_ms = d->backoff_ms * 2 > TCP_RETRY_MAX_MS ? TCP_RETRY_MAX_MS : d->backoff_ms * 2;
+}
+
+static void tcp_dial_start(struct tcp_dial *d)
+{
+	struct tcp_hs *hs = &d->hs;
+	int fd;
+
+	fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (fd < 0) {
+		tcp_dial_retry(d, errno);
+		return;
+	}
+	tcp_set_nodelay(fd);
+	memset(hs, 0, sizeof(*hs));
+	hs->fd = fd;
+	snprintf(hs->who, sizeof(hs->who), "%s", d->where);
+	if (!connect(fd, (struct sockaddr *)&d->sa, sizeof(d->sa)))
+		return;
+	if (errno == EINPROGRESS || errno == EINTR) {
+		hs->connecting = 1;
+		return;
+	}
+	tcp_dial_retry(d, errno);
+}
+
+/*
+ * tcp_hs_step - move a HELLO exchange on
+ *
+ * Return: 1 when our HELLO is out and the peer's is in, 0 while it goes on,
+ * -ENODATA when the peer closed before its HELLO was complete, or the
+ * negative errno of a socket error.
+ */
+static int tcp_hs_step(struct tcp_setup *s, struct tcp_hs *hs)
+{
+	ssize_t n;
+
+	if (hs->connecting) {
+		int err = 0;
+		socklen_t elen = sizeof(err);
+
+		if (getsockopt(hs->fd, SOL_SOCKET, SO_ERROR, &err, &elen))
+			return -errno;
+		if (err)
+			return -err;
+		hs->connecting = 0;
+	}
+	while (hs->out_off < TCP_HELLO_LEN) {
+		n = send(hs->fd, s->hello + hs->out_off, TCP_HELLO_LEN - hs->out_off, MSG_NOSIGNAL);
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			if (errno == EAGAIN || errno == EWOULDBLOCK)
+				break;
+			return -errno;
+		}
+		hs->out_off += n;
+	}
+	/* exactly the HELLO: frames that follow it stay in the socket for the progress thread */
+	while (hs->in_off < TCP_HELLO_LEN) {
+		n = recv(hs->fd, hs->in + hs->in_off, TCP_HELLO_LEN - hs->in_off, 0);
+		if (n == 0)
+			return -ENODATA;
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			if (errno == EAGAIN || errno == EWOULDBLOCK)
+				return 0;
+			return -errno;
+		}
+		hs->in_off += n;
+	}
+	return hs->out_off == TCP_HELLO_LEN;
+}
+
+/*
+ * tcp_hello_check - is the peer's HELLO one of our cluster?
+ * @dialed: the rank we dialed, or -1 for a connection we accepted
+ *
+ * Return: the peer's rank, or -1 with @why (of @len bytes) saying what is wrong.
+ */
+static int tcp_hello_check(struct tcp_setup *s, const struct tcp_hs *hs, int dialed, char *why,
+			   size_t len)
+{
+	const struct ferry_tp_config *cfg = &s->t->base.cfg;
+	int peer = ferry__proto_check_hello(hs->in, TCP_HELLO_LEN, cfg->cluster_id, s->world,
+					    s->rank, dialed, why, len);
+
+	if (peer < 0)
+		return -1;
+	if (s->fds[peer] >= 0) {
+		snprintf(why, len, "rank %d is already connected", peer);
+		return -1;
+	}
+	return peer;
+}
+
+static void tcp_setup_accept(struct tcp_setup *s)
+{
+	for (;;) {
+		struct sockaddr_in sa;
+		socklen_t salen = sizeof(sa);
+		struct tcp_hs *hs = NULL;
+		int fd;
+
+		fd = accept4(s->t->lfd, (struct sockaddr *)&sa, &salen,
+			     SOCK_NONBLOCK | SOCK_CLOEXEC);
+		if (fd < 0) {
+			if (errno == EINTR || errno == ECONNABORTED)
+				continue;
+			if (errno != EAGAIN && errno != EWOULDBLOCK)
+				ferry_warn("tcp: rank %u: accept: %s", s->rank, strerror(errno));
+			return;
+		}
+		for (int i = 0; i < TCP_MAX_HANDSHAKES && !hs; i++)
+			if (s->acc[i].fd < 0)
+				hs = &s->acc[i];
+		if (!hs) {
+			if (!s->full_logged++)
+				ferry_warn(
+					"tcp: rank %u: %d connections are in their HELLO already; "
+					"closing new ones",
+					s->rank, TCP_MAX_HANDSHAKES);
+			close(fd);
+			continue;
+		}
+		tcp_set_nodelay(fd);
+		memset(hs, 0, sizeof(*hs));
+		hs->fd = fd;
+		tcp_sockaddr_str(&sa, hs->who, sizeof(hs->who));
+	}
+}
+
+/* an accepted connection is readable or writable */
+static void tcp_setup_acc_step(struct tcp_setup *s, struct tcp_hs *hs)
+{
+	char why[160];
+	int ret, peer;
+
+	ret = tcp_hs_step(s, hs);
+	if (!ret)
+		return;
+	if (ret < 0) {
+		ferry_warn("tcp: rank %u rejected a connection from %s: %s", s->rank, hs->who,
+			   ret == -ENODATA ? "it closed before its HELLO" : strerror(-ret));
+		tcp_hs_close(hs);
+		return;
+	}
+	peer = tcp_hello_check(s, hs, -1, why, sizeof(why));
+	if (peer < 0) {
+		ferry_warn("tcp: rank %u rejected a connection from %s: %s", s->rank, hs->who, why);
+		tcp_hs_close(hs);
+		return;
+	}
+	ferry_dbg("tcp: rank %u accepted rank %d from %s", s->rank, peer, hs->who);
+	s->fds[peer] = hs->fd;
+	s->missing--;
+	hs->fd = -1;
+}
+
+/* a connection we dialed to rank @j is readable or writable */
+static void tcp_setup_dial_step(struct tcp_setup *s, uint32_t j)
+{
+	struct tcp_dial *d = &s->dials[j];
+	int ret, peer;
+
+	ret = tcp_hs_step(s, &d->hs);
+	if (!ret)
+		return;
+	if (ret < 0) {
+		/* refused (not listening yet), or it closed on us: try again */
+		if (ret == -ENODATA)
+			snprintf(d->why, sizeof(d->why),
+				 "it closed the connection before its HELLO");
+		else
+			d->why[0] = '\0';
+		ferry_dbg("tcp: rank %u: dialing rank %u at %s: %s", s->rank, j, d->where,
+			  ret == -ENODATA ? d->why : strerror(-ret));
+		tcp_dial_retry(d, ret == -ENODATA ? 0 : -ret);
+		return;
+	}
+	peer = tcp_hello_check(s, &d->hs, (int)j, d->why, sizeof(d->why));
+	if (peer < 0) {
+		if (!d->logged++)
+			ferry_warn(
+				"tcp: rank %u: the node at %s, dialed as rank %u, is refused: %s",
+				s->rank, d->where, j, d->why);
+		tcp_dial_retry(d, 0);
+		return;
+	}
+	ferry_dbg("tcp: rank %u connected to rank %u at %s", s->rank, j, d->where);
+	s->fds[j] = d->hs.fd;
+	s->missing--;
+	d->hs.fd = -1;
+}
+
+/* log, once, the ranks that never connected and what we know of why */
+static void tcp_setup_timeout(struct tcp_setup *s, int timeout_ms)
+{
+	char list[512], hint[384];
+	size_t off = 0, hoff = 0;
+	uint32_t listed = 0;
+
+	list[0] = hint[0] = '\0';
+	for (uint32_t r = 0; r < s->world; r++) {
+		if (r == s->rank || s->fds[r] >= 0)
+			continue;
+		if (listed++ < 16 && off < sizeof(list))
+			off += snprintf(list + off, sizeof(list) - off, "%s%u",
+					listed > 1 ? ", " : "", r);
+		if (r < s->rank && hoff < sizeof(hint)) {
+			struct tcp_dial *d = &s->dials[r];
+
+			hoff += snprintf(hint + hoff, sizeof(hint) - hoff, "; rank %u at %s: %s", r,
+					 d->where,
+					 d->why[0]   ? d->why :
+					 d->last_err ? strerror(d->last_err) :
+						       "no answer");
+		}
+	}
+	if (listed > 16 && off < sizeof(list))
+		snprintf(list + off, sizeof(list) - off, " and %u more", listed - 16);
+	ferry_err("tcp: rank %u timed out after %d ms waiting for rank%s %s to connect; check "
+		  "that they started and can reach %s%s",
+		  s->rank, timeout_ms, listed > 1 ? "s" : "", list, s->t->addr, hint);
+}
+
+/* the sockets go to the progress thread. Return: 0 or a negative errno. */
+static int tcp_setup_publish(struct tcp_setup *s)
+{
+	struct tcp_tp *t = s->t;
+
+	for (uint32_t r = 0; r < s->world; r++) {
+		struct tcp_conn *c = &t->conns[r];
+		struct epoll_event ev = { .events = EPOLLIN | EPOLLRDHUP, .data.ptr = c };
+		int ret = 0;
+
+		if (r == s->rank)
+			continue;
+		pthread_mutex_lock(&c->lock);
+		c->fd = s->fds[r];
+		s->fds[r] = -1;
+		c->state = TCP_CONN_UP;
+		if (epoll_ctl(t->epfd, EPOLL_CTL_ADD, c->fd, &ev))
+			ret = -errno;
+		pthread_mutex_unlock(&c->lock);
+		if (ret) {
+			/* fini() closes what was handed over */
+			ferry_err("tcp: rank %u: epoll_ctl: %s", s->rank, strerror(-ret));
+			return ret;
+		}
+	}
+	return 0;
+}
+
+/*
+ * tcp_connect - connect to every peer
+ *
+ * Blocks the calling thread for at most cfg.timeout_ms. Context: once per
+ * transport, after init(), before any send() to a peer. The HELLO carries
+ * tp->cfg.cluster_id as it is now: the core learns the id in the bootstrap,
+ * after init(), and stores it there before calling connect().
+ * Return: 0; -ETIMEDOUT (the log names the ranks that never connected);
+ * -EINVAL for an address blob that is not ours; -EALREADY when called twice.
+ */
+int tcp_connect(struct ferry_tp *tp, const void *const *addrs, const size_t *lens)
+{
+	struct tcp_tp *t = to_tcp(tp);
+	const struct ferry_tp_config *cfg = &tp->cfg;
+	struct pollfd *pfds = NULL;
+	int *owner = NULL; /* per pollfd: the rank dialed, or -1 - index in acc[] */
+	struct tcp_setup *s;
+	struct ferry_msg_hdr hdr = {
+		.magic = FERRY_MSG_MAGIC,
+		.version = FERRY_PROTO_VERSION,
+		.type = FERRY_MSG_HELLO,
+		.len = TCP_HELLO_LEN,
+		.src = cfg->rank,
+	};
+	struct ferry_msg_hello hello = {
+		.cluster_id = cfg->cluster_id,
+		.rank = cfg->rank,
+		.world = cfg->world,
+	};
+	int timeout_ms = cfg->timeout_ms > 0 ? cfg->timeout_ms : 30000;
+	int ret = 0;
+	uint32_t r;
+
+	if (t->connected)
+		return -EALREADY;
+	s = calloc(1, sizeof(*s));
+	if (!s)
+		return -ENOMEM;
+	s->t = t;
+	s->rank = cfg->rank;
+	s->world = cfg->world;
+	s->missing = cfg->world - 1;
+	s->deadline = tcp_now_ms() + timeout_ms;
+	memcpy(s->hello, &hdr, sizeof(hdr));
+	memcpy(s->hello + sizeof(hdr), &hello, sizeof(hello));
+	for (int i = 0; i < TCP_MAX_HANDSHAKES; i++)
+		s->acc[i].fd = -1;
+
+	s->fds = malloc(cfg->world * sizeof(*s->fds));
+	s->dials = calloc(cfg->rank ? cfg->rank : 1, sizeof(*s->dials));
+	pfds = calloc(1 + cfg->rank + TCP_MAX_HANDSHAKES, sizeof(*pfds));
+	owner = calloc(1 + cfg->rank + TCP_MAX_HANDSHAKES, sizeof(*owner));
+	if (!s->fds || !s->dials || !pfds || !owner) {
+		ret = -ENOMEM;
+		goto out_free;
+	}
+	for (r = 0; r < cfg->world; r++)
+		s->fds[r] = -1;
+	for (r = 0; r < cfg->rank; r++) {
+		struct tcp_dial *d = &s->dials[r];
+
+		d->hs.fd = -1;
+		d->backoff_ms = TCP_RETRY_MIN_MS;
+		if (ferry__tp_parse_ipv4(addrs[r], lens[r], &d->sa)) {
+			ferry_err("tcp: rank %u: the address of rank %u is not an \"ip:port\" of "
+				  "the tcp transport; do all nodes use the same transport?",
+				  cfg->rank, r);
+			ret = -EINVAL;
+			goto out_close;
+		}
+		tcp_sockaddr_str(&d->sa, d->where, sizeof(d->where));
+	}
+
+	while (s->missing) {
+		int64_t now = tcp_now_ms(), wake = s->deadline;
+		nfds_t n = 0;
+		int nready;
+
+		if (now >= s->deadline) {
+			tcp_setup_timeout(s, timeout_ms);
+			ret = -ETIMEDOUT;
+			goto out_close;
+		}
+		pfds[n] = (struct pollfd){ .fd = t->lfd, .events = POLLIN };
+		n++;
+		for (r = 0; r < cfg->rank; r++) {
+			struct tcp_dial *d = &s->dials[r];
+
+			if (s->fds[r] >= 0)
+				continue;
+			if (d->hs.fd < 0 && now >= d->next_ms)
+				tcp_dial_start(d);
+			if (d->hs.fd < 0) {
+				if (d->next_ms < wake)
+					wake = d->next_ms;
+				continue;
+			}
+			pfds[n] = (struct pollfd){
+				.fd = d->hs.fd,
+				.events = d->hs.connecting ?
+						  POLLOUT :
+						  POLLIN |
+							  (d->hs.out_off < TCP_HELLO_LEN ? POLLOUT :
+											   0),
+			};
+			owner[n++] = (int)r;
+		}
+		for (int i = 0; i < TCP_MAX_HANDSHAKES; i++) {
+			struct tcp_hs *hs = &s->acc[i];
+
+			if (hs->fd < 0)
+				continue;
+			pfds[n] = (struct pollfd){
+				.fd = hs->fd,
+				.events = POLLIN | (hs->out_off < TCP_HELLO_LEN ? POLLOUT : 0),
+			};
+			owner[n++] = -1 - i;
+		}
+
+		nready = poll(pfds, n, (int)(wake > now ? wake - now : 0));
+		if (nready < 0) {
+			if (errno == EINTR)
+				continue;
+			ret = -errno;
+			ferry_err("tcp: rank %u: poll: %s", cfg->rank, strerror(errno));
+			goto out_close;
+		}
+		if (!nready)
+			continue;
+
+		for (nfds_t i = 1; i < n; i++) {
+			if (!pfds[i].revents)
+				continue;
+			if (owner[i] >= 0)
+				tcp_setup_dial_step(s, (uint32_t)owner[i]);
+			else
+				tcp_setup_acc_step(s, &s->acc[-1 - owner[i]]);
+		}
+		if (pfds[0].revents)
+			tcp_setup_accept(s);
+	}
+
+	ret = tcp_setup_publish(s);
+	if (ret)
+		goto out_close;
+	t->connected = 1;
+	close(t->lfd);
+	t->lfd = -1;
+	ferry_dbg("tcp: rank %u is connected to all %u peers", cfg->rank, cfg->world - 1);
+
+out_close:
+	for (int i = 0; i < TCP_MAX_HANDSHAKES; i++) {
+		if (s->acc[i].fd >= 0 && !ret)
+			ferry_info("tcp: rank %u: closing a connection from %s that had not "
+				   "finished its HELLO",
+				   cfg->rank, s->acc[i].who);
+		tcp_hs_close(&s->acc[i]);
+	}
+	for (r = 0; r < cfg->rank; r++)
+		tcp_hs_close(&s->dials[r].hs);
+	for (r = 0; r < cfg->world; r++)
+		if (s->fds[r] >= 0)
+			close(s->fds[r]);
+out_free:
+	free(owner);
+	free(pfds);
+	free(s->dials);
+	free(s->fds);
+	free(s);
+	return ret;
+}

@@ -1,0 +1,151 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * progress.c - the tcp transport's progress thread: one per transport
+ * instance, on its own epoll set. Every handler of the core runs here, one
+ * at a time: on_msg() for the frames of the connections and of the self
+ * queue, on_peer_failed() for the connections that fail. The wake eventfd
+ * (in the epoll set with a NULL data pointer) brings it out of epoll_wait()
+ * for the self queue, for connections a sender found broken, and for fini().
+ *
+ * Context: the progress thread, except tcp_start_thread() (init()'s thread)
+ * and tcp_wake() (any thread).
+ */
+#define _GNU_SOURCE /* pthread_setname_np */
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <unistd.h>
+
+#include "transport/tcp/tcp.h"
+
+/* Context: any thread. Wakes the progress thread out of epoll_wait(). */
+void tcp_wake(struct tcp_tp *t)
+{
+	uint64_t one = 1;
+
+	/* EAGAIN means the counter is already non-zero: the wake is pending */
+	if (write(t->wake_fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+		ferry_err("tcp: rank %u: cannot wake the progress thread: %s", t->base.cfg.rank,
+			  strerror(errno));
+}
+
+static void tcp_wake_input(struct tcp_tp *t)
+{
+	uint64_t v;
+
+	if (read(t->wake_fd, &v, sizeof(v)) < 0 && errno != EAGAIN)
+		ferry_dbg("tcp: reading the wake eventfd: %s", strerror(errno));
+	tcp_self_deliver(t);
+	if (__atomic_exchange_n(&t->fail_pending, 0, __ATOMIC_ACQ_REL))
+		tcp_fail_broken(t);
+}
+
+/* fini: 1 when no connection has bytes queued. Progress thread. */
+static int tcp_flushed(struct tcp_tp *t)
+{
+	for (uint32_t r = 0; r < t->base.cfg.world; r++) {
+		struct tcp_conn *c = &t->conns[r];
+		int busy;
+
+		pthread_mutex_lock(&c->lock);
+		busy = c->state == TCP_CONN_UP && c->oq_head;
+		pthread_mutex_unlock(&c->lock);
+		if (busy)
+			return 0;
+	}
+	return 1;
+}
+
+static void tcp_conn_event(struct tcp_tp *t, struct tcp_conn *c, uint32_t events)
+{
+	int err;
+
+	if (c->fd < 0)
+		return; /* failed earlier in this batch of events */
+	if (events & EPOLLOUT) {
+		err = tcp_conn_flush(t, c);
+		if (err) {
+			ferry_warn(
+				"tcp: rank %u: sending to rank %u failed (%s); marking it failed",
+				t->base.cfg.rank, c->rank, strerror(-err));
+			tcp_conn_fail(t, c, -FERRY_E_PEER);
+			return;
+		}
+	}
+	if (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR))
+		tcp_conn_input(t, c);
+}
+
+/*
+ * tcp_progress - the progress thread: every handler runs here, one at a time
+ *
+ * Runs until fini() sets closing; then flushes the out queues for at most
+ * TCP_DRAIN_MS (still delivering what arrives) and returns.
+ */
+static void *tcp_progress(void *arg)
+{
+	struct tcp_tp *t = arg;
+	const struct ferry_tp_handler *h = t->base.cfg.handler;
+	struct epoll_event evs[TCP_EVENTS];
+	int busy = t->base.cfg.busy_poll;
+	int64_t drain_end = -1;
+
+	if (h->on_thread_start)
+		h->on_thread_start(t->base.cfg.core);
+
+	for (;;) {
+		int timeout = busy ? 0 : (drain_end >= 0 ? 10 : -1);
+		int n = epoll_wait(t->epfd, evs, TCP_EVENTS, timeout);
+
+		if (n < 0 && errno != EINTR) {
+			ferry_err("tcp: rank %u: epoll_wait: %s; the progress thread stops",
+				  t->base.cfg.rank, strerror(errno));
+			break;
+		}
+		if (busy && n == 0)
+			sched_yield(); /* spin, but let runnable threads have the core */
+		for (int i = 0; i < n; i++) {
+			if (!evs[i].data.ptr)
+				tcp_wake_input(t);
+			else
+				tcp_conn_event(t, evs[i].data.ptr, evs[i].events);
+		}
+		if (!__atomic_load_n(&t->closing, __ATOMIC_ACQUIRE))
+			continue;
+		if (drain_end < 0)
+			drain_end = tcp_now_ms() + TCP_DRAIN_MS;
+		if (tcp_flushed(t))
+			break;
+		if (tcp_now_ms() >= drain_end) {
+			ferry_warn("tcp: rank %u: frames still queued after %d ms of shutdown; "
+				   "dropping them",
+				   t->base.cfg.rank, TCP_DRAIN_MS);
+			break;
+		}
+	}
+
+	if (h->on_thread_stop)
+		h->on_thread_stop(t->base.cfg.core);
+	return NULL;
+}
+
+int tcp_start_thread(struct tcp_tp *t)
+{
+	sigset_t all, old;
+	int ret;
+
+	/* the progress thread takes no process signals */
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &old);
+	ret = -pthread_create(&t->thread, NULL, tcp_progress, t);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	if (ret) {
+		ferry_err("tcp: cannot start the progress thread: %s", strerror(-ret));
+		return ret;
+	}
+	pthread_setname_np(t->thread, "ferry-tcp");
+	return 0;
+}

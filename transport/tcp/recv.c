@@ -1,0 +1,255 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * recv.c - the tcp transport's receiving side: framing the byte stream of
+ * each connection, delivering frames (the connections' and the self queue's)
+ * to on_msg(), and failing connections. Context: the progress thread only.
+ * It takes a connection's lock only for what it shares with senders (reading
+ * BROKEN, failing the connection) and never holds it across a handler.
+ *
+ * Receiving (progress thread)
+ *
+ *     rbuf: [consumed | frame | frame | partial frame |   free   ]
+ *                     ^ rhead                         ^ rtail    ^ rcap
+ *
+ *   One recv() takes as much as fits (several frames per syscall under
+ *   load); every complete frame is checked (ferry__proto_check_hdr(), src ==
+ *   the connection's rank) and handed to on_msg() in place. rbuf comes from
+ *   malloc and every frame length is a multiple of FERRY_MSG_ALIGN, so each
+ *   frame starts 8-byte aligned. The buffer grows to hold a frame of up to
+ *   FERRY_MSG_MAX bytes and is freed once it is empty and above TCP_RBUF_KEEP.
+ *
+ * Failures: a bad header, a wrong src, EOF or a socket error closes that one
+ * connection and calls on_peer_failed() once for that rank, from the progress
+ * thread; the other connections go on.
+ */
+#define _GNU_SOURCE /* like every file of the transport (tcp.h) */
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "transport/tcp/tcp.h"
+
+/* ---- failures ----------------------------------------------------------- */
+
+/*
+ * tcp_conn_fail - close a connection and report its rank failed, once
+ *
+ * The caller has logged the cause. Context: progress thread.
+ */
+void tcp_conn_fail(struct tcp_tp *t, struct tcp_conn *c, int err)
+{
+	const struct ferry_tp_handler *h = t->base.cfg.handler;
+	int fd;
+
+	pthread_mutex_lock(&c->lock);
+	fd = c->fd;
+	c->fd = -1;
+	c->state = TCP_CONN_FAILED;
+	tcp_oq_free(c);
+	pthread_mutex_unlock(&c->lock);
+
+	/* no sender touches fd now that the state is FAILED */
+	if (fd >= 0) {
+		epoll_ctl(t->epfd, EPOLL_CTL_DEL, fd, NULL);
+		close(fd);
+	}
+	free(c->rbuf);
+	c->rbuf = NULL;
+	c->rcap = c->rhead = c->rtail = c->rneed = 0;
+
+	if (!c->reported) {
+		c->reported = 1;
+		if (h->on_peer_failed)
+			h->on_peer_failed(t->base.cfg.core, c->rank, err);
+	}
+}
+
+/* Context: progress thread, after a sender flagged fail_pending. */
+void tcp_fail_broken(struct tcp_tp *t)
+{
+	uint32_t world = t->base.cfg.world;
+
+	for (uint32_t r = 0; r < world; r++) {
+		struct tcp_conn *c = &t->conns[r];
+		int err;
+
+		pthread_mutex_lock(&c->lock);
+		err = c->state == TCP_CONN_BROKEN ? c->send_err : 0;
+		pthread_mutex_unlock(&c->lock);
+		if (!err)
+			continue;
+		ferry_warn("tcp: rank %u: sending to rank %u failed (%s); marking it failed",
+			   t->base.cfg.rank, r, strerror(err));
+		tcp_conn_fail(t, c, -FERRY_E_PEER);
+	}
+}
+
+/* ---- receiving ---------------------------------------------------------- */
+
+/* make room in c->rbuf for the frame at rhead and a large read. Progress thread. */
+static int tcp_rbuf_make_room(struct tcp_conn *c)
+{
+	size_t want = c->rneed > TCP_HDR_LEN ? c->rneed : TCP_HDR_LEN;
+	unsigned char *buf;
+
+	if (c->rhead && (c->rcap - c->rtail < TCP_READ_MIN || c->rhead + want > c->rcap)) {
+		memmove(c->rbuf, c->rbuf + c->rhead, c->rtail - c->rhead);
+		c->rtail -= c->rhead;
+		c->rhead = 0;
+	}
+	if (c->rbuf && want <= c->rcap)
+		return 0;
+	/* room for the whole frame and for the frames that follow it */
+	want = want < TCP_RBUF_SIZE ? TCP_RBUF_SIZE : want + TCP_RBUF_SIZE;
+	buf = realloc(c->rbuf, want);
+	if (!buf)
+		return -ENOMEM;
+	c->rbuf = buf;
+	c->rcap = want;
+	return 0;
+}
+
+/*
+ * tcp_conn_deliver - hand every complete frame in rbuf to on_msg()
+ *
+ * Context: progress thread. Return: 0, or -1 when the connection failed.
+ */
+static int tcp_conn_deliver(struct tcp_tp *t, struct tcp_conn *c)
+{
+	const struct ferry_tp_handler *h = t->base.cfg.handler;
+	uint32_t world = t->base.cfg.world;
+
+	while (c->rtail - c->rhead >= TCP_HDR_LEN) {
+		const unsigned char *frame = c->rbuf + c->rhead;
+		struct ferry_msg_hdr hdr;
+		const char *why = "invalid header";
+
+		memcpy(&hdr, frame, sizeof(hdr));
+		if (ferry__proto_check_hdr(&hdr, world, &why)) {
+			ferry_warn("tcp: rank %u sent rank %u a frame with a bad header (%s); "
+				   "dropping its connection and marking it failed",
+				   c->rank, t->base.cfg.rank, why);
+			tcp_conn_fail(t, c, -FERRY_E_PROTO);
+			return -1;
+		}
+		if (hdr.src != c->rank) {
+			ferry_warn("tcp: rank %u sent rank %u a frame that claims to come from "
+				   "rank %u; dropping its connection and marking it failed",
+				   c->rank, t->base.cfg.rank, hdr.src);
+			tcp_conn_fail(t, c, -FERRY_E_PROTO);
+			return -1;
+		}
+		if (c->rtail - c->rhead < hdr.len) {
+			c->rneed = hdr.len;
+			return 0;
+		}
+		/* rbuf is malloc-aligned and every len a multiple of FERRY_MSG_ALIGN */
+		c->rhead += hdr.len;
+		c->rneed = 0;
+		if (hdr.type == FERRY_MSG_BYE) {
+			c->bye = 1; /* the transport's own: the core never sees it */
+			continue;
+		}
+		h->on_msg(t->base.cfg.core, c->rank, frame, hdr.len);
+	}
+	if (c->rhead == c->rtail) {
+		c->rhead = c->rtail = 0;
+		if (c->rcap > TCP_RBUF_KEEP) {
+			free(c->rbuf);
+			c->rbuf = NULL;
+			c->rcap = 0;
+		}
+	}
+	return 0;
+}
+
+/* the peer closed its end: between frames, or in the middle of one. Progress thread. */
+static void tcp_conn_eof(struct tcp_tp *t, struct tcp_conn *c)
+{
+	size_t have = c->rtail - c->rhead;
+	uint32_t me = t->base.cfg.rank;
+
+	if (!have) {
+		if (c->bye)
+			ferry_info("tcp: rank %u left (it closed its connection to rank %u)",
+				   c->rank, me);
+		else if (__atomic_load_n(&t->closing, __ATOMIC_ACQUIRE))
+			ferry_info(
+				"tcp: rank %u closed its connection to rank %u; marking it failed",
+				c->rank, me);
+		else
+			ferry_warn(
+				"tcp: rank %u closed its connection to rank %u; marking it failed",
+				c->rank, me);
+	} else if (!c->rneed) {
+		ferry_warn("tcp: rank %u closed its connection to rank %u in the middle of a "
+			   "frame header (%zu of %zu bytes); marking it failed",
+			   c->rank, me, have, TCP_HDR_LEN);
+	} else {
+		ferry_warn("tcp: rank %u closed its connection to rank %u in the middle of a "
+			   "frame (%zu of %zu bytes); marking it failed",
+			   c->rank, me, have, c->rneed);
+	}
+	tcp_conn_fail(t, c, -FERRY_E_PEER);
+}
+
+/* read what the socket has and deliver it. Context: progress thread. */
+void tcp_conn_input(struct tcp_tp *t, struct tcp_conn *c)
+{
+	for (int i = 0; i < TCP_READS_PER_EVENT; i++) {
+		size_t room;
+		ssize_t n;
+
+		if (tcp_rbuf_make_room(c)) {
+			ferry_err("tcp: rank %u: no memory for a %zu-byte frame from rank %u; "
+				  "dropping its connection",
+				  t->base.cfg.rank, c->rneed, c->rank);
+			tcp_conn_fail(t, c, -ENOMEM);
+			return;
+		}
+		room = c->rcap - c->rtail;
+		n = recv(c->fd, c->rbuf + c->rtail, room, 0);
+		if (n > 0) {
+			c->rtail += n;
+			if (tcp_conn_deliver(t, c))
+				return;
+			if ((size_t)n < room)
+				return; /* drained; level-triggered epoll says when more comes */
+			continue;
+		}
+		if (n == 0) {
+			tcp_conn_eof(t, c);
+			return;
+		}
+		if (errno == EINTR)
+			continue;
+		if (errno == EAGAIN || errno == EWOULDBLOCK)
+			return;
+		ferry_warn("tcp: rank %u: the connection to rank %u failed (%s); marking it failed",
+			   t->base.cfg.rank, c->rank, strerror(errno));
+		tcp_conn_fail(t, c, -FERRY_E_PEER);
+		return;
+	}
+}
+
+/* Context: progress thread. */
+void tcp_self_deliver(struct tcp_tp *t)
+{
+	const struct ferry_tp_handler *h = t->base.cfg.handler;
+	struct tcp_selfmsg *m, *next;
+
+	pthread_mutex_lock(&t->self_lock);
+	m = t->self_head;
+	t->self_head = t->self_tail = NULL;
+	pthread_mutex_unlock(&t->self_lock);
+
+	for (; m; m = next) {
+		next = m->next;
+		h->on_msg(t->base.cfg.core, t->base.cfg.rank, m->data, m->len);
+		free(m);
+	}
+}
