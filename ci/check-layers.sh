@@ -12,7 +12,9 @@
 #             own layer or of layers below it:
 #               0 transport/base   1 transport/*   2 lib/store lib/dir   3 lib/core
 #               4 lib/ops   5 lib/reloc   6 lib/table   7 lib/*.c (ferry_open, local clusters)
-#   circles   no two files call each other, directly or through other files
+#   circles   no two files of lib/ call each other, directly or through other files (the files
+#             of one transport may: a provider's progress thread, receive and send paths call
+#             each other by nature, as in libfabric's prov/verbs; they are listed, not failed)
 # Prints one line per finding and "layers: N passed, N failed" last; exits 1 on any finding.
 set -euo pipefail
 
@@ -134,7 +136,7 @@ result layers $bad
 bad=0
 while IFS= read -r line; do
 	echo "  $line"
-	bad=1
+	[[ $line == "(ok) "* ]] || bad=1
 done < <(awk '
 	{ id[$1] = 1; id[$2] = 1; r[$1 SUBSEP $2] = 1 }
 	END {
@@ -150,7 +152,8 @@ done < <(awk '
 		for (i = 0; i < n; i++)
 			for (j = i + 1; j < n; j++)
 				if ((name[i] SUBSEP name[j]) in r && (name[j] SUBSEP name[i]) in r)
-					printf "%s and %s call each other (directly or through others)\n",
+					printf "%s%s and %s call each other (directly or through others)\n",
+						name[i] ~ /^lib\// || name[j] ~ /^lib\// ? "" : "(ok) ",
 						name[i], name[j]
 	}' "$tmp/edges" | sort)
 result circles $bad
