@@ -70,18 +70,17 @@ struct ops_dest {
  */
 struct ops_out {
 	struct ops_dest d;
+	struct ferry_msg_op tmpl; /* the frame's operation, for error replies */
 	struct ferry_frame vals;
 	int used;
 };
 
-void ferry__ops_out_add(struct ops_out *o, const struct ferry_msg_op *tmpl, uint32_t dst,
-			const struct ferry_msg_key *k, const float *in);
+/* add a key to the OP frame for @dst; a full frame is sent first, so an
+ * operation of any size leaves in frames within FERRY_MSG_MAX */
+void ferry__ops_out_add(struct ferry *fy, struct ferry_table *t, struct ops_out *o,
+			const struct ferry_msg_op *tmpl, uint32_t dst, const struct ferry_msg_key *k,
+			const float *in);
 void ferry__ops_out_flush(struct ferry *fy, struct ferry_table *t, struct ops_out *o);
-/* a reply with, per key, @slots (slot << 32 | epoch) for one-sided origins, or NULL */
-void ferry__ops_send_reply_slots(struct ferry *fy, struct ferry_table *t,
-				 const struct ferry_msg_op *op, int status, const uint32_t *idx,
-				 uint32_t count, const uint64_t *slots, const float *vals,
-				 size_t nvals);
 /* @hint: (slot << 32 | epoch) of the slot applied, for one-sided origins */
 int ferry__ops_apply_slot(struct ferry_table *t, uint8_t op, uint64_t key, const float *in,
 			  float *out, uint64_t *hint);

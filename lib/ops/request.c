@@ -110,7 +110,7 @@ static void ops_send_remote(struct ferry_worker *w, struct ferry_req *r, uint64_
 				outs[first_dst] = one;
 			}
 		}
-		ferry__ops_out_add(outs == &one ? &one : &outs[dst], &tmpl, dst, &k, in);
+		ferry__ops_out_add(fy, t, outs == &one ? &one : &outs[dst], &tmpl, dst, &k, in);
 		nremote++;
 		if (r->tracked && !ferry__ops_inflight_add(w, key))
 			r->done[(r->n + 7) / 8 + i / 8] |= (uint8_t)(1u << (i % 8));

@@ -154,122 +154,273 @@ bad:
 	ferry__node_drop_peer(fy, src);
 }
 
-/* ---- sending operations, replies and forwards ------------------------- */
+/* ---- replies ---------------------------------------------------------- */
 
-void ferry__ops_send_reply(struct ferry *fy, struct ferry_table *t, const struct ferry_msg_op *op,
-			   int status, const uint32_t *idx, uint32_t count, const float *vals,
-			   size_t nvals)
+/*
+ * A reply builder: the keys served for one OP frame, sent in REPLY frames of
+ * at most FERRY_MSG_MAX bytes. A REPLY is its header, count indices, (for
+ * one-sided origins) count slot hints, then the values, so the three parts
+ * grow in buffers of their own and are spliced at each flush. Memory: one
+ * frame's worth, however many keys the OP asked for (a pull of many large
+ * values no longer allocates all of them at once).
+ */
+struct ops_reply {
+	const struct ferry_msg_op *op;
+	int status;
+	bool with_slots;
+	struct ferry_frame idx, slots, vals; /* raw buffers, no header */
+	uint32_t count;
+};
+
+static void ops_reply_init(struct ops_reply *rb, const struct ferry_msg_op *op, int status,
+			   bool with_slots)
 {
-	ferry__ops_send_reply_slots(fy, t, op, status, idx, count, NULL, vals, nvals);
+	memset(rb, 0, sizeof(*rb));
+	rb->op = op;
+	rb->status = status;
+	rb->with_slots = with_slots && !status;
 }
 
-/* @slots: per key (slot << 32 | epoch) for one-sided origins, or NULL */
-void ferry__ops_send_reply_slots(struct ferry *fy, struct ferry_table *t,
-				 const struct ferry_msg_op *op, int status, const uint32_t *idx,
-				 uint32_t count, const uint64_t *slots, const float *vals,
-				 size_t nvals)
+static size_t ops_reply_bytes(const struct ops_reply *rb, size_t more_keys, size_t more_vals)
 {
-	struct ferry_frame f;
+	size_t n = rb->count + more_keys;
+
+	return sizeof(struct ferry_msg_hdr) + sizeof(struct ferry_msg_reply) +
+	       n * sizeof(uint32_t) + (rb->with_slots ? sizeof(uint32_t) + n * sizeof(uint64_t) : 0) +
+	       rb->vals.len + more_vals * sizeof(float) + FERRY_MSG_ALIGN;
+}
+
+static void ops_reply_flush(struct ferry *fy, struct ferry_table *t, struct ops_reply *rb)
+{
+	const struct ferry_msg_op *op = rb->op;
 	struct ferry_msg_reply *rep;
+	struct ferry_frame f;
+	int rc = -ENOMEM;
 	void *p;
 
+	if (!rb->count)
+		return;
+	if (rb->idx.len == SIZE_MAX || rb->slots.len == SIZE_MAX || rb->vals.len == SIZE_MAX) {
+		/* the parts could not be built: the origin still gets an answer */
+		ferry_err("ops: out of memory building a reply of %u keys for rank %u", rb->count,
+			  op->origin);
+		goto fail;
+	}
 	if (op->origin == fy->rank) {
 		/* our own operation: no message needed */
-		ferry__ops_complete(fy, op->worker, op->req, idx, count, status,
-				    status ? NULL : vals, nvals);
-		return;
+		ferry__ops_complete(fy, op->worker, op->req, (const uint32_t *)rb->idx.buf,
+				    rb->count, rb->status, rb->status ? NULL : (float *)rb->vals.buf,
+				    rb->vals.len / sizeof(float));
+		goto out;
 	}
 	ferry__frame_begin(&f);
 	rep = ferry__frame_put(&f, sizeof(*rep));
 	if (rep) {
 		rep->req = op->req;
 		rep->worker = op->worker;
-		rep->count = count;
-		rep->status = status;
+		rep->count = rb->count;
+		rep->status = rb->status;
 		rep->owner = fy->rank;
 		rep->op = op->op;
-		rep->flags = slots && !status ? FERRY_REPLY_F_SLOTS : 0;
+		rep->flags = rb->with_slots ? FERRY_REPLY_F_SLOTS : 0;
 	}
-	p = ferry__frame_put(&f, count * sizeof(uint32_t));
+	p = ferry__frame_put(&f, rb->idx.len);
 	if (p)
-		memcpy(p, idx, count * sizeof(uint32_t));
-	if (slots && !status) {
-		if (count & 1)
+		memcpy(p, rb->idx.buf, rb->idx.len);
+	if (rb->with_slots) {
+		if (rb->count & 1)
 			ferry__frame_put(&f, sizeof(uint32_t)); /* keep the hints aligned */
-		p = ferry__frame_put(&f, count * sizeof(uint64_t));
+		p = ferry__frame_put(&f, rb->slots.len);
 		if (p)
-			memcpy(p, slots, count * sizeof(uint64_t));
+			memcpy(p, rb->slots.buf, rb->slots.len);
 	}
-	if (nvals && !status) {
-		p = ferry__frame_put(&f, nvals * sizeof(float));
+	if (rb->vals.len) {
+		p = ferry__frame_put(&f, rb->vals.len);
 		if (p)
-			memcpy(p, vals, nvals * sizeof(float));
+			memcpy(p, rb->vals.buf, rb->vals.len);
 	}
-	if (!ferry__frame_finish(&f, FERRY_MSG_REPLY, fy->rank, t->id))
-		ferry__send(fy, op->origin, f.buf, f.len);
-	else
-		ferry_err("ops: cannot build a reply of %u keys for rank %u (out of memory)", count,
-			  op->origin);
-	ferry__frame_free(&f);
-}
-
-/* start an OP frame to a destination */
-static struct ferry_msg_op *ops_frame_start(struct ops_dest *d, const struct ferry_msg_op *tmpl)
-{
-	struct ferry_msg_op *op;
-
-	ferry__frame_begin(&d->f);
-	op = ferry__frame_put(&d->f, sizeof(*op));
-	if (op)
-		*op = *tmpl;
-	d->count = 0;
-	return op;
-}
-
-static void ops_frame_send(struct ferry *fy, struct ferry_table *t, struct ops_dest *d)
-{
-	struct ferry_msg_op *op;
-	int rc;
-
-	if (!d->count || d->f.len == SIZE_MAX) {
-		ferry__frame_free(&d->f);
-		return;
-	}
-	op = (struct ferry_msg_op *)(d->f.buf + sizeof(struct ferry_msg_hdr));
-	op->count = d->count;
-	rc = ferry__frame_finish(&d->f, FERRY_MSG_OP, fy->rank, t->id);
+	rc = ferry__frame_finish(&f, FERRY_MSG_REPLY, fy->rank, t->id);
 	if (!rc)
-		rc = ferry__send(fy, d->dst, d->f.buf, d->f.len);
-	if (rc) {
-		/* answer the origin so it does not wait for nothing */
-		const struct ferry_msg_key *k = (const void *)(op + 1);
-		uint32_t *idx = malloc(d->count * sizeof(uint32_t));
+		rc = ferry__send(fy, op->origin, f.buf, f.len);
+	ferry__frame_free(&f);
+	if (rc)
+		ferry_err("ops: cannot send a reply of %u keys to rank %u: %s", rb->count,
+			  op->origin, ferry_strerror(rc));
+	goto out;
+fail:
+	/* a plain error reply needs no buffer: send it key by key if need be */
+	if (rb->idx.len != SIZE_MAX && !rb->status) {
+		struct ops_reply err;
 
-		if (idx) {
-			for (uint32_t i = 0; i < d->count; i++)
-				idx[i] = k[i].idx;
-			ferry__ops_send_reply(fy, t, op, rc, idx, d->count, NULL, 0);
-			free(idx);
+		ops_reply_init(&err, op, rc, false);
+		for (uint32_t i = 0; i < rb->count; i++) {
+			err.idx.buf = (uint8_t *)&((uint32_t *)rb->idx.buf)[i];
+			err.idx.len = sizeof(uint32_t);
+			err.count = 1;
+			ops_reply_flush(fy, t, &err);
 		}
 	}
-	ferry__frame_free(&d->f);
+out:
+	ferry__frame_free(&rb->idx);
+	ferry__frame_free(&rb->slots);
+	ferry__frame_free(&rb->vals);
+	rb->count = 0;
 }
 
-void ferry__ops_out_add(struct ops_out *o, const struct ferry_msg_op *tmpl, uint32_t dst,
-			const struct ferry_msg_key *k, const float *in)
+/*
+ * Add key @idx to a reply; @len floats of its value are written by the
+ * caller at the returned address (NULL: none, or out of memory, which the
+ * flush reports as an error for the whole frame).
+ */
+static float *ops_reply_add(struct ferry *fy, struct ferry_table *t, struct ops_reply *rb,
+			    uint32_t idx, uint64_t slot, uint32_t len)
 {
+	uint32_t *pi;
+	float *pv = NULL;
+
+	if (rb->count && ops_reply_bytes(rb, 1, len) > FERRY_MSG_MAX)
+		ops_reply_flush(fy, t, rb);
+	pi = ferry__frame_put(&rb->idx, sizeof(uint32_t));
+	if (pi)
+		*pi = idx;
+	if (rb->with_slots) {
+		uint64_t *ps = ferry__frame_put(&rb->slots, sizeof(uint64_t));
+
+		if (ps)
+			*ps = slot;
+	}
+	if (len)
+		pv = ferry__frame_put(&rb->vals, (size_t)len * sizeof(float));
+	rb->count++;
+	return pv;
+}
+
+/* take back the key just added (it was not served after all) */
+static void ops_reply_drop(struct ops_reply *rb, uint32_t len)
+{
+	rb->count--;
+	if (rb->idx.len != SIZE_MAX)
+		rb->idx.len -= sizeof(uint32_t);
+	if (rb->with_slots && rb->slots.len != SIZE_MAX)
+		rb->slots.len -= sizeof(uint64_t);
+	if (len && rb->vals.len != SIZE_MAX)
+		rb->vals.len -= (size_t)len * sizeof(float);
+}
+
+void ferry__ops_send_reply(struct ferry *fy, struct ferry_table *t, const struct ferry_msg_op *op,
+			   int status, const uint32_t *idx, uint32_t count, const float *vals,
+			   size_t nvals)
+{
+	struct ops_reply rb;
+
+	ops_reply_init(&rb, op, status, false);
+	for (uint32_t i = 0; i < count; i++) {
+		/* values come with a single key (a replayed pull) */
+		uint32_t len = count == 1 && !status ? (uint32_t)nvals : 0;
+		float *pv = ops_reply_add(fy, t, &rb, idx[i], 0, len);
+
+		if (pv)
+			memcpy(pv, vals, (size_t)len * sizeof(float));
+	}
+	ops_reply_flush(fy, t, &rb);
+}
+
+/* ---- OP frames ---------------------------------------------------------- */
+
+/* answer the keys of an OP frame that could not go with @status */
+static void ops_frame_fail(struct ferry *fy, struct ferry_table *t, struct ops_dest *d,
+			   const struct ferry_msg_op *tmpl, int status)
+{
+	const struct ferry_msg_key *k =
+		(const void *)(d->f.buf + sizeof(struct ferry_msg_hdr) + sizeof(*tmpl));
+	struct ops_reply rb;
+
+	ops_reply_init(&rb, tmpl, status, false);
+	for (uint32_t i = 0; i < d->count; i++)
+		ops_reply_add(fy, t, &rb, k[i].idx, 0, 0);
+	ops_reply_flush(fy, t, &rb);
+}
+
+void ferry__ops_out_flush(struct ferry *fy, struct ferry_table *t, struct ops_out *o)
+{
+	struct ferry_msg_op *op;
+	int rc = -ENOMEM;
+
+	if (!o->used)
+		return;
+	o->used = 0;
+	if (!o->d.count || o->d.f.len == SIZE_MAX)
+		goto fail;
+	if (o->vals.len) {
+		void *p = o->vals.len == SIZE_MAX ? NULL : ferry__frame_put(&o->d.f, o->vals.len);
+
+		if (!p)
+			goto fail;
+		memcpy(p, o->vals.buf, o->vals.len);
+	}
+	op = (struct ferry_msg_op *)(o->d.f.buf + sizeof(struct ferry_msg_hdr));
+	op->count = o->d.count;
+	rc = ferry__frame_finish(&o->d.f, FERRY_MSG_OP, fy->rank, t->id);
+	if (!rc)
+		rc = ferry__send(fy, o->d.dst, o->d.f.buf, o->d.f.len);
+	if (!rc)
+		goto out;
+	/* a failed send: the next try goes through the home, not the old hint
+	 * (the buffer may have moved in frame_finish: find the keys anew) */
+	{
+		const struct ferry_msg_key *k = (const void *)(o->d.f.buf +
+							       sizeof(struct ferry_msg_hdr) +
+							       sizeof(struct ferry_msg_op));
+
+		for (uint32_t i = 0; i < o->d.count; i++)
+			if (ferry__loc_get(t, k[i].key) == o->d.dst)
+				ferry__loc_set(t, k[i].key, ferry__home(t, k[i].key));
+	}
+fail:
+	/* answer the origin so it does not wait for nothing; the keys written
+	 * before an allocation failure are intact in the buffer */
+	if (o->d.count && o->d.f.buf)
+		ops_frame_fail(fy, t, &o->d, &o->tmpl, rc);
+out:
+	ferry__frame_free(&o->vals);
+	ferry__frame_free(&o->d.f);
+	o->d.count = 0;
+}
+
+void ferry__ops_out_add(struct ferry *fy, struct ferry_table *t, struct ops_out *o,
+			const struct ferry_msg_op *tmpl, uint32_t dst, const struct ferry_msg_key *k,
+			const float *in)
+{
+	size_t need = sizeof(*k) + (in ? (size_t)k->len * sizeof(float) : 0);
 	struct ferry_msg_key *kk;
 
+	/* a full frame goes now: an OP of any size leaves in pieces */
+	if (o->used && o->d.f.len != SIZE_MAX && o->vals.len != SIZE_MAX &&
+	    o->d.f.len + o->vals.len + need + FERRY_MSG_ALIGN > FERRY_MSG_MAX)
+		ferry__ops_out_flush(fy, t, o);
 	if (!o->used) {
-		ops_frame_start(&o->d, tmpl);
+		struct ferry_msg_op *op;
+
+		ferry__frame_begin(&o->d.f);
+		op = ferry__frame_put(&o->d.f, sizeof(*op));
+		if (op)
+			*op = *tmpl;
+		o->tmpl = *tmpl;
+		o->d.count = 0;
 		o->d.dst = dst;
 		o->vals.buf = NULL;
 		o->vals.len = o->vals.cap = 0;
 		o->used = 1;
 	}
 	kk = ferry__frame_put(&o->d.f, sizeof(*kk));
-	if (kk)
-		*kk = *k;
+	if (!kk) {
+		/* not in the frame: answer it alone */
+		ferry_err("ops: out of memory sending key %llu to rank %u",
+			  (unsigned long long)k->key, dst);
+		ferry__ops_send_reply(fy, t, tmpl, -ENOMEM, &k->idx, 1, NULL, 0);
+		return;
+	}
+	*kk = *k;
 	if (in) {
 		float *v = ferry__frame_put(&o->vals, k->len * sizeof(float));
 
@@ -277,23 +428,6 @@ void ferry__ops_out_add(struct ops_out *o, const struct ferry_msg_op *tmpl, uint
 			memcpy(v, in, k->len * sizeof(float));
 	}
 	o->d.count++;
-}
-
-void ferry__ops_out_flush(struct ferry *fy, struct ferry_table *t, struct ops_out *o)
-{
-	if (!o->used)
-		return;
-	if (o->vals.len) {
-		void *p = o->vals.len == SIZE_MAX ? NULL : ferry__frame_put(&o->d.f, o->vals.len);
-
-		if (p)
-			memcpy(p, o->vals.buf, o->vals.len);
-		else
-			o->d.f.len = SIZE_MAX;
-	}
-	ferry__frame_free(&o->vals);
-	ops_frame_send(fy, t, &o->d);
-	o->used = 0;
 }
 
 /* forward one key operation toward its owner; progress thread */
@@ -315,50 +449,54 @@ void ferry__ops_forward_one(struct ferry *fy, struct ferry_table *t, const struc
 	}
 	tmpl.hops++;
 	tmpl.count = 0;
-	ferry__ops_out_add(&o, &tmpl, dst, k, op->op == FERRY_OP_PULL ? NULL : in);
+	ferry__ops_out_add(fy, t, &o, &tmpl, dst, k, op->op == FERRY_OP_PULL ? NULL : in);
 	ferry__ops_out_flush(fy, t, &o);
 	atomic_fetch_add_explicit(&fy->forwards, 1, memory_order_relaxed);
 }
 
 /* an OP frame arrived: apply what lives here, queue what is on its way,
- * forward the rest. Progress thread, rcu_read_lock held. */
+ * forward the rest. Progress thread, rcu_read_lock held. Memory: one reply
+ * frame and one forward frame per destination, at most FERRY_MSG_MAX each. */
 static void ops_on_op(struct ferry *fy, struct ferry_table *t, uint32_t src,
 		      const struct ferry_proto_view *v)
 {
 	const struct ferry_msg_op *op = v->body;
 	const float *in = v->vals;
-	uint32_t *idx = malloc(v->count * sizeof(uint32_t));
-	uint64_t *slots = ferry__table_onesided(t) && op->origin != fy->rank ?
-				  malloc(v->count * sizeof(uint64_t)) :
-				  NULL;
-	float *out = NULL;
-	size_t nout = 0, nserved = 0, out_cap = 0;
-	struct ops_out *fwd = NULL;
+	struct ops_out *fwd = calloc(fy->world, sizeof(*fwd));
 	struct ferry_msg_op tmpl = *op;
+	struct ops_reply rb;
+	size_t nserved = 0;
 	int queued;
 
-	if (op->op == FERRY_OP_PULL) {
-		for (uint32_t i = 0; i < v->count; i++)
-			out_cap += v->keys[i].len;
-		out = malloc(out_cap * sizeof(float) + 1);
-	}
-	fwd = calloc(fy->world, sizeof(*fwd));
-	if (!idx || (op->op == FERRY_OP_PULL && !out) || !fwd) {
+	if (!fwd) {
 		ferry_err("ops: out of memory serving %u keys for rank %u", v->count, src);
-		goto out;
+		return;
 	}
+	ops_reply_init(&rb, op, 0, ferry__table_onesided(t) && op->origin != fy->rank);
 	tmpl.hops++;
 	for (uint32_t i = 0; i < v->count; i++) {
 		const struct ferry_msg_key *k = &v->keys[i];
 		const float *kin = op->op == FERRY_OP_PULL ? NULL : in;
+		uint32_t vlen = op->op == FERRY_OP_PULL ? k->len : 0;
 		uint32_t home, dst;
+		uint64_t hint = 0;
+		float *out = ops_reply_add(fy, t, &rb, k->idx, 0, vlen);
 
-		if (!ferry__ops_apply_slot(t, op->op, k->key, kin, out ? out + nout : NULL,
-					   slots ? &slots[nserved] : NULL)) {
-			idx[nserved++] = k->idx;
-			if (out)
-				nout += k->len;
-		} else if ((queued = ferry__pend_queue_op(&t->pend, op, k, kin)) < 0) {
+		if (kin)
+			in += k->len;
+		if (vlen && !out) {
+			/* no room for the value: the reply frame is poisoned and
+			 * its flush answers every key of it with -ENOMEM */
+			continue;
+		}
+		if (!ferry__ops_apply_slot(t, op->op, k->key, kin, out, &hint)) {
+			if (rb.with_slots && rb.slots.len != SIZE_MAX)
+				((uint64_t *)rb.slots.buf)[rb.count - 1] = hint;
+			nserved++;
+			continue;
+		}
+		ops_reply_drop(&rb, vlen);
+		if ((queued = ferry__pend_queue_op(&t->pend, op, k, kin)) < 0) {
 			ferry_err("ops: out of memory queueing an operation on key %llu",
 				  (unsigned long long)k->key);
 			ferry__ops_send_reply(fy, t, op, -ENOMEM, &k->idx, 1, NULL, 0);
@@ -368,24 +506,17 @@ static void ops_on_op(struct ferry *fy, struct ferry_table *t, uint32_t src,
 			if (op->hops >= FERRY_MAX_HOPS || dst == fy->rank) {
 				ferry__ops_forward_one(fy, t, op, k, kin); /* fails it, logged */
 			} else {
-				ferry__ops_out_add(&fwd[dst], &tmpl, dst, k, kin);
+				ferry__ops_out_add(fy, t, &fwd[dst], &tmpl, dst, k, kin);
 				atomic_fetch_add_explicit(&fy->forwards, 1, memory_order_relaxed);
 			}
 		}
-		if (kin)
-			in += k->len;
 	}
-	if (nserved) {
+	if (nserved)
 		atomic_fetch_add_explicit(&fy->served_ops, nserved, memory_order_relaxed);
-		ferry__ops_send_reply_slots(fy, t, op, 0, idx, (uint32_t)nserved, slots, out, nout);
-	}
+	ops_reply_flush(fy, t, &rb);
 	for (uint32_t r = 0; r < fy->world; r++)
 		ferry__ops_out_flush(fy, t, &fwd[r]);
-out:
 	free(fwd);
-	free(idx);
-	free(slots);
-	free(out);
 }
 
 int ferry__ops_attach(struct ferry *fy)
