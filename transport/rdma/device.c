@@ -202,35 +202,49 @@ out_free:
 	return ret;
 }
 
-static int rdma_read_line(const char *path, char *buf, size_t len)
+/*
+ * rdma_open_device - open the device named @name, to read its GID table
+ * @ctx_p: receives the context; the caller closes it
+ *
+ * Return: 0, or a negative errno (-ENODEV when no device has that name).
+ */
+static int rdma_open_device(const char *name, struct ibv_context **ctx_p)
 {
-	ssize_t n;
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	struct ibv_device **list = ibv_get_device_list(NULL);
+	struct ibv_context *ctx;
+	int ret = -ENODEV;
 
-	if (fd < 0)
-		return -1;
-	n = read(fd, buf, len - 1);
-	close(fd);
-	if (n <= 0)
-		return -1;
-	buf[n] = '\0';
-	buf[strcspn(buf, "\n")] = '\0';
-	return 0;
+	for (int i = 0; list && list[i]; i++) {
+		if (strcmp(ibv_get_device_name(list[i]), name))
+			continue;
+		ctx = ibv_open_device(list[i]);
+		if (!ctx) {
+			ret = errno ? -errno : -ENODEV;
+			break;
+		}
+		*ctx_p = ctx;
+		ret = 0;
+		break;
+	}
+	if (list)
+		ibv_free_device_list(list);
+	return ret;
 }
 
-/* the IPv4 address GID @idx of @dev port @port maps, when it is a RoCE v2 IPv4 GID */
-static int rdma_gid_ipv4(const char *dev, uint8_t port, int idx, struct in_addr *in)
+/*
+ * the IPv4 address GID @idx of @ctx's port @port maps, when it is a RoCE v2
+ * IPv4 GID (::ffff:a.b.c.d); -1 when it is not, is empty, or @ctx is NULL
+ */
+static int rdma_gid_ipv4(struct ibv_context *ctx, uint8_t port, int idx, struct in_addr *in)
 {
-	char path[256], buf[64];
+	struct ibv_gid_entry e;
 	struct in6_addr a6;
 
-	snprintf(path, sizeof(path), "/sys/class/infiniband/%s/ports/%u/gid_attrs/types/%d", dev,
-		 port, idx);
-	if (rdma_read_line(path, buf, sizeof(buf)) || strcmp(buf, "RoCE v2"))
+	if (!ctx || ibv_query_gid_ex(ctx, port, (uint32_t)idx, &e, 0) ||
+	    e.gid_type != IBV_GID_TYPE_ROCE_V2)
 		return -1;
-	snprintf(path, sizeof(path), "/sys/class/infiniband/%s/ports/%u/gids/%d", dev, port, idx);
-	if (rdma_read_line(path, buf, sizeof(buf)) || inet_pton(AF_INET6, buf, &a6) != 1 ||
-	    !IN6_IS_ADDR_V4MAPPED(&a6))
+	memcpy(&a6, e.gid.raw, sizeof(a6));
+	if (!IN6_IS_ADDR_V4MAPPED(&a6))
 		return -1;
 	memcpy(&in->s_addr, &a6.s6_addr[12], 4);
 	return 0;
@@ -257,16 +271,19 @@ static int rdma_env_gid_index(void)
 /*
  * rdma_pick_addr - the IPv4 address to listen on, and its GID index
  *
- * rdma_cm resolves the GID from the address itself; the GID table serves to
- * find the device's address where the bind address cannot carry rdma_cm
- * (loopback, or unspecified), and to warn when FERRY_RDMA_GID_INDEX names a
- * GID of another address. Return: 0 or a negative errno (logged).
+ * rdma_cm resolves the GID from the address itself; the GID table (its first
+ * RDMA_GID_SCAN entries, through ibv_query_gid_ex()) serves to find the
+ * device's address where the bind address cannot carry rdma_cm (loopback, or
+ * unspecified), and to warn when FERRY_RDMA_GID_INDEX names a GID of another
+ * address. A device that cannot be opened to read it counts as one without
+ * GIDs (logged). Return: 0 or a negative errno (logged).
  */
 int rdma_pick_addr(struct rdma_tp *t, const char *host)
 {
 	uint32_t rank = t->base.cfg.rank;
 	struct addrinfo hints = { .ai_family = AF_INET, .ai_socktype = SOCK_STREAM };
 	struct in_addr in = { 0 }, g;
+	struct ibv_context *ctx = NULL;
 	int env_idx = rdma_env_gid_index(), found = -1, ret;
 	char ip[INET_ADDRSTRLEN];
 
@@ -284,16 +301,21 @@ int rdma_pick_addr(struct rdma_tp *t, const char *host)
 		in = ((struct sockaddr_in *)res->ai_addr)->sin_addr;
 		freeaddrinfo(res);
 	}
+	ret = rdma_open_device(t->dev_name, &ctx);
+	if (ret)
+		ferry_warn("rdma: rank %u: cannot open device %s to read its GID table: %s; is "
+			   "/dev/infiniband there and readable by this user?",
+			   rank, t->dev_name, strerror(-ret));
 	if (!in.s_addr || (ntohl(in.s_addr) >> 24) == 127) {
 		/* rdma_cm cannot use loopback: take the device's own IPv4 address */
 		int ok = -1;
 
 		if (env_idx >= 0) {
-			ok = rdma_gid_ipv4(t->dev_name, t->port_num, env_idx, &g);
+			ok = rdma_gid_ipv4(ctx, t->port_num, env_idx, &g);
 			found = env_idx;
 		}
 		for (int i = 0; env_idx < 0 && i < RDMA_GID_SCAN && ok; i++) {
-			ok = rdma_gid_ipv4(t->dev_name, t->port_num, i, &g);
+			ok = rdma_gid_ipv4(ctx, t->port_num, i, &g);
 			found = i;
 		}
 		if (ok) {
@@ -302,7 +324,8 @@ int rdma_pick_addr(struct rdma_tp *t, const char *host)
 				  "FERRY_BIND_ADDR to the IPv4 address of the interface %s sits on",
 				  rank, host && *host ? host : "(none)", t->dev_name, t->port_num,
 				  env_idx >= 0 ? " at FERRY_RDMA_GID_INDEX" : "", t->dev_name);
-			return -EADDRNOTAVAIL;
+			ret = -EADDRNOTAVAIL;
+			goto out_close;
 		}
 		inet_ntop(AF_INET, &g, ip, sizeof(ip));
 		ferry_info(
@@ -312,11 +335,10 @@ int rdma_pick_addr(struct rdma_tp *t, const char *host)
 		in = g;
 	} else {
 		for (int i = 0; i < RDMA_GID_SCAN && found < 0; i++)
-			if (!rdma_gid_ipv4(t->dev_name, t->port_num, i, &g) &&
-			    g.s_addr == in.s_addr)
+			if (!rdma_gid_ipv4(ctx, t->port_num, i, &g) && g.s_addr == in.s_addr)
 				found = i;
 		if (env_idx >= 0 &&
-		    (rdma_gid_ipv4(t->dev_name, t->port_num, env_idx, &g) || g.s_addr != in.s_addr))
+		    (rdma_gid_ipv4(ctx, t->port_num, env_idx, &g) || g.s_addr != in.s_addr))
 			ferry_warn(
 				"rdma: rank %u: FERRY_RDMA_GID_INDEX=%d is not the RoCE v2 GID of "
 				"the bind address %s on %s port %u; rdma_cm uses the address's "
@@ -328,7 +350,11 @@ int rdma_pick_addr(struct rdma_tp *t, const char *host)
 	}
 	t->gid_index = found;
 	t->src_sa = (struct sockaddr_in){ .sin_family = AF_INET, .sin_addr = in };
-	return 0;
+	ret = 0;
+out_close:
+	if (ctx)
+		ibv_close_device(ctx);
+	return ret;
 }
 
 /*

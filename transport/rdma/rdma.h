@@ -133,7 +133,7 @@
 #define RDMA_RETRY_MAX_MS 250
 #define RDMA_RESOLVE_MS 2000 /* rdma_resolve_addr / _route timeout */
 #define RDMA_MAX_HELD 64     /* connection requests held until connect() */
-#define RDMA_GID_SCAN 16     /* GID table entries read from sysfs */
+#define RDMA_GID_SCAN 16     /* GID table entries looked at (ibv_query_gid_ex) */
 #define RDMA_IMM_TAG 0xf7u
 #define RDMA_IMM_CREDIT_ONLY (1u << 23)
 #define RDMA_REJ_MAGIC 0x4a525946u /* "FYRJ" */
