@@ -12,6 +12,9 @@
 #include <sys/resource.h>
 
 #ifdef FERRY_HAVE_RDMA
+#include <arpa/inet.h>
+#include <net/if.h>
+
 #include <infiniband/verbs.h>
 #endif
 
@@ -43,36 +46,58 @@ static const char *port_state(enum ibv_port_state s)
 	}
 }
 
-static void print_gids(const char *dev, int port)
+static const char *gid_type(uint32_t type)
 {
-	char path[256], gid[64], type[64];
-
-	for (int i = 0; i < 16; i++) {
-		FILE *f;
-
-		snprintf(path, sizeof(path), "/sys/class/infiniband/%s/ports/%d/gids/%d", dev, port,
-			 i);
-		f = fopen(path, "r");
-		if (!f)
-			break;
-		if (!fgets(gid, sizeof(gid), f))
-			gid[0] = '\0';
-		fclose(f);
-		gid[strcspn(gid, "\n")] = '\0';
-		if (!strcmp(gid, "0000:0000:0000:0000:0000:0000:0000:0000"))
-			continue;
-		snprintf(path, sizeof(path), "/sys/class/infiniband/%s/ports/%d/gid_attrs/types/%d",
-			 dev, port, i);
-		f = fopen(path, "r");
-		type[0] = '\0';
-		if (f) {
-			if (!fgets(type, sizeof(type), f))
-				type[0] = '\0';
-			fclose(f);
-			type[strcspn(type, "\n")] = '\0';
-		}
-		printf("      gid[%d] %s %s\n", i, gid, type);
+	switch (type) {
+	case IBV_GID_TYPE_IB:
+		return "IB";
+	case IBV_GID_TYPE_ROCE_V1:
+		return "RoCE v1";
+	case IBV_GID_TYPE_ROCE_V2:
+		return "RoCE v2";
+	default:
+		return "other";
 	}
+}
+
+/* the valid GIDs of @port with their types and interfaces, from the device's whole table */
+static void print_gids(struct ibv_context *ctx, int nports, int port)
+{
+	struct ibv_gid_entry *gids;
+	size_t max = 0;
+	ssize_t n;
+
+	/* the table holds every port's entries: room for all of them */
+	for (int p = 1; p <= nports; p++) {
+		struct ibv_port_attr pa;
+
+		if (!ibv_query_port(ctx, (uint8_t)p, &pa))
+			max += (size_t)pa.gid_tbl_len;
+	}
+	if (!max)
+		return;
+	gids = calloc(max, sizeof(*gids));
+	if (!gids) {
+		printf("      GIDs: no memory to read the table\n");
+		return;
+	}
+	n = ibv_query_gid_table(ctx, gids, max, 0);
+	if (n < 0)
+		printf("      GIDs: cannot read the table (%s)\n", strerror((int)-n));
+	for (ssize_t i = 0; i < n; i++) {
+		const struct ibv_gid_entry *g = &gids[i];
+		char addr[INET6_ADDRSTRLEN], ifname[IF_NAMESIZE];
+
+		if (g->port_num != (uint32_t)port)
+			continue;
+		if (!inet_ntop(AF_INET6, g->gid.raw, addr, sizeof(addr)))
+			snprintf(addr, sizeof(addr), "?");
+		if (!g->ndev_ifindex || !if_indextoname(g->ndev_ifindex, ifname))
+			ifname[0] = '\0';
+		printf("      gid[%u] %s %s%s%s\n", g->gid_index, addr, gid_type(g->gid_type),
+		       ifname[0] ? " on " : "", ifname);
+	}
+	free(gids);
 }
 
 static void print_devices(void)
@@ -111,7 +136,7 @@ static void print_devices(void)
 			       128 << pa.active_mtu,
 			       pa.link_layer == IBV_LINK_LAYER_ETHERNET ? "Ethernet (RoCE)" :
 									  "InfiniBand");
-			print_gids(name, p);
+			print_gids(ctx, da.phys_port_cnt, p);
 		}
 		ibv_close_device(ctx);
 	}

@@ -1632,8 +1632,9 @@ TP_TEST(a_one_sided_access_error_completes_with_eacces)
 #ifdef FERRY_HAVE_RDMA
 
 /*
- * transport/rdma/rdma.c's buffer geometry (struct rdma_hello_ext), which its
- * HELLO carries after the 32 bytes of the HELLO frame and checks.
+ * the rdma transport's buffer geometry (struct rdma_hello_ext in
+ * transport/rdma/rdma.h), which its HELLO carries after the 32 bytes of the
+ * HELLO frame and checks.
  */
 #define RDMA_EXT_CHUNK (64u << 10)
 #define RDMA_EXT_CREDITS 32u

@@ -13,7 +13,7 @@
  * thread).
  *
  * Like a NIC, too, an access is checked against the target's registrations
- * (the rule of rdma.c's own-rank access): the rkey must name a registration
+ * (the rule of rdma/rma.c's own-rank access): the rkey must name a registration
  * of the destination node (same cluster, rank @dst) that covers the whole
  * range and grants REMOTE_READ for a read, REMOTE_WRITE for a write;
  * otherwise the operation completes with -EACCES and touches nothing. Every

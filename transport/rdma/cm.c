@@ -1,0 +1,747 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * cm.c - connection management over rdma_cm: the HELLO in the connection's
+ * private data, dialing the lower ranks, judging and accepting requests from
+ * the higher ones, rejecting the rest with a reason, the setup's progress and
+ * deadline, and connect().
+ *
+ * Context: the progress thread owns every cm_id and runs all of this but
+ * rdma_tp_connect() and rdma_setup_timeout(), which run on connect()'s
+ * caller; the two meet under setup_lock. rdma_conn_destroy() also runs in
+ * fini(), after the progress thread stopped. The listening cm_id is made in
+ * init() (device.c: its device becomes the transport's).
+ *
+ * Connection setup (ops->connect on the caller's thread; the work on the
+ * progress thread, which owns every cm_id)
+ *
+ *     rank j (j < i)                                  rank i
+ *     listening since init  <-- REQ{HELLO i, bufs} --  rdma_resolve_addr/route,
+ *     check HELLO: cluster, world, rank > j,           create QP, post receives,
+ *     buffers; create QP, post receives,               rdma_connect; retried with
+ *     rdma_accept(HELLO j) ----- REP --------------->  backoff until the deadline
+ *     ESTABLISHED                                      ESTABLISHED: check HELLO j
+ *
+ *   The private data is the same HELLO frame the tcp transport sends first
+ *   (struct ferry_msg_hdr + struct ferry_msg_hello), followed by this
+ *   transport's buffer geometry (struct rdma_hello_ext), which must match. A
+ *   request that fails its check is rejected (with a reason in the REJ's
+ *   private data), logged once and not counted. Requests that arrive before
+ *   connect() was called (the cluster id is not known yet) are held and judged
+ *   when it is. Once every peer is up the listener is destroyed, so later
+ *   strangers are refused by the kernel.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "transport/rdma/rdma.h"
+
+static void rdma_sa_str(const struct sockaddr *sa, char *buf, size_t len)
+{
+	char ip[INET_ADDRSTRLEN];
+	const struct sockaddr_in *in = (const struct sockaddr_in *)sa;
+
+	if (!sa || sa->sa_family != AF_INET || !inet_ntop(AF_INET, &in->sin_addr, ip, sizeof(ip))) {
+		snprintf(buf, len, "?");
+		return;
+	}
+	snprintf(buf, len, "%s:%u", ip, (unsigned)ntohs(in->sin_port));
+}
+
+/* ---- HELLO -------------------------------------------------------------- */
+
+/* our private data; call with setup_lock held, once cluster_id is known */
+static void rdma_hello_build(struct rdma_tp *t)
+{
+	const struct ferry_tp_config *cfg = &t->base.cfg;
+	struct ferry_msg_hdr hdr = {
+		.magic = FERRY_MSG_MAGIC,
+		.version = FERRY_PROTO_VERSION,
+		.type = FERRY_MSG_HELLO,
+		.len = RDMA_HELLO_LEN,
+		.src = cfg->rank,
+	};
+	struct ferry_msg_hello hello = {
+		.cluster_id = cfg->cluster_id,
+		.rank = cfg->rank,
+		.world = cfg->world,
+	};
+	struct rdma_hello_ext ext = { .chunk = RDMA_CHUNK, .credits = RDMA_CREDITS };
+
+	memcpy(t->hello, &hdr, sizeof(hdr));
+	memcpy(t->hello + sizeof(hdr), &hello, sizeof(hello));
+	memcpy(t->hello + RDMA_HELLO_LEN, &ext, sizeof(ext));
+}
+
+/*
+ * rdma_hello_check - is the peer's private data a HELLO of our cluster?
+ * @dialed: the rank we dialed, or -1 for a request we got
+ *
+ * Context: progress thread, after connect() published the cluster id.
+ * Return: the peer's rank, or -1 with @why saying what is wrong.
+ */
+static int rdma_hello_check(struct rdma_tp *t, const uint8_t *pdata, size_t len, int dialed,
+			    char *why, size_t wlen)
+{
+	const struct ferry_tp_config *cfg = &t->base.cfg;
+	struct rdma_hello_ext ext;
+	int peer;
+
+	if (len < RDMA_PDATA_LEN) {
+		snprintf(why, wlen, "its private data is %zu bytes, not a HELLO", len);
+		return -1;
+	}
+	peer = ferry__proto_check_hello(pdata, RDMA_HELLO_LEN, cfg->cluster_id, cfg->world,
+					cfg->rank, dialed, why, wlen);
+	if (peer < 0)
+		return -1;
+	memcpy(&ext, pdata + RDMA_HELLO_LEN, sizeof(ext));
+	if (ext.chunk != RDMA_CHUNK || ext.credits != RDMA_CREDITS) {
+		snprintf(why, wlen,
+			 "its receive buffers (%u x %u bytes) differ from ours (%u x %u): a "
+			 "different Ferry build",
+			 ext.credits, ext.chunk, RDMA_CREDITS, RDMA_CHUNK);
+		return -1;
+	}
+	return peer;
+}
+
+static const char *rdma_rej_str(uint32_t reason)
+{
+	switch (reason) {
+	case RDMA_REJ_HELLO:
+		return "it did not accept our HELLO (see its log)";
+	case RDMA_REJ_DUP:
+		return "it counts us as connected already";
+	case RDMA_REJ_CLOSED:
+		return "its cluster is connected or gave up";
+	case RDMA_REJ_BUSY:
+		return "it holds too many requests";
+	case RDMA_REJ_RESOURCES:
+		return "it could not make a queue pair";
+	default:
+		return "an unknown reason";
+	}
+}
+
+/* ---- connections (progress thread) ---------------------------------------- */
+
+static struct rdma_conn *rdma_conn_new(struct rdma_tp *t, enum rdma_conn_kind kind)
+{
+	struct rdma_conn *c = calloc(1, sizeof(*c));
+
+	if (!c)
+		return NULL;
+	c->kind = kind;
+	c->rank = UINT32_MAX;
+	c->next = t->conns;
+	t->conns = c;
+	return c;
+}
+
+/*
+ * rdma_conn_destroy - destroy a connection's queue pair and cm_id
+ *
+ * Its events were acked (they always are before they are handled). A peer
+ * whose queue pair it was loses it, and bumps its generation so that its
+ * stale completions are dropped. Context: progress thread, or fini().
+ */
+void rdma_conn_destroy(struct rdma_tp *t, struct rdma_conn *c)
+{
+	struct rdma_conn **pp;
+
+	if (c->rank < t->base.cfg.world && c->kind != RDMA_CONN_LISTEN) {
+		struct rdma_peer *p = &t->peers[c->rank];
+
+		if (p->conn == c) {
+			pthread_mutex_lock(&p->lock);
+			p->qp = NULL;
+			p->gen++;
+			pthread_mutex_unlock(&p->lock);
+			p->conn = NULL;
+			p->live = 0;
+			p->rx_ok = 0;
+		}
+		if (c->kind == RDMA_CONN_DIAL && c->rank < t->base.cfg.rank &&
+		    t->dials[c->rank].conn == c)
+			t->dials[c->rank].conn = NULL;
+	}
+	if (c->state == RDMA_CS_HELD)
+		t->nheld--;
+	for (pp = &t->conns; *pp; pp = &(*pp)->next) {
+		if (*pp == c) {
+			*pp = c->next;
+			break;
+		}
+	}
+	if (c->id) {
+		if (c->id->qp)
+			rdma_destroy_qp(c->id);
+		rdma_destroy_id(c->id);
+	}
+	free(c);
+}
+
+static void rdma_conn_reject(struct rdma_tp *t, struct rdma_conn *c, enum rdma_rej_reason reason)
+{
+	struct rdma_rej rej = { .magic = RDMA_REJ_MAGIC, .reason = reason };
+
+	rdma_reject(c->id, &rej, sizeof(rej));
+	rdma_conn_destroy(t, c);
+}
+
+static void rdma_conn_param(struct rdma_tp *t, struct rdma_conn_param *cp, uint8_t their_init,
+			    uint8_t their_resp, int accepting)
+{
+	memset(cp, 0, sizeof(*cp));
+	cp->private_data = t->hello;
+	cp->private_data_len = RDMA_PDATA_LEN;
+	cp->responder_resources = (uint8_t)t->max_rd;
+	cp->initiator_depth = (uint8_t)t->max_rd;
+	if (accepting) {
+		if (cp->responder_resources > their_init)
+			cp->responder_resources = their_init;
+		if (cp->initiator_depth > their_resp)
+			cp->initiator_depth = their_resp;
+	}
+	cp->retry_count = 7;
+	cp->rnr_retry_count = 7; /* credits keep buffers posted; never give up on RNR */
+}
+
+/* the progress thread's side of connect(): a peer is up */
+static void rdma_conn_up(struct rdma_tp *t, struct rdma_conn *c)
+{
+	struct rdma_peer *p = &t->peers[c->rank];
+	int done;
+
+	if (p->conn != c) {
+		rdma_conn_destroy(t, c);
+		return;
+	}
+	c->state = RDMA_CS_UP;
+	if (!p->reported) {
+		/* (a peer that sent garbage before this event is failed: it stays so) */
+		pthread_mutex_lock(&p->lock);
+		p->state = RDMA_PEER_UP;
+		pthread_mutex_unlock(&p->lock);
+		p->live = 1;
+		/*
+		 * Credits owed for chunks that came before this event go back now:
+		 * no completion may come to return them if the peer used them all.
+		 */
+		rdma_mark_dirty(t, p);
+		rdma_flush_dirty(t);
+	}
+
+	pthread_mutex_lock(&t->setup_lock);
+	if (!t->up[c->rank]) {
+		t->up[c->rank] = 1;
+		t->missing--;
+	}
+	done = !t->missing && t->phase == RDMA_PHASE_CONNECTING;
+	if (done)
+		t->phase = RDMA_PHASE_DONE;
+	pthread_cond_broadcast(&t->setup_cond);
+	pthread_mutex_unlock(&t->setup_lock);
+	ferry_dbg("rdma: rank %u is connected to rank %u (%s, %s)", t->base.cfg.rank, c->rank,
+		  c->kind == RDMA_CONN_DIAL ? "dialed" : "accepted", c->who);
+	if (done) {
+		struct rdma_conn *x, *next;
+
+		t->seen_phase = RDMA_PHASE_DONE;
+		/* later strangers are refused by the kernel; leftovers go */
+		if (t->listen) {
+			rdma_conn_destroy(t, t->listen);
+			t->listen = NULL;
+		}
+		for (x = t->conns; x; x = next) {
+			next = x->next;
+			if (x->state != RDMA_CS_UP)
+				rdma_conn_destroy(t, x);
+		}
+	}
+}
+
+/* a connection that was up is gone (DISCONNECTED, DEVICE_REMOVAL) */
+static void rdma_conn_lost(struct rdma_tp *t, struct rdma_conn *c, const char *how)
+{
+	struct rdma_peer *p = &t->peers[c->rank];
+
+	c->disconnected = 1;
+	if (p->conn != c || !p->live)
+		return;
+	if (p->bye)
+		ferry_info("rdma: rank %u left (it %s rank %u)", c->rank, how, t->base.cfg.rank);
+	else if (__atomic_load_n(&t->closing, __ATOMIC_ACQUIRE))
+		ferry_info("rdma: rank %u %s rank %u; marking it failed", c->rank, how,
+			   t->base.cfg.rank);
+	else
+		ferry_warn("rdma: rank %u %s rank %u; marking it failed", c->rank, how,
+			   t->base.cfg.rank);
+	rdma_peer_fail(t, p, -FERRY_E_PEER);
+}
+
+/* judge a connection request and accept or reject it; connect() has begun */
+static void rdma_accept_request(struct rdma_tp *t, struct rdma_conn *c)
+{
+	uint32_t me = t->base.cfg.rank;
+	struct rdma_conn_param cp;
+	enum rdma_rej_reason reason = RDMA_REJ_HELLO;
+	char why[192];
+	int rank;
+
+	rank = rdma_hello_check(t, c->pdata, c->plen, -1, why, sizeof(why));
+	if (rank >= 0 && (t->peers[rank].reported ||
+			  (t->peers[rank].conn && t->peers[rank].conn->state == RDMA_CS_UP))) {
+		snprintf(why, sizeof(why), "rank %d is already connected%s", rank,
+			 t->peers[rank].reported ? " (and failed)" : "");
+		reason = RDMA_REJ_DUP;
+		rank = -1;
+	}
+	if (rank < 0) {
+		ferry_warn("rdma: rank %u rejected a connection from %s: %s", me, c->who, why);
+		rdma_conn_reject(t, c, reason);
+		return;
+	}
+	/* a pending accept of the same rank is a dead attempt: the dialer retried */
+	if (rdma_conn_attach(t, c, (uint32_t)rank)) {
+		rdma_conn_reject(t, c, RDMA_REJ_RESOURCES);
+		return;
+	}
+	rdma_conn_param(t, &cp, c->initiator_depth, c->responder_resources, 1);
+	if (rdma_accept(c->id, &cp)) {
+		ferry_warn("rdma: rank %u: rdma_accept of rank %d from %s: %s", me, rank, c->who,
+			   strerror(errno));
+		rdma_conn_destroy(t, c);
+		return;
+	}
+	c->state = RDMA_CS_CONNECTING;
+}
+
+/* copy of the fields of an rdma_cm_event we use: the event is acked before they are */
+struct rdma_cm_ev {
+	enum rdma_cm_event_type type;
+	struct rdma_cm_id *id;
+	int status;
+	uint8_t pdata[RDMA_CM_PDATA_MAX];
+	uint8_t plen;
+	uint8_t initiator_depth;
+	uint8_t responder_resources;
+};
+
+static void rdma_on_request(struct rdma_tp *t, const struct rdma_cm_ev *ev)
+{
+	uint32_t me = t->base.cfg.rank;
+	struct rdma_conn *c = rdma_conn_new(t, RDMA_CONN_ACCEPT);
+
+	if (!c) {
+		rdma_reject(ev->id, NULL, 0);
+		rdma_destroy_id(ev->id);
+		return;
+	}
+	c->id = ev->id;
+	ev->id->context = c;
+	rdma_sa_str(rdma_get_peer_addr(ev->id), c->who, sizeof(c->who));
+	memcpy(c->pdata, ev->pdata, ev->plen);
+	c->plen = ev->plen;
+	c->initiator_depth = ev->initiator_depth;
+	c->responder_resources = ev->responder_resources;
+
+	switch (t->seen_phase) {
+	case RDMA_PHASE_IDLE:
+		/* the cluster id is not known before connect(): judge it then */
+		if (t->nheld >= RDMA_MAX_HELD) {
+			ferry_warn("rdma: rank %u rejected a connection from %s: %d requests wait "
+				   "for connect() already",
+				   me, c->who, RDMA_MAX_HELD);
+			rdma_conn_reject(t, c, RDMA_REJ_BUSY);
+			return;
+		}
+		c->state = RDMA_CS_HELD;
+		t->nheld++;
+		return;
+	case RDMA_PHASE_CONNECTING:
+		rdma_accept_request(t, c);
+		return;
+	default:
+		ferry_info("rdma: rank %u rejected a connection from %s: the cluster is %s", me,
+			   c->who, t->seen_phase == RDMA_PHASE_DONE ? "connected" : "closed");
+		rdma_conn_reject(t, c, RDMA_REJ_CLOSED);
+		return;
+	}
+}
+
+static void rdma_dial_retry(struct rdma_tp *t, uint32_t j, const char *why)
+{
+	struct rdma_dial *d = &t->dials[j];
+
+	if (why) {
+		pthread_mutex_lock(&t->setup_lock);
+		snprintf(d->why, sizeof(d->why), "%s", why);
+		pthread_mutex_unlock(&t->setup_lock);
+	}
+	d->next_ms = rdma_now_ms() + d->backoff_ms;
+	d->backoff_ms = d->backoff_ms * 2 > RDMA_RETRY_MAX_MS ? RDMA_RETRY_MAX_MS :
+								d->backoff_ms * 2;
+}
+
+static void rdma_dial_start(struct rdma_tp *t, uint32_t j)
+{
+	struct rdma_dial *d = &t->dials[j];
+	struct rdma_conn *c = rdma_conn_new(t, RDMA_CONN_DIAL);
+	char why[96];
+
+	if (!c) {
+		rdma_dial_retry(t, j, "out of memory");
+		return;
+	}
+	c->rank = j;
+	snprintf(c->who, sizeof(c->who), "%s", d->where);
+	if (rdma_create_id(t->ec, &c->id, c, RDMA_PS_TCP)) {
+		snprintf(why, sizeof(why), "rdma_create_id: %s", strerror(errno));
+		c->id = NULL;
+		goto err_destroy;
+	}
+	if (rdma_resolve_addr(c->id, (struct sockaddr *)&t->src_sa, (struct sockaddr *)&d->sa,
+			      RDMA_RESOLVE_MS)) {
+		snprintf(why, sizeof(why), "rdma_resolve_addr: %s", strerror(errno));
+		goto err_destroy;
+	}
+	c->state = RDMA_CS_ADDR;
+	d->conn = c;
+	return;
+
+err_destroy:
+	rdma_conn_destroy(t, c);
+	rdma_dial_retry(t, j, why);
+}
+
+/* an event on a connection we dialed */
+static void rdma_dial_event(struct rdma_tp *t, struct rdma_conn *c, const struct rdma_cm_ev *ev)
+{
+	uint32_t me = t->base.cfg.rank, j = c->rank;
+	struct rdma_dial *d = &t->dials[j];
+	struct rdma_conn_param cp;
+	char why[192];
+
+	switch (ev->type) {
+	case RDMA_CM_EVENT_ADDR_RESOLVED:
+		if (rdma_resolve_route(c->id, RDMA_RESOLVE_MS)) {
+			snprintf(why, sizeof(why), "rdma_resolve_route: %s", strerror(errno));
+			break;
+		}
+		c->state = RDMA_CS_ROUTE;
+		return;
+	case RDMA_CM_EVENT_ROUTE_RESOLVED:
+		if (rdma_conn_attach(t, c, j)) {
+			snprintf(why, sizeof(why), "no queue pair");
+			break;
+		}
+		rdma_conn_param(t, &cp, 0, 0, 0);
+		if (rdma_connect(c->id, &cp)) {
+			snprintf(why, sizeof(why), "rdma_connect: %s", strerror(errno));
+			break;
+		}
+		c->state = RDMA_CS_CONNECTING;
+		return;
+	case RDMA_CM_EVENT_ESTABLISHED:
+		if (rdma_hello_check(t, ev->pdata, ev->plen, (int)j, why, sizeof(why)) < 0) {
+			if (!d->logged++)
+				ferry_warn("rdma: rank %u: the node at %s, dialed as rank %u, is "
+					   "refused: %s",
+					   me, d->where, j, why);
+			c->disconnected = 1;
+			rdma_disconnect(c->id);
+			break;
+		}
+		rdma_conn_up(t, c);
+		return;
+	case RDMA_CM_EVENT_REJECTED: {
+		struct rdma_rej rej = { 0 };
+
+		if (ev->plen >= sizeof(rej))
+			memcpy(&rej, ev->pdata, sizeof(rej));
+		if (rej.magic == RDMA_REJ_MAGIC)
+			snprintf(why, sizeof(why), "rejected: %s", rdma_rej_str(rej.reason));
+		else
+			snprintf(why, sizeof(why), "rejected (status %d): nothing listens there",
+				 ev->status);
+		break;
+	}
+	case RDMA_CM_EVENT_DISCONNECTED:
+		if (c->state == RDMA_CS_UP) {
+			rdma_conn_lost(t, c, "disconnected from");
+			return;
+		}
+		snprintf(why, sizeof(why), "it disconnected before the connection stood");
+		break;
+	case RDMA_CM_EVENT_ADDR_ERROR:
+	case RDMA_CM_EVENT_ROUTE_ERROR:
+	case RDMA_CM_EVENT_CONNECT_ERROR:
+	case RDMA_CM_EVENT_UNREACHABLE:
+		snprintf(why, sizeof(why), "%s (%s)", rdma_event_str(ev->type),
+			 strerror(ev->status < 0 ? -ev->status : ev->status));
+		break;
+	case RDMA_CM_EVENT_DEVICE_REMOVAL:
+		if (c->state == RDMA_CS_UP) {
+			rdma_conn_lost(t, c, "was lost (device removed) to");
+			return;
+		}
+		snprintf(why, sizeof(why), "the device was removed");
+		break;
+	default:
+		return;
+	}
+	/* this attempt failed */
+	if (c->state == RDMA_CS_UP)
+		return;
+	ferry_dbg("rdma: rank %u: dialing rank %u at %s: %s", me, j, d->where, why);
+	rdma_conn_destroy(t, c);
+	if (t->seen_phase == RDMA_PHASE_CONNECTING)
+		rdma_dial_retry(t, j, why);
+}
+
+/* an event on a connection we accepted */
+static void rdma_accept_event(struct rdma_tp *t, struct rdma_conn *c, const struct rdma_cm_ev *ev)
+{
+	switch (ev->type) {
+	case RDMA_CM_EVENT_ESTABLISHED:
+		rdma_conn_up(t, c);
+		return;
+	case RDMA_CM_EVENT_DISCONNECTED:
+	case RDMA_CM_EVENT_DEVICE_REMOVAL:
+		if (c->state == RDMA_CS_UP) {
+			rdma_conn_lost(t, c,
+				       ev->type == RDMA_CM_EVENT_DISCONNECTED ?
+					       "disconnected from" :
+					       "was lost (device removed) to");
+			return;
+		}
+		break;
+	case RDMA_CM_EVENT_REJECTED:
+	case RDMA_CM_EVENT_CONNECT_ERROR:
+	case RDMA_CM_EVENT_UNREACHABLE:
+		if (c->state == RDMA_CS_UP)
+			return;
+		break;
+	default:
+		return;
+	}
+	ferry_dbg("rdma: rank %u: the connection from %s (rank %u) failed before it stood: %s",
+		  t->base.cfg.rank, c->who, c->rank, rdma_event_str(ev->type));
+	rdma_conn_destroy(t, c);
+}
+
+/* connect() began or gave up: act on it. Progress thread. */
+void rdma_setup_sync(struct rdma_tp *t)
+{
+	struct rdma_conn *c, *next;
+	enum rdma_phase phase;
+
+	pthread_mutex_lock(&t->setup_lock);
+	phase = t->phase;
+	pthread_mutex_unlock(&t->setup_lock);
+	if (phase == t->seen_phase)
+		return;
+	t->seen_phase = phase;
+	if (phase == RDMA_PHASE_CONNECTING) {
+		/* the cluster id is known now: judge the held requests, oldest first */
+		for (;;) {
+			struct rdma_conn *oldest = NULL;
+
+			for (c = t->conns; c; c = c->next)
+				if (c->state == RDMA_CS_HELD)
+					oldest = c;
+			if (!oldest)
+				break;
+			oldest->state = RDMA_CS_NEW;
+			t->nheld--;
+			rdma_accept_request(t, oldest);
+		}
+		return;
+	}
+	if (phase == RDMA_PHASE_ABANDONED || phase == RDMA_PHASE_DONE) {
+		if (t->listen) {
+			rdma_conn_destroy(t, t->listen);
+			t->listen = NULL;
+		}
+		for (c = t->conns; c; c = next) {
+			next = c->next;
+			if (c->state != RDMA_CS_UP)
+				rdma_conn_destroy(t, c);
+		}
+	}
+}
+
+/* start due dials; Return: the next time one is due, or -1. Progress thread. */
+int64_t rdma_setup_tick(struct rdma_tp *t)
+{
+	int64_t now, next = -1;
+
+	if (t->seen_phase != RDMA_PHASE_CONNECTING)
+		return -1;
+	now = rdma_now_ms();
+	for (uint32_t j = 0; j < t->base.cfg.rank; j++) {
+		struct rdma_dial *d = &t->dials[j];
+
+		if (t->peers[j].live || t->peers[j].reported || d->conn)
+			continue;
+		if (now >= d->next_ms)
+			rdma_dial_start(t, j);
+		if (!d->conn && (next < 0 || d->next_ms < next))
+			next = d->next_ms;
+	}
+	return next;
+}
+
+static void rdma_cm_dispatch(struct rdma_tp *t, const struct rdma_cm_ev *ev)
+{
+	struct rdma_conn *c;
+
+	if (ev->type == RDMA_CM_EVENT_CONNECT_REQUEST) {
+		rdma_setup_sync(t);
+		rdma_on_request(t, ev);
+		return;
+	}
+	c = ev->id ? ev->id->context : NULL;
+	if (!c)
+		return;
+	switch (c->kind) {
+	case RDMA_CONN_DIAL:
+		rdma_dial_event(t, c, ev);
+		break;
+	case RDMA_CONN_ACCEPT:
+		rdma_accept_event(t, c, ev);
+		break;
+	case RDMA_CONN_LISTEN:
+		if (ev->type == RDMA_CM_EVENT_DEVICE_REMOVAL)
+			ferry_err("rdma: rank %u: device %s was removed", t->base.cfg.rank,
+				  t->dev_name);
+		break;
+	}
+}
+
+/* the cm event channel is readable. Progress thread. */
+void rdma_cm_input(struct rdma_tp *t)
+{
+	for (;;) {
+		struct rdma_cm_event *e;
+		struct rdma_cm_ev ev;
+
+		if (rdma_get_cm_event(t->ec, &e)) {
+			if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+				ferry_err("rdma: rank %u: rdma_get_cm_event: %s", t->base.cfg.rank,
+					  strerror(errno));
+			return;
+		}
+		memset(&ev, 0, sizeof(ev));
+		ev.type = e->event;
+		ev.id = e->id;
+		ev.status = e->status;
+		if (e->param.conn.private_data && e->param.conn.private_data_len) {
+			ev.plen = e->param.conn.private_data_len < sizeof(ev.pdata) ?
+					  e->param.conn.private_data_len :
+					  sizeof(ev.pdata);
+			memcpy(ev.pdata, e->param.conn.private_data, ev.plen);
+		}
+		ev.initiator_depth = e->param.conn.initiator_depth;
+		ev.responder_resources = e->param.conn.responder_resources;
+		/* acked first, so that rdma_destroy_id() on its id cannot wait for it */
+		rdma_ack_cm_event(e);
+		rdma_cm_dispatch(t, &ev);
+	}
+}
+
+/* ---- connection setup (caller's thread) ---------------------------------- */
+
+/* log, once, the ranks that never connected and what we know of why. setup_lock held. */
+static void rdma_setup_timeout(struct rdma_tp *t, int timeout_ms)
+{
+	uint32_t me = t->base.cfg.rank, listed = 0;
+	char list[512], hint[384];
+	size_t off = 0, hoff = 0;
+
+	list[0] = hint[0] = '\0';
+	for (uint32_t r = 0; r < t->base.cfg.world; r++) {
+		if (r == me || t->up[r])
+			continue;
+		if (listed++ < 16 && off < sizeof(list))
+			off += snprintf(list + off, sizeof(list) - off, "%s%u",
+					listed > 1 ? ", " : "", r);
+		if (r < me && hoff < sizeof(hint)) {
+			struct rdma_dial *d = &t->dials[r];
+
+			hoff += snprintf(hint + hoff, sizeof(hint) - hoff, "; rank %u at %s: %s", r,
+					 d->where, d->why[0] ? d->why : "no answer");
+		}
+	}
+	if (listed > 16 && off < sizeof(list))
+		snprintf(list + off, sizeof(list) - off, " and %u more", listed - 16);
+	ferry_err("rdma: rank %u timed out after %d ms waiting for rank%s %s to connect; check "
+		  "that they started and can reach %s%s",
+		  me, timeout_ms, listed > 1 ? "s" : "", list, t->addr, hint);
+}
+
+/*
+ * rdma_tp_connect - connect to every peer
+ *
+ * Hands the work to the progress thread and waits for at most
+ * cfg.timeout_ms. Context: once per transport, after init(), before any
+ * send() to a peer; cfg.cluster_id is set.
+ * Return: 0; -ETIMEDOUT (the log names the ranks that never connected);
+ * -EINVAL for an address blob that is not ours; -EALREADY when called twice.
+ */
+int rdma_tp_connect(struct ferry_tp *tp, const void *const *addrs, const size_t *lens)
+{
+	struct rdma_tp *t = to_rdma(tp);
+	const struct ferry_tp_config *cfg = &tp->cfg;
+	int timeout_ms = cfg->timeout_ms > 0 ? cfg->timeout_ms : 30000;
+	struct timespec dl;
+	int ret = 0;
+
+	if (t->connected)
+		return -EALREADY;
+	for (uint32_t r = 0; r < cfg->rank; r++) {
+		struct rdma_dial *d = &t->dials[r];
+
+		if (ferry__tp_parse_ipv4(addrs[r], lens[r], &d->sa)) {
+			ferry_err("rdma: rank %u: the address of rank %u is not an \"ip:port\" of "
+				  "the rdma transport; do all nodes use the same transport?",
+				  cfg->rank, r);
+			return -EINVAL;
+		}
+		rdma_sa_str((struct sockaddr *)&d->sa, d->where, sizeof(d->where));
+	}
+
+	clock_gettime(CLOCK_MONOTONIC, &dl);
+	dl.tv_sec += timeout_ms / 1000;
+	dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000;
+	if (dl.tv_nsec >= 1000000000) {
+		dl.tv_sec++;
+		dl.tv_nsec -= 1000000000;
+	}
+	pthread_mutex_lock(&t->setup_lock);
+	rdma_hello_build(t);
+	t->phase = t->missing ? RDMA_PHASE_CONNECTING : RDMA_PHASE_DONE;
+	pthread_mutex_unlock(&t->setup_lock);
+	rdma_wake(t);
+
+	pthread_mutex_lock(&t->setup_lock);
+	while (t->missing &&
+	       pthread_cond_timedwait(&t->setup_cond, &t->setup_lock, &dl) != ETIMEDOUT)
+		;
+	if (t->missing) {
+		t->phase = RDMA_PHASE_ABANDONED;
+		rdma_setup_timeout(t, timeout_ms);
+		ret = -ETIMEDOUT;
+	}
+	pthread_mutex_unlock(&t->setup_lock);
+	rdma_wake(t);
+	if (!ret) {
+		t->connected = 1;
+		ferry_dbg("rdma: rank %u is connected to all %u peers", cfg->rank, cfg->world - 1);
+	}
+	return ret;
+}

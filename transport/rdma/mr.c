@@ -1,0 +1,105 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * mr.c - memory registration for the core: mem_reg() with the least access
+ * asked for, mem_dereg(), and at fini what the core left registered. The
+ * registrations are also the list against which rma.c checks one-sided
+ * operations on our own memory (under mr_lock).
+ *
+ * Context: any thread, after init(); rdma_mrs_fini() in fini().
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "transport/rdma/rdma.h"
+
+/*
+ * rdma_mem_reg - register @len bytes at @addr with the least access needed
+ *
+ * Local write always (the buffer may be the target of a READ), remote read
+ * and remote write only as @access asks. Context: any thread, after init().
+ * Return: 0 (@mr filled), -EINVAL, -ENOMEM when the memlock limit is too
+ * small (logged with the fix), or ibv_reg_mr's errno.
+ */
+int rdma_mem_reg(struct ferry_tp *tp, void *addr, size_t len, unsigned access,
+		 struct ferry_tp_mr *mr)
+{
+	struct rdma_tp *t = to_rdma(tp);
+	struct rdma_mr *m = to_rdma_mr(mr);
+	int flags = IBV_ACCESS_LOCAL_WRITE, ret;
+	char what[64];
+
+	if (!addr || !len)
+		return -EINVAL;
+	if (access & FERRY_TP_ACCESS_REMOTE_READ)
+		flags |= IBV_ACCESS_REMOTE_READ;
+	if (access & FERRY_TP_ACCESS_REMOTE_WRITE)
+		flags |= IBV_ACCESS_REMOTE_WRITE;
+	snprintf(what, sizeof(what), "a region of %zu bytes", len);
+	ret = rdma_memlock_check(tp->cfg.rank, len, what);
+	if (ret)
+		return ret;
+	m->mr = ibv_reg_mr(t->pd, addr, len, flags);
+	if (!m->mr) {
+		ret = errno ? -errno : -ENOMEM;
+		ferry_err(
+			"rdma: rank %u: registering %zu bytes at %p failed: %s%s", tp->cfg.rank,
+			len, addr, strerror(-ret),
+			ret == -ENOMEM || ret == -EPERM || ret == -EAGAIN ?
+				"; check the memlock limit (`ulimit -l`; raise it with `ulimit -l "
+				"unlimited`, or memlock in /etc/security/limits.conf)" :
+				"");
+		return ret;
+	}
+	__atomic_add_fetch(&rdma_pinned, len, __ATOMIC_RELAXED);
+	m->access = flags;
+	mr->addr = addr;
+	mr->len = len;
+	mr->rkey = m->mr->rkey;
+	pthread_mutex_lock(&t->mr_lock);
+	m->next = t->mrs;
+	t->mrs = m;
+	pthread_mutex_unlock(&t->mr_lock);
+	return 0;
+}
+
+/* Context: any thread; no read()/write() on @mr may be in flight. */
+void rdma_mem_dereg(struct ferry_tp *tp, struct ferry_tp_mr *mr)
+{
+	struct rdma_tp *t = to_rdma(tp);
+	struct rdma_mr *m = to_rdma_mr(mr), **pp;
+
+	if (!m->mr)
+		return;
+	pthread_mutex_lock(&t->mr_lock);
+	for (pp = &t->mrs; *pp; pp = &(*pp)->next) {
+		if (*pp == m) {
+			*pp = m->next;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&t->mr_lock);
+	ibv_dereg_mr(m->mr);
+	__atomic_sub_fetch(&rdma_pinned, mr->len, __ATOMIC_RELAXED);
+	m->mr = NULL;
+}
+
+/*
+ * rdma_mrs_fini - deregister the memory the core registered and did not
+ * deregister
+ *
+ * Context: fini(), after the progress thread stopped.
+ */
+void rdma_mrs_fini(struct rdma_tp *t)
+{
+	struct rdma_mr *mr;
+
+	for (mr = t->mrs; mr; mr = mr->next) {
+		ferry_dbg("rdma: rank %u: deregistering %zu bytes at %p the core left registered",
+			  t->base.cfg.rank, mr->base.len, mr->base.addr);
+		__atomic_sub_fetch(&rdma_pinned, mr->base.len, __ATOMIC_RELAXED);
+		ibv_dereg_mr(mr->mr);
+		mr->mr = NULL;
+	}
+	t->mrs = NULL;
+}

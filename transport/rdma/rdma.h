@@ -1,0 +1,522 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * rdma.h - the RDMA transport's private header: its constants, its objects
+ * (struct rdma_tp, rdma_peer, rdma_conn, rdma_op, rdma_mr, ...), their
+ * container_of accessors, small inline helpers, and the functions its files
+ * share. Never installed; the core never includes it.
+ *
+ * The RDMA transport: rdma_cm connection setup, one reliable-connected
+ * queue pair per pair of nodes, Ferry frames carried in chunks through
+ * pre-posted receive buffers under credit-based flow control, one-sided RDMA
+ * READ and WRITE, and one progress thread per transport instance. One file
+ * per verbs object or concern, as libfabric's prov/verbs:
+ *
+ *   file        owns                                        runs on
+ *   rdma.c      init, fini, addr_get, send, the ops table   the core's threads
+ *   device.c    memlock check, device, port and GID, probe, init/fini (caller);
+ *               the listening cm_id, PD, CQs, the message   probe, memlock: any
+ *               buffers
+ *   cm.c        rdma_cm: HELLO, dial, accept, reject,       progress thread;
+ *               connection setup, connect()                 connect(): caller
+ *   qp.c        a peer's queue pair: out queue, posting     senders (any thread),
+ *               (chunks, credits, ops), flush, failures     progress thread
+ *   cq.c        completions: the receive path (stream       progress thread;
+ *               reassembly), send completions, CQ arming    workers in poll()
+ *   progress.c  the progress thread: epoll loop, wake,      progress thread
+ *               self queue, async events, drain at fini
+ *   rma.c       one-sided read, read_v, write; poll         any thread
+ *   mr.c        mem_reg, mem_dereg                          any thread
+ *
+ * Functions shared between these files keep the rdma_ prefix and are not
+ * static: the library is built with -fvisibility=hidden, so none leaves it.
+ *
+ * Messages
+ *
+ *   The frames to one peer form a byte stream cut into chunks of at most
+ *   RDMA_CHUNK bytes, each one SEND_WITH_IMM from a registered send buffer
+ *   into one of the peer's pre-posted receive buffers. Frames are multiples of
+ *   8 bytes, so chunks are too, and a frame that lies inside one chunk is
+ *   handed to on_msg() in place (8-byte aligned); one that spans chunks is
+ *   reassembled, in order (RC keeps order), into a malloc'd buffer. The
+ *   immediate is the chunk's header:
+ *
+ *     31      24 23 22        16 15                0
+ *     +---------+--+------------+------------------+
+ *     | 0xf7    |C | 0          | credits returned |   C: credit-only, no data
+ *     +---------+--+------------+------------------+
+ *
+ *   Flow control: a sender may have RDMA_CREDITS data chunks unreturned per
+ *   peer. The receiver reposts a buffer once its frames were delivered and
+ *   owes one credit; owed credits ride on the next chunk it sends that peer,
+ *   or, once RDMA_CREDIT_BATCH are owed, in a credit-only message. Credit-only
+ *   messages are not themselves flow controlled: each carries at least
+ *   RDMA_CREDIT_BATCH credits and at most RDMA_CREDITS can be in flight, so
+ *   RDMA_RECV_EXTRA spare receive buffers always catch them.
+ *
+ *   send() (any thread) copies the frame straight into send buffers and posts
+ *   it while credits, send buffers and send-queue slots last; the rest goes to
+ *   the peer's out queue, flushed by the progress thread when credits or
+ *   completions come back. It never waits for the network. A small frame
+ *   also waits in the out queue while RDMA_CORK_INFLIGHT sends and a
+ *   signaled work request are in flight (its completion flushes the queue):
+ *   under load many frames then leave in one chunk, one work request,
+ *   instead of one each. Only every RDMA_SIGNAL_EVERY-th send is signaled,
+ *   so a request does not wake its sender's progress thread for its own
+ *   completion; a signaled completion retires every work request posted before it
+ *   (an RC send queue completes in order), which frees their send buffers.
+ *   (There are RDMA_SBUFS >= RDMA_SIGNAL_EVERY send buffers, so when they are
+ *   all in flight one of them is signaled. At fini a signaled credit-only
+ *   message retires an unsignaled tail.)
+ *
+ *     out queue: [bytes: f1 f2 f3] -> [op: READ] -> [bytes: rest of f4] -> NULL
+ *
+ *   One-sided read()/write() post on the same queue pair, in the same order
+ *   as the frames around them (an op waits in the out queue behind queued
+ *   bytes), always signaled; read_v() posts a run of READs to one peer as
+ *   one chain, only its last signaled. on_rdma_done() runs on the progress
+ *   thread, or, for a READ, on a worker that called poll() to take its own
+ *   completions (then the send CQ stays unarmed, see rdma_cq_input() in cq.c).
+ *   Frames to our own rank, and one-sided operations on our own memory, go
+ *   through the self queue and the wake eventfd.
+ *
+ * Failures: a work completion in error, RDMA_CM_EVENT_DISCONNECTED, a fatal
+ * async event on the peer's queue pair, a chunk with a bad header or a frame
+ * with a bad header: one log line that names the rank and the cause, the peer
+ * is marked failed, its queued and posted one-sided operations complete with
+ * -FERRY_E_PEER, on_peer_failed() runs once, and the other peers go on.
+ */
+#ifndef FERRY_TRANSPORT_RDMA_RDMA_H
+#define FERRY_TRANSPORT_RDMA_RDMA_H
+
+#include <netdb.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/uio.h>
+#include <time.h>
+
+#include <infiniband/verbs.h>
+#include <rdma/rdma_cma.h>
+
+#include "ferry/ferry.h"
+#include "transport/transport.h"
+
+#ifndef container_of
+#define container_of(ptr, type, member) ((type *)((char *)(ptr)-offsetof(type, member)))
+#endif
+
+#define RDMA_HDR_LEN sizeof(struct ferry_msg_hdr)
+#define RDMA_HELLO_LEN (sizeof(struct ferry_msg_hdr) + sizeof(struct ferry_msg_hello))
+#define RDMA_CHUNK (64u << 10) /* bytes of a receive or send buffer */
+#define RDMA_CREDITS 32u       /* data chunks a sender may have unreturned per peer */
+#define RDMA_CREDIT_BATCH 8u   /* least credits a credit-only message returns */
+#define RDMA_RECV_EXTRA (RDMA_CREDITS / RDMA_CREDIT_BATCH + 1) /* for credit-only messages */
+#define RDMA_RECVS (RDMA_CREDITS + RDMA_RECV_EXTRA)	       /* receive buffers per peer */
+#define RDMA_SBUFS 32u					       /* send buffers per peer */
+#define RDMA_SIGNAL_EVERY 8u				       /* selective signaling of sends */
+#define RDMA_SQ_DEPTH 256u	  /* work requests in flight per queue pair, at most */
+#define RDMA_SQ_MIN 64u		  /* ... and at least, or init fails */
+#define RDMA_MAX_RD 16u		  /* RDMA READs in flight per queue pair, each way */
+#define RDMA_POLL_BATCH 32	  /* work completions per ibv_poll_cq() */
+#define RDMA_CHAIN_MAX 64	  /* READs of a read_v() posted under one doorbell */
+#define RDMA_SCQ_CHECK_MS 2	  /* send CQ left unarmed while workers poll: look again after */
+#define RDMA_EVENTS 16		  /* epoll events per wait */
+#define RDMA_ASM_MIN (64u << 10)  /* least capacity of a reassembly buffer */
+#define RDMA_ASM_KEEP (4u << 20)  /* a reassembly buffer above this is freed after use */
+#define RDMA_CORK_INFLIGHT 2u	  /* sends in flight from which small frames wait and batch */
+#define RDMA_CORK_MAX (16u << 10) /* frames up to this size may wait */
+#define RDMA_QCHUNK (64u << 10)	  /* least capacity of an out queue entry */
+#define RDMA_DRAIN_MS 1000	  /* fini: bound on flushing the out queues */
+#define RDMA_RETRY_MIN_MS 10	  /* backoff between dials of a refusing rank */
+#define RDMA_RETRY_MAX_MS 250
+#define RDMA_RESOLVE_MS 2000 /* rdma_resolve_addr / _route timeout */
+#define RDMA_MAX_HELD 64     /* connection requests held until connect() */
+#define RDMA_GID_SCAN 16     /* GID table entries looked at (ibv_query_gid_ex) */
+#define RDMA_IMM_TAG 0xf7u
+#define RDMA_IMM_CREDIT_ONLY (1u << 23)
+#define RDMA_REJ_MAGIC 0x4a525946u /* "FYRJ" */
+#define RDMA_CM_PDATA_MAX 64	   /* private data bytes we look at */
+
+_Static_assert(sizeof(struct ferry_msg_hdr) == 16, "the wire header is 16 bytes");
+_Static_assert(sizeof(struct ferry_msg_hello) == 16, "the HELLO body is 16 bytes");
+_Static_assert(RDMA_CHUNK % FERRY_MSG_ALIGN == 0, "chunks keep frames 8-byte aligned");
+_Static_assert(RDMA_SBUFS >= RDMA_SIGNAL_EVERY, "every window of sends holds a signaled one");
+_Static_assert(RDMA_CREDITS < (1u << 16), "credits fit the immediate");
+_Static_assert(RDMA_RECVS < (1u << 16), "a buffer index fits the wr_id");
+_Static_assert(RDMA_SQ_MIN > RDMA_SBUFS + 2, "the send queue holds every send buffer");
+
+/* the transport's part of the connection private data, after the HELLO frame */
+struct rdma_hello_ext {
+	uint32_t chunk;	  /* RDMA_CHUNK */
+	uint32_t credits; /* RDMA_CREDITS */
+};
+
+#define RDMA_PDATA_LEN (RDMA_HELLO_LEN + sizeof(struct rdma_hello_ext))
+_Static_assert(RDMA_PDATA_LEN <= 56, "a REQ carries 56 bytes of private data over rdma_cm");
+
+/* why a connection request was rejected: the REJ's private data */
+enum rdma_rej_reason {
+	RDMA_REJ_HELLO = 1, /* not a HELLO of this cluster */
+	RDMA_REJ_DUP,	    /* that rank is connected already */
+	RDMA_REJ_CLOSED,    /* the cluster is connected, or gave up */
+	RDMA_REJ_BUSY,	    /* too many requests held */
+	RDMA_REJ_RESOURCES, /* no queue pair could be made */
+};
+
+struct rdma_rej {
+	uint32_t magic;
+	uint32_t reason;
+};
+
+/* wr_id: rank << 32 | buffer index << 16 | generation << 8 | kind */
+enum rdma_wr_kind {
+	RDMA_WR_RECV = 1,
+	RDMA_WR_UNSIG = 2, /* an unsignaled send: seen only when it fails */
+	RDMA_WR_SIG = 3,   /* a signaled work request: a record in the peer's sig ring */
+};
+
+static inline uint64_t rdma_wr_id(enum rdma_wr_kind kind, uint32_t rank, uint8_t gen, uint32_t idx)
+{
+	return (uint64_t)rank << 32 | (uint64_t)(idx & 0xffff) << 16 | (uint64_t)gen << 8 | kind;
+}
+
+/* one read() or write() */
+struct rdma_op {
+	struct rdma_op *next; /* the rest of a read_v() chain that completes with it */
+	void *ctx;
+	void *local;
+	uint32_t lkey;
+	uint32_t rkey;
+	uint64_t raddr;
+	uint32_t len;
+	int write;
+};
+
+/* an entry of a peer's out queue: frame bytes [off, len) of data, or one op */
+struct rdma_qent {
+	struct rdma_qent *next;
+	struct rdma_op *op;
+	size_t len;
+	size_t cap;
+	size_t off;
+	_Alignas(16) unsigned char data[];
+};
+
+/* a signaled work request in flight: its completion retires everything before it */
+struct rdma_sig {
+	uint64_t sq_after; /* sq_posted once it was posted */
+	uint64_t s_after;  /* s_posted once it was posted */
+	struct rdma_op *op;
+};
+
+enum rdma_conn_kind {
+	RDMA_CONN_LISTEN,
+	RDMA_CONN_DIAL,
+	RDMA_CONN_ACCEPT,
+};
+
+enum rdma_conn_state {
+	RDMA_CS_NEW,
+	RDMA_CS_ADDR,	    /* dial: resolving the address */
+	RDMA_CS_ROUTE,	    /* dial: resolving the route */
+	RDMA_CS_HELD,	    /* accept: waiting for connect() */
+	RDMA_CS_CONNECTING, /* rdma_connect() / rdma_accept() done, waiting for ESTABLISHED */
+	RDMA_CS_UP,
+};
+
+/* one rdma_cm_id; owned by the progress thread (by fini() after it stopped) */
+struct rdma_conn {
+	struct rdma_conn *next; /* in rdma_tp.conns */
+	struct rdma_cm_id *id;
+	enum rdma_conn_kind kind;
+	enum rdma_conn_state state;
+	uint32_t rank; /* the dialed or accepted rank; UINT32_MAX before it is known */
+	int disconnected;
+	char who[64]; /* the other end's ip:port, for the log */
+	/* a request held until connect(): what the REQ carried */
+	uint8_t pdata[RDMA_CM_PDATA_MAX];
+	uint8_t plen;
+	uint8_t initiator_depth;
+	uint8_t responder_resources;
+};
+
+enum rdma_peer_state {
+	RDMA_PEER_IDLE, /* not connected yet */
+	RDMA_PEER_UP,
+	RDMA_PEER_BROKEN, /* a sender's post failed; the progress thread fails it */
+	RDMA_PEER_FAILED, /* on_peer_failed() was called (or fini ran) */
+};
+
+struct rdma_peer {
+	/*
+	 * lock guards state, qp, gen, the send side (credits, owed, counters,
+	 * sig ring, out queue) and send_err. Senders hold it while they post;
+	 * the progress thread takes it to flush, to account completions and to
+	 * fail the peer, and never holds it across a handler.
+	 */
+	pthread_mutex_t lock;
+	enum rdma_peer_state state;
+	struct ibv_qp *qp;
+	uint8_t gen;		   /* bumped with every queue pair: stale completions are dropped */
+	uint32_t credits;	   /* data chunks we may still send */
+	uint32_t owed;		   /* credits we owe the peer (buffers reposted) */
+	uint64_t s_posted, s_done; /* sends (send buffers) */
+	uint64_t sq_posted, sq_done; /* work requests on the send queue */
+	struct rdma_sig *sig;	     /* ring of sq_depth records */
+	uint32_t sig_head, sig_n;
+	struct rdma_qent *q_head, *q_tail;
+	int send_err;
+	int break_logged; /* a worker logged why it broke the peer */
+
+	/* set in init, read-only afterwards */
+	uint32_t rank;
+	unsigned char *rbuf; /* RDMA_RECVS receive buffers */
+	unsigned char *sbuf; /* RDMA_SBUFS send buffers */
+
+	/* progress thread only */
+	struct rdma_conn *conn; /* the connection (attempt) that owns qp */
+	int rx_ok;		/* chunks on qp are delivered (from attach until failure) */
+	int live;		/* UP and not failed */
+	int bye;		/* it sent FERRY_MSG_BYE: its disconnect is a departure */
+	int reported;		/* on_peer_failed() was called */
+	int dirty;		/* flush after this batch of completions */
+	unsigned char *asm_buf; /* reassembly of a frame that spans chunks */
+	size_t asm_cap, asm_have, asm_need;
+};
+
+/* a frame to our own rank, or the completion of a one-sided op on our own memory */
+struct rdma_selfmsg {
+	struct rdma_selfmsg *next;
+	size_t len;
+	void *ctx; /* a completion: on_rdma_done(ctx, status) */
+	int status;
+	int done;
+	_Alignas(16) unsigned char data[];
+};
+
+struct rdma_mr {
+	struct ferry_tp_mr base;
+	struct ibv_mr *mr;
+	int access;	      /* IBV_ACCESS_* */
+	struct rdma_mr *next; /* in rdma_tp.mrs */
+};
+
+/* dial state for one lower rank */
+struct rdma_dial {
+	struct sockaddr_in sa;
+	char where[64];
+	struct rdma_conn *conn; /* the attempt in flight; progress thread */
+	int64_t next_ms;	/* earliest next attempt; progress thread */
+	int backoff_ms;
+	int logged;    /* a refused HELLO was logged */
+	char why[160]; /* the last failure; under setup_lock */
+};
+
+enum rdma_phase {
+	RDMA_PHASE_IDLE,       /* before connect(): requests are held */
+	RDMA_PHASE_CONNECTING, /* connect() waits */
+	RDMA_PHASE_DONE,       /* every peer connected */
+	RDMA_PHASE_ABANDONED,  /* connect() gave up */
+};
+
+enum rdma_ev_tag {
+	RDMA_EV_WAKE = 1,
+	RDMA_EV_CQ,
+	RDMA_EV_CM,
+	RDMA_EV_ASYNC,
+};
+
+struct rdma_tp {
+	struct ferry_tp base;
+	char bind[NI_MAXHOST];	   /* our copy of cfg.bind_addr */
+	char addr[64];		   /* "ip:port" that peers dial: our address blob */
+	struct sockaddr_in src_sa; /* the bind address, port 0: source of our dials */
+	char dev_name[IBV_SYSFS_NAME_MAX];
+	uint8_t port_num;
+	int gid_index; /* the RoCE v2 GID of the bind address, -1 when unknown */
+
+	struct ibv_context **devs; /* rdma_get_devices(): keeps rdma_cm's contexts open */
+	struct ibv_context *ctx;
+	struct ibv_pd *pd;
+	struct ibv_comp_channel *cc;
+	struct ibv_cq *scq, *rcq;
+	/*
+	 * cq_lock serializes polling the send CQ and accounting what it
+	 * returns (a signaled completion retires the sig ring's oldest record,
+	 * so completions must be handled in the order polled): the progress
+	 * thread takes it, a worker in poll() tries it. Taken before any
+	 * peer's lock, never after.
+	 */
+	pthread_mutex_t cq_lock;
+	uint64_t polls;			 /* atomic: poll() calls that got cq_lock */
+	unsigned scq_events, rcq_events; /* completion events not acked yet */
+	struct rdma_event_channel *ec;
+	struct rdma_conn *listen;
+	void *region; /* the peers' buffers */
+	size_t region_len;
+	struct ibv_mr *region_mr;
+	size_t pinned; /* bytes this instance counts in rdma_pinned */
+	uint32_t sq_depth;
+	uint32_t max_rd;
+	uint32_t max_msg;
+
+	int epfd;
+	int wake_fd;
+	pthread_t thread;
+	int thread_started;
+	struct rdma_peer *peers; /* one per rank; ours unused */
+	int connected;		 /* connect() succeeded; caller's thread only */
+
+	pthread_mutex_t self_lock; /* guards self_head, self_tail */
+	struct rdma_selfmsg *self_head;
+	struct rdma_selfmsg *self_tail;
+
+	pthread_mutex_t mr_lock; /* guards mrs */
+	struct rdma_mr *mrs;
+
+	int closing;	  /* atomic: fini() asked the progress thread to stop */
+	int fail_pending; /* atomic: some peer is BROKEN */
+
+	/* shared by connect() and the progress thread, under setup_lock */
+	pthread_mutex_t setup_lock;
+	pthread_cond_t setup_cond;
+	enum rdma_phase phase;
+	uint32_t missing;
+	uint8_t *up;		 /* per rank: connected */
+	struct rdma_dial *dials; /* ranks [0, rank) */
+	unsigned char hello[RDMA_PDATA_LEN];
+
+	/* progress thread only */
+	uint64_t polls_seen;  /* polls when last looked at */
+	int scq_off;	      /* send CQ not armed: workers poll it (atomic writes) */
+	int scq_rearm;	      /* atomic: a worker stopped polling; arm it now */
+	int64_t scq_check_ms; /* when to look again whether they still do */
+	enum rdma_phase seen_phase;
+	struct rdma_conn *conns; /* every cm_id but the listener */
+	uint32_t nheld;
+	uint32_t *dirty; /* ranks to flush after a batch of completions */
+	uint32_t ndirty;
+};
+
+static inline struct rdma_tp *to_rdma(struct ferry_tp *tp)
+{
+	return container_of(tp, struct rdma_tp, base);
+}
+
+static inline struct rdma_mr *to_rdma_mr(struct ferry_tp_mr *mr)
+{
+	return container_of(mr, struct rdma_mr, base);
+}
+
+/* a gather cursor over a caller's iovec */
+struct rdma_cursor {
+	const struct iovec *iov;
+	int cnt;
+	int i;
+	size_t off;
+};
+
+/* bytes this process registered through this transport (RLIMIT_MEMLOCK check; device.c) */
+extern uint64_t rdma_pinned;
+
+static inline int64_t rdma_now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* room on the send side of @p; call with p->lock held */
+static inline bool rdma_sq_room(const struct rdma_tp *t, const struct rdma_peer *p)
+{
+	return p->sq_posted - p->sq_done < t->sq_depth;
+}
+
+static inline bool rdma_can_post_data(const struct rdma_tp *t, const struct rdma_peer *p)
+{
+	return p->credits && p->s_posted - p->s_done < RDMA_SBUFS && rdma_sq_room(t, p);
+}
+
+static inline unsigned char *rdma_sbuf(const struct rdma_peer *p, uint64_t seq)
+{
+	return p->sbuf + (size_t)(seq % RDMA_SBUFS) * RDMA_CHUNK;
+}
+
+/* ---- functions the files share ------------------------------------------ */
+
+/*
+ * The functions the files share. Each definition's comment gives its full
+ * contract; the thread that may call it is repeated here.
+ */
+
+/* device.c: init() and fini(), on their caller's thread (probe, memlock: any) */
+int rdma_set_nonblock(int fd);
+int rdma_memlock_check(uint32_t rank, uint64_t more, const char *what);
+int rdma_pick_device(char *name, uint8_t *port_p, const char **why_p);
+int rdma_pick_addr(struct rdma_tp *t, const char *host);
+int rdma_probe(const char **why_p);
+int rdma_tp_listen(struct rdma_tp *t);
+void rdma_unlisten(struct rdma_tp *t);
+int rdma_query(struct rdma_tp *t);
+int rdma_verbs_init(struct rdma_tp *t);
+void rdma_verbs_fini(struct rdma_tp *t);
+int rdma_peers_init(struct rdma_tp *t);
+void rdma_peers_fini(struct rdma_tp *t);
+
+/* cm.c: progress thread (rdma_conn_destroy also in fini; connect on its caller) */
+void rdma_conn_destroy(struct rdma_tp *t, struct rdma_conn *c);
+void rdma_setup_sync(struct rdma_tp *t);
+int64_t rdma_setup_tick(struct rdma_tp *t);
+void rdma_cm_input(struct rdma_tp *t);
+int rdma_tp_connect(struct ferry_tp *tp, const void *const *addrs, const size_t *lens);
+
+/* qp.c: any thread; the out queue and posting with p->lock held */
+void rdma_cursor_copy(struct rdma_cursor *c, unsigned char *dst, size_t n);
+void rdma_q_push(struct rdma_peer *p, struct rdma_qent *e);
+int rdma_q_append(struct rdma_peer *p, struct rdma_cursor *c, size_t n);
+void rdma_sig_push(struct rdma_tp *t, struct rdma_peer *p, struct rdma_op *op);
+int rdma_post_chunk(struct rdma_tp *t, struct rdma_peer *p, size_t n);
+int rdma_post_credit(struct rdma_tp *t, struct rdma_peer *p);
+int rdma_post_op(struct rdma_tp *t, struct rdma_peer *p, struct rdma_op *op);
+int rdma_flush_locked(struct rdma_tp *t, struct rdma_peer *p);
+void rdma_peer_break(struct rdma_tp *t, struct rdma_peer *p, int err);
+/* qp.c: progress thread (rdma_op_done also on a worker in poll()) */
+int rdma_post_recv(struct rdma_tp *t, struct rdma_peer *p, uint32_t idx);
+int rdma_conn_attach(struct rdma_tp *t, struct rdma_conn *c, uint32_t r);
+void rdma_op_done(struct rdma_tp *t, struct rdma_op *op, int status, int worker);
+void rdma_q_cancel(struct rdma_tp *t, struct rdma_qent *e, int status);
+void rdma_peer_fail(struct rdma_tp *t, struct rdma_peer *p, int err);
+void rdma_fail_broken(struct rdma_tp *t);
+
+/* cq.c: progress thread (rdma_scq_drain also on a worker in poll(), cq_lock held) */
+void rdma_mark_dirty(struct rdma_tp *t, struct rdma_peer *p);
+void rdma_flush_dirty(struct rdma_tp *t);
+int rdma_scq_drain(struct rdma_tp *t, int worker);
+int rdma_poll_cqs(struct rdma_tp *t);
+void rdma_cq_input(struct rdma_tp *t);
+void rdma_scq_check(struct rdma_tp *t);
+
+/* progress.c: any thread (rdma_start_thread: init) */
+void rdma_wake(struct rdma_tp *t);
+void rdma_self_push(struct rdma_tp *t, struct rdma_selfmsg *m);
+int rdma_self_send(struct rdma_tp *t, const struct iovec *iov, int iovcnt, size_t total);
+int rdma_start_thread(struct rdma_tp *t);
+
+/* rma.c: ops, any thread */
+int rdma_read(struct ferry_tp *tp, uint32_t dst, void *local, struct ferry_tp_mr *lmr,
+	      uint64_t raddr, uint64_t rkey, size_t len, void *ctx);
+int rdma_read_v(struct ferry_tp *tp, struct ferry_tp_rd *rds, size_t n);
+int rdma_write(struct ferry_tp *tp, uint32_t dst, const void *local, struct ferry_tp_mr *lmr,
+	       uint64_t raddr, uint64_t rkey, size_t len, void *ctx);
+int rdma_poll(struct ferry_tp *tp, unsigned flags);
+
+/* mr.c: ops, any thread (rdma_mrs_fini: fini) */
+int rdma_mem_reg(struct ferry_tp *tp, void *addr, size_t len, unsigned access,
+		 struct ferry_tp_mr *mr);
+void rdma_mem_dereg(struct ferry_tp *tp, struct ferry_tp_mr *mr);
+void rdma_mrs_fini(struct rdma_tp *t);
+
+#endif /* FERRY_TRANSPORT_RDMA_RDMA_H */
