@@ -6,8 +6,8 @@
  * deadline, and connect().
  *
  * Context: the progress thread owns every cm_id and runs all of this but
- * rdma_tp_connect() and rdma_setup_timeout(), which run on connect()'s
- * caller; the two meet under setup_lock. rdma_conn_destroy() also runs in
+ * ferry__rdma_tp_connect() and rdma_setup_timeout(), which run on connect()'s
+ * caller; the two meet under setup_lock. ferry__rdma_conn_destroy() also runs in
  * fini(), after the progress thread stopped. The listening cm_id is made in
  * init() (device.c: its device becomes the transport's).
  *
@@ -142,13 +142,13 @@ static struct rdma_conn *rdma_conn_new(struct rdma_tp *t, enum rdma_conn_kind ki
 }
 
 /*
- * rdma_conn_destroy - destroy a connection's queue pair and cm_id
+ * ferry__rdma_conn_destroy - destroy a connection's queue pair and cm_id
  *
  * Its events were acked (they always are before they are handled). A peer
  * whose queue pair it was loses it, and bumps its generation so that its
  * stale completions are dropped. Context: progress thread, or fini().
  */
-void rdma_conn_destroy(struct rdma_tp *t, struct rdma_conn *c)
+void ferry__rdma_conn_destroy(struct rdma_tp *t, struct rdma_conn *c)
 {
 	struct rdma_conn **pp;
 
@@ -189,7 +189,7 @@ static void rdma_conn_reject(struct rdma_tp *t, struct rdma_conn *c, enum rdma_r
 	struct rdma_rej rej = { .magic = RDMA_REJ_MAGIC, .reason = reason };
 
 	rdma_reject(c->id, &rej, sizeof(rej));
-	rdma_conn_destroy(t, c);
+	ferry__rdma_conn_destroy(t, c);
 }
 
 static void rdma_conn_param(struct rdma_tp *t, struct rdma_conn_param *cp, uint8_t their_init,
@@ -217,7 +217,7 @@ static void rdma_conn_up(struct rdma_tp *t, struct rdma_conn *c)
 	int done;
 
 	if (p->conn != c) {
-		rdma_conn_destroy(t, c);
+		ferry__rdma_conn_destroy(t, c);
 		return;
 	}
 	c->state = RDMA_CS_UP;
@@ -231,8 +231,8 @@ static void rdma_conn_up(struct rdma_tp *t, struct rdma_conn *c)
 		 * Credits owed for chunks that came before this event go back now:
 		 * no completion may come to return them if the peer used them all.
 		 */
-		rdma_mark_dirty(t, p);
-		rdma_flush_dirty(t);
+		ferry__rdma_mark_dirty(t, p);
+		ferry__rdma_flush_dirty(t);
 	}
 
 	pthread_mutex_lock(&t->setup_lock);
@@ -253,13 +253,13 @@ static void rdma_conn_up(struct rdma_tp *t, struct rdma_conn *c)
 		t->seen_phase = RDMA_PHASE_DONE;
 		/* later strangers are refused by the kernel; leftovers go */
 		if (t->listen) {
-			rdma_conn_destroy(t, t->listen);
+			ferry__rdma_conn_destroy(t, t->listen);
 			t->listen = NULL;
 		}
 		for (x = t->conns; x; x = next) {
 			next = x->next;
 			if (x->state != RDMA_CS_UP)
-				rdma_conn_destroy(t, x);
+				ferry__rdma_conn_destroy(t, x);
 		}
 	}
 }
@@ -280,7 +280,7 @@ static void rdma_conn_lost(struct rdma_tp *t, struct rdma_conn *c, const char *h
 	else
 		ferry_warn("rdma: rank %u %s rank %u; marking it failed", c->rank, how,
 			   t->base.cfg.rank);
-	rdma_peer_fail(t, p, -FERRY_E_PEER);
+	ferry__rdma_peer_fail(t, p, -FERRY_E_PEER);
 }
 
 /* judge a connection request and accept or reject it; connect() has begun */
@@ -306,7 +306,7 @@ static void rdma_accept_request(struct rdma_tp *t, struct rdma_conn *c)
 		return;
 	}
 	/* a pending accept of the same rank is a dead attempt: the dialer retried */
-	if (rdma_conn_attach(t, c, (uint32_t)rank)) {
+	if (ferry__rdma_conn_attach(t, c, (uint32_t)rank)) {
 		rdma_conn_reject(t, c, RDMA_REJ_RESOURCES);
 		return;
 	}
@@ -314,7 +314,7 @@ static void rdma_accept_request(struct rdma_tp *t, struct rdma_conn *c)
 	if (rdma_accept(c->id, &cp)) {
 		ferry_warn("rdma: rank %u: rdma_accept of rank %d from %s: %s", me, rank, c->who,
 			   strerror(errno));
-		rdma_conn_destroy(t, c);
+		ferry__rdma_conn_destroy(t, c);
 		return;
 	}
 	c->state = RDMA_CS_CONNECTING;
@@ -414,7 +414,7 @@ static void rdma_dial_start(struct rdma_tp *t, uint32_t j)
 	return;
 
 err_destroy:
-	rdma_conn_destroy(t, c);
+	ferry__rdma_conn_destroy(t, c);
 	rdma_dial_retry(t, j, why);
 }
 
@@ -435,7 +435,7 @@ static void rdma_dial_event(struct rdma_tp *t, struct rdma_conn *c, const struct
 		c->state = RDMA_CS_ROUTE;
 		return;
 	case RDMA_CM_EVENT_ROUTE_RESOLVED:
-		if (rdma_conn_attach(t, c, j)) {
+		if (ferry__rdma_conn_attach(t, c, j)) {
 			snprintf(why, sizeof(why), "no queue pair");
 			break;
 		}
@@ -498,7 +498,7 @@ static void rdma_dial_event(struct rdma_tp *t, struct rdma_conn *c, const struct
 	if (c->state == RDMA_CS_UP)
 		return;
 	ferry_dbg("rdma: rank %u: dialing rank %u at %s: %s", me, j, d->where, why);
-	rdma_conn_destroy(t, c);
+	ferry__rdma_conn_destroy(t, c);
 	if (t->seen_phase == RDMA_PHASE_CONNECTING)
 		rdma_dial_retry(t, j, why);
 }
@@ -531,11 +531,11 @@ static void rdma_accept_event(struct rdma_tp *t, struct rdma_conn *c, const stru
 	}
 	ferry_dbg("rdma: rank %u: the connection from %s (rank %u) failed before it stood: %s",
 		  t->base.cfg.rank, c->who, c->rank, rdma_event_str(ev->type));
-	rdma_conn_destroy(t, c);
+	ferry__rdma_conn_destroy(t, c);
 }
 
 /* connect() began or gave up: act on it. Progress thread. */
-void rdma_setup_sync(struct rdma_tp *t)
+void ferry__rdma_setup_sync(struct rdma_tp *t)
 {
 	struct rdma_conn *c, *next;
 	enum rdma_phase phase;
@@ -564,19 +564,19 @@ void rdma_setup_sync(struct rdma_tp *t)
 	}
 	if (phase == RDMA_PHASE_ABANDONED || phase == RDMA_PHASE_DONE) {
 		if (t->listen) {
-			rdma_conn_destroy(t, t->listen);
+			ferry__rdma_conn_destroy(t, t->listen);
 			t->listen = NULL;
 		}
 		for (c = t->conns; c; c = next) {
 			next = c->next;
 			if (c->state != RDMA_CS_UP)
-				rdma_conn_destroy(t, c);
+				ferry__rdma_conn_destroy(t, c);
 		}
 	}
 }
 
 /* start due dials; Return: the next time one is due, or -1. Progress thread. */
-int64_t rdma_setup_tick(struct rdma_tp *t)
+int64_t ferry__rdma_setup_tick(struct rdma_tp *t)
 {
 	int64_t now, next = -1;
 
@@ -601,7 +601,7 @@ static void rdma_cm_dispatch(struct rdma_tp *t, const struct rdma_cm_ev *ev)
 	struct rdma_conn *c;
 
 	if (ev->type == RDMA_CM_EVENT_CONNECT_REQUEST) {
-		rdma_setup_sync(t);
+		ferry__rdma_setup_sync(t);
 		rdma_on_request(t, ev);
 		return;
 	}
@@ -624,7 +624,7 @@ static void rdma_cm_dispatch(struct rdma_tp *t, const struct rdma_cm_ev *ev)
 }
 
 /* the cm event channel is readable. Progress thread. */
-void rdma_cm_input(struct rdma_tp *t)
+void ferry__rdma_cm_input(struct rdma_tp *t)
 {
 	for (;;) {
 		struct rdma_cm_event *e;
@@ -685,7 +685,7 @@ static void rdma_setup_timeout(struct rdma_tp *t, int timeout_ms)
 }
 
 /*
- * rdma_tp_connect - connect to every peer
+ * ferry__rdma_tp_connect - connect to every peer
  *
  * Hands the work to the progress thread and waits for at most
  * cfg.timeout_ms. Context: once per transport, after init(), before any
@@ -693,7 +693,7 @@ static void rdma_setup_timeout(struct rdma_tp *t, int timeout_ms)
  * Return: 0; -ETIMEDOUT (the log names the ranks that never connected);
  * -EINVAL for an address blob that is not ours; -EALREADY when called twice.
  */
-int rdma_tp_connect(struct ferry_tp *tp, const void *const *addrs, const size_t *lens)
+int ferry__rdma_tp_connect(struct ferry_tp *tp, const void *const *addrs, const size_t *lens)
 {
 	struct rdma_tp *t = to_rdma(tp);
 	const struct ferry_tp_config *cfg = &tp->cfg;
@@ -726,7 +726,7 @@ int rdma_tp_connect(struct ferry_tp *tp, const void *const *addrs, const size_t 
 	rdma_hello_build(t);
 	t->phase = t->missing ? RDMA_PHASE_CONNECTING : RDMA_PHASE_DONE;
 	pthread_mutex_unlock(&t->setup_lock);
-	rdma_wake(t);
+	ferry__rdma_wake(t);
 
 	pthread_mutex_lock(&t->setup_lock);
 	while (t->missing &&
@@ -738,7 +738,7 @@ int rdma_tp_connect(struct ferry_tp *tp, const void *const *addrs, const size_t 
 		ret = -ETIMEDOUT;
 	}
 	pthread_mutex_unlock(&t->setup_lock);
-	rdma_wake(t);
+	ferry__rdma_wake(t);
 	if (!ret) {
 		t->connected = 1;
 		ferry_dbg("rdma: rank %u is connected to all %u peers", cfg->rank, cfg->world - 1);

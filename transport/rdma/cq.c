@@ -7,7 +7,7 @@
  * completes its one-sided ops), flushing the peers they touched, and arming
  * the CQs. The chunk format and the flow control are described in rdma.h.
  *
- * Context: the progress thread. rdma_scq_drain() also runs on a worker
+ * Context: the progress thread. ferry__rdma_scq_drain() also runs on a worker
  * inside poll() (rma.c); cq_lock, which both take, keeps send completions
  * in the order polled.
  */
@@ -47,14 +47,14 @@ static uint32_t rdma_rx_hdr(struct rdma_tp *t, struct rdma_peer *p, const void *
 		ferry_warn("rdma: rank %u sent rank %u a frame with a bad header (%s); dropping "
 			   "its connection and marking it failed",
 			   p->rank, t->base.cfg.rank, why);
-		rdma_peer_fail(t, p, -FERRY_E_PROTO);
+		ferry__rdma_peer_fail(t, p, -FERRY_E_PROTO);
 		return 0;
 	}
 	if (hdr.src != p->rank) {
 		ferry_warn("rdma: rank %u sent rank %u a frame that claims to come from rank %u; "
 			   "dropping its connection and marking it failed",
 			   p->rank, t->base.cfg.rank, hdr.src);
-		rdma_peer_fail(t, p, -FERRY_E_PROTO);
+		ferry__rdma_peer_fail(t, p, -FERRY_E_PROTO);
 		return 0;
 	}
 	return hdr.len;
@@ -65,7 +65,7 @@ static int rdma_rx_nomem(struct rdma_tp *t, struct rdma_peer *p, size_t len)
 	ferry_err("rdma: rank %u: no memory for a %zu-byte frame from rank %u; dropping its "
 		  "connection",
 		  t->base.cfg.rank, len, p->rank);
-	rdma_peer_fail(t, p, -ENOMEM);
+	ferry__rdma_peer_fail(t, p, -ENOMEM);
 	return -1;
 }
 
@@ -150,7 +150,7 @@ static int rdma_rx_stream(struct rdma_tp *t, struct rdma_peer *p, const unsigned
 	return 0;
 }
 
-void rdma_mark_dirty(struct rdma_tp *t, struct rdma_peer *p)
+void ferry__rdma_mark_dirty(struct rdma_tp *t, struct rdma_peer *p)
 {
 	if (!p->dirty) {
 		p->dirty = 1;
@@ -195,26 +195,26 @@ static void rdma_rx_chunk(struct rdma_tp *t, struct rdma_peer *p, uint32_t idx,
 			"rdma: rank %u sent rank %u a chunk with a bad header (%s); dropping its "
 			"connection and marking it failed",
 			p->rank, t->base.cfg.rank, why);
-		rdma_peer_fail(t, p, -FERRY_E_PROTO);
+		ferry__rdma_peer_fail(t, p, -FERRY_E_PROTO);
 		return;
 	}
 	if (credits)
-		rdma_mark_dirty(t, p);
+		ferry__rdma_mark_dirty(t, p);
 	if (!credit_only && rdma_rx_stream(t, p, p->rbuf + (size_t)idx * RDMA_CHUNK, len))
 		return;
-	ret = rdma_post_recv(t, p, idx);
+	ret = ferry__rdma_post_recv(t, p, idx);
 	if (ret) {
 		ferry_warn("rdma: rank %u: reposting a receive buffer for rank %u failed (%s); "
 			   "marking it failed",
 			   t->base.cfg.rank, p->rank, strerror(-ret));
-		rdma_peer_fail(t, p, -FERRY_E_PEER);
+		ferry__rdma_peer_fail(t, p, -FERRY_E_PEER);
 		return;
 	}
 	if (!credit_only) {
 		pthread_mutex_lock(&p->lock);
 		p->owed++;
 		pthread_mutex_unlock(&p->lock);
-		rdma_mark_dirty(t, p);
+		ferry__rdma_mark_dirty(t, p);
 	}
 }
 
@@ -254,20 +254,20 @@ static void rdma_recv_done(struct rdma_tp *t, const struct ibv_wc *wc)
 				"rdma: rank %u: the queue pair to rank %u went to the error state "
 				"(its receives were flushed); marking it failed",
 				t->base.cfg.rank, p->rank);
-		rdma_peer_fail(t, p, -FERRY_E_PEER);
+		ferry__rdma_peer_fail(t, p, -FERRY_E_PEER);
 		return;
 	}
 	if (wc->status != IBV_WC_SUCCESS) {
 		ferry_warn("rdma: rank %u: a receive from rank %u failed (%s); marking it failed",
 			   t->base.cfg.rank, p->rank, ibv_wc_status_str(wc->status));
-		rdma_peer_fail(t, p, -FERRY_E_PEER);
+		ferry__rdma_peer_fail(t, p, -FERRY_E_PEER);
 		return;
 	}
 	if (wc->opcode != IBV_WC_RECV) {
 		ferry_warn("rdma: rank %u sent rank %u a chunk with a bad header (opcode %d, not a "
 			   "send); dropping its connection and marking it failed",
 			   p->rank, t->base.cfg.rank, wc->opcode);
-		rdma_peer_fail(t, p, -FERRY_E_PROTO);
+		ferry__rdma_peer_fail(t, p, -FERRY_E_PROTO);
 		return;
 	}
 	rdma_rx_chunk(t, p, (uint32_t)(wc->wr_id >> 16) & 0xffff, wc);
@@ -332,11 +332,11 @@ static void rdma_send_done(struct rdma_tp *t, const struct ibv_wc *wc, int worke
 		if (wc->status != IBV_WC_SUCCESS) {
 			report = 1;
 			p->break_logged = 1;
-			rdma_peer_break(t, p, EIO);
+			ferry__rdma_peer_break(t, p, EIO);
 		} else if (p->q_head || p->owed >= RDMA_CREDIT_BATCH) {
-			ret = rdma_flush_locked(t, p);
+			ret = ferry__rdma_flush_locked(t, p);
 			if (ret)
-				rdma_peer_break(t, p, -ret);
+				ferry__rdma_peer_break(t, p, -ret);
 		}
 	}
 	pthread_mutex_unlock(&p->lock);
@@ -345,26 +345,26 @@ static void rdma_send_done(struct rdma_tp *t, const struct ibv_wc *wc, int worke
 	if (report)
 		ferry_warn("rdma: rank %u: %s to rank %u failed (%s); marking it failed",
 			   t->base.cfg.rank, what, p->rank, ibv_wc_status_str(wc->status));
-	rdma_op_done(t, rec.op, rdma_wc_errno(wc->status), worker);
+	ferry__rdma_op_done(t, rec.op, rdma_wc_errno(wc->status), worker);
 	if (worker) {
 		if (report || ret)
-			rdma_wake(t);
+			ferry__rdma_wake(t);
 		return;
 	}
 	if (wc->status == IBV_WC_SUCCESS) {
 		if (p->live)
-			rdma_mark_dirty(t, p);
+			ferry__rdma_mark_dirty(t, p);
 		return;
 	}
 	if (p->live) {
 		ferry_warn("rdma: rank %u: %s to rank %u failed (%s); marking it failed",
 			   t->base.cfg.rank, what, p->rank, ibv_wc_status_str(wc->status));
-		rdma_peer_fail(t, p, -FERRY_E_PEER);
+		ferry__rdma_peer_fail(t, p, -FERRY_E_PEER);
 	}
 }
 
 /* flush the peers that completions or credits touched */
-void rdma_flush_dirty(struct rdma_tp *t)
+void ferry__rdma_flush_dirty(struct rdma_tp *t)
 {
 	for (uint32_t i = 0; i < t->ndirty; i++) {
 		struct rdma_peer *p = &t->peers[t->dirty[i]];
@@ -375,13 +375,13 @@ void rdma_flush_dirty(struct rdma_tp *t)
 			continue;
 		pthread_mutex_lock(&p->lock);
 		if (p->state == RDMA_PEER_UP)
-			ret = rdma_flush_locked(t, p);
+			ret = ferry__rdma_flush_locked(t, p);
 		pthread_mutex_unlock(&p->lock);
 		if (ret) {
 			ferry_warn(
 				"rdma: rank %u: posting to rank %u failed (%s); marking it failed",
 				t->base.cfg.rank, p->rank, strerror(-ret));
-			rdma_peer_fail(t, p, -FERRY_E_PEER);
+			ferry__rdma_peer_fail(t, p, -FERRY_E_PEER);
 		}
 	}
 	t->ndirty = 0;
@@ -390,7 +390,7 @@ void rdma_flush_dirty(struct rdma_tp *t)
 /* ---- polling and arming the CQs ------------------------------------------ */
 
 /* poll the send CQ empty; t->cq_lock held. Return: completions seen. */
-int rdma_scq_drain(struct rdma_tp *t, int worker)
+int ferry__rdma_scq_drain(struct rdma_tp *t, int worker)
 {
 	struct ibv_wc wc[RDMA_POLL_BATCH];
 	int n, total = 0;
@@ -405,7 +405,7 @@ int rdma_scq_drain(struct rdma_tp *t, int worker)
 }
 
 /*
- * rdma_poll_cqs - poll both CQs empty
+ * ferry__rdma_poll_cqs - poll both CQs empty
  *
  * The send CQ first: when a send or a one-sided op fails, its queue pair's
  * receives are flushed right after, and the failure should be reported with
@@ -413,13 +413,13 @@ int rdma_scq_drain(struct rdma_tp *t, int worker)
  * some send completions already.) Return: completions seen. Progress
  * thread.
  */
-int rdma_poll_cqs(struct rdma_tp *t)
+int ferry__rdma_poll_cqs(struct rdma_tp *t)
 {
 	struct ibv_wc wc[RDMA_POLL_BATCH];
 	int n, total;
 
 	pthread_mutex_lock(&t->cq_lock);
-	total = rdma_scq_drain(t, 0);
+	total = ferry__rdma_scq_drain(t, 0);
 	pthread_mutex_unlock(&t->cq_lock);
 	do {
 		n = ibv_poll_cq(t->rcq, RDMA_POLL_BATCH, wc);
@@ -429,7 +429,7 @@ int rdma_poll_cqs(struct rdma_tp *t)
 	} while (n == RDMA_POLL_BATCH);
 	if (n < 0)
 		ferry_err("rdma: rank %u: ibv_poll_cq failed", t->base.cfg.rank);
-	rdma_flush_dirty(t);
+	ferry__rdma_flush_dirty(t);
 	return total;
 }
 
@@ -444,7 +444,7 @@ static int rdma_workers_poll(struct rdma_tp *t)
 }
 
 /*
- * rdma_cq_input - the completion channel is readable: take one event, ack
+ * ferry__rdma_cq_input - the completion channel is readable: take one event, ack
  * it, re-arm that CQ, poll both
  *
  * One event per wakeup (level-triggered epoll reports the next), and one
@@ -455,11 +455,11 @@ static int rdma_workers_poll(struct rdma_tp *t)
  * While workers poll the send CQ themselves (poll(), waiting for READs) it is
  * not re-armed: an event per READ would wake this thread for nothing, and
  * on a small machine take the CPU the waiting worker and the device need.
- * rdma_scq_check() re-arms it once RDMA_SCQ_CHECK_MS pass without a poll(),
+ * ferry__rdma_scq_check() re-arms it once RDMA_SCQ_CHECK_MS pass without a poll(),
  * or at once when a worker's last poll() before it sleeps asks for it.
  * Progress thread.
  */
-void rdma_cq_input(struct rdma_tp *t)
+void ferry__rdma_cq_input(struct rdma_tp *t)
 {
 	struct ibv_cq *cq;
 	void *cq_ctx;
@@ -473,11 +473,11 @@ void rdma_cq_input(struct rdma_tp *t)
 			ibv_req_notify_cq(cq, 0);
 		}
 	}
-	rdma_poll_cqs(t);
+	ferry__rdma_poll_cqs(t);
 }
 
 /* the send CQ is not armed: arm it again once no worker polled for a while */
-void rdma_scq_check(struct rdma_tp *t)
+void ferry__rdma_scq_check(struct rdma_tp *t)
 {
 	if (!t->scq_off)
 		return;
@@ -491,5 +491,5 @@ void rdma_scq_check(struct rdma_tp *t)
 	}
 	__atomic_store_n(&t->scq_off, 0, __ATOMIC_RELAXED);
 	ibv_req_notify_cq(t->scq, 0);
-	rdma_poll_cqs(t); /* what came while it was not armed */
+	ferry__rdma_poll_cqs(t); /* what came while it was not armed */
 }

@@ -7,7 +7,7 @@
  * registered region.
  *
  * Context: init() and fini() on their caller's thread, before the progress
- * thread starts and after it stopped; rdma_probe() and rdma_memlock_check()
+ * thread starts and after it stopped; ferry__rdma_probe() and ferry__rdma_memlock_check()
  * (which mem_reg() calls too) on any thread.
  *
  * Resources (init)
@@ -39,7 +39,7 @@
 #include "transport/rdma/rdma.h"
 
 /* bytes this process registered through this transport (RLIMIT_MEMLOCK check) */
-uint64_t rdma_pinned;
+uint64_t ferry__rdma_pinned;
 
 static void rdma_bytes_str(uint64_t n, char *buf, size_t len)
 {
@@ -51,7 +51,7 @@ static void rdma_bytes_str(uint64_t n, char *buf, size_t len)
 		snprintf(buf, len, "%" PRIu64 " KiB", n >> 10);
 }
 
-int rdma_set_nonblock(int fd)
+int ferry__rdma_set_nonblock(int fd)
 {
 	int fl = fcntl(fd, F_GETFL);
 
@@ -84,7 +84,7 @@ static int rdma_has_ipc_lock(void)
 }
 
 /*
- * rdma_memlock_check - will registering @more bytes fit under RLIMIT_MEMLOCK?
+ * ferry__rdma_memlock_check - will registering @more bytes fit under RLIMIT_MEMLOCK?
  * @what: what needs them, for the log
  *
  * Counts what this transport registered in the process so far; the kernel
@@ -92,7 +92,7 @@ static int rdma_has_ipc_lock(void)
  * default limit) with a clear message, not every case.
  * Return: 0, or -ENOMEM after logging the limit and how to raise it.
  */
-int rdma_memlock_check(uint32_t rank, uint64_t more, const char *what)
+int ferry__rdma_memlock_check(uint32_t rank, uint64_t more, const char *what)
 {
 	char need[32], lim[32], have_s[32];
 	struct rlimit rl;
@@ -100,7 +100,7 @@ int rdma_memlock_check(uint32_t rank, uint64_t more, const char *what)
 
 	if (getrlimit(RLIMIT_MEMLOCK, &rl) || rl.rlim_cur == RLIM_INFINITY)
 		return 0;
-	have = __atomic_load_n(&rdma_pinned, __ATOMIC_RELAXED);
+	have = __atomic_load_n(&ferry__rdma_pinned, __ATOMIC_RELAXED);
 	if (have + more <= rl.rlim_cur || rdma_has_ipc_lock())
 		return 0;
 	rdma_bytes_str(more, need, sizeof(need));
@@ -144,7 +144,7 @@ static uint8_t rdma_active_port(struct ibv_device *dev, int *err_p)
 }
 
 /*
- * rdma_pick_device - FERRY_RDMA_DEVICE, or the first device with an active port
+ * ferry__rdma_pick_device - FERRY_RDMA_DEVICE, or the first device with an active port
  * @name: receives the device's name (IBV_SYSFS_NAME_MAX bytes)
  * @port_p: receives its first active port
  * @why_p: on failure, the reason (static, per thread)
@@ -152,7 +152,7 @@ static uint8_t rdma_active_port(struct ibv_device *dev, int *err_p)
  * Opens and closes what it looks at; leaves nothing open. Context: any thread.
  * Return: 0 or -FERRY_E_NODEV.
  */
-int rdma_pick_device(char *name, uint8_t *port_p, const char **why_p)
+int ferry__rdma_pick_device(char *name, uint8_t *port_p, const char **why_p)
 {
 	static __thread char why[192];
 	const char *want = getenv("FERRY_RDMA_DEVICE");
@@ -269,7 +269,7 @@ static int rdma_env_gid_index(void)
 }
 
 /*
- * rdma_pick_addr - the IPv4 address to listen on, and its GID index
+ * ferry__rdma_pick_addr - the IPv4 address to listen on, and its GID index
  *
  * rdma_cm resolves the GID from the address itself; the GID table (its first
  * RDMA_GID_SCAN entries, through ibv_query_gid_ex()) serves to find the
@@ -278,7 +278,7 @@ static int rdma_env_gid_index(void)
  * address. A device that cannot be opened to read it counts as one without
  * GIDs (logged). Return: 0 or a negative errno (logged).
  */
-int rdma_pick_addr(struct rdma_tp *t, const char *host)
+int ferry__rdma_pick_addr(struct rdma_tp *t, const char *host)
 {
 	uint32_t rank = t->base.cfg.rank;
 	struct addrinfo hints = { .ai_family = AF_INET, .ai_socktype = SOCK_STREAM };
@@ -358,19 +358,19 @@ out_close:
 }
 
 /*
- * rdma_probe - can this transport run here?
+ * ferry__rdma_probe - can this transport run here?
  *
  * The device FERRY_RDMA_DEVICE (or any) must exist and have an active port,
  * and rdma_cm's device node must be there. Cheap; leaves nothing open.
  */
-int rdma_probe(const char **why_p)
+int ferry__rdma_probe(const char **why_p)
 {
 	char name[IBV_SYSFS_NAME_MAX];
 	const char *why = NULL;
 	uint8_t port;
 	int ret;
 
-	ret = rdma_pick_device(name, &port, &why);
+	ret = ferry__rdma_pick_device(name, &port, &why);
 	if (!ret && access("/dev/infiniband/rdma_cm", R_OK | W_OK)) {
 		why = "rdma_cm is unavailable (/dev/infiniband/rdma_cm is missing or not "
 		      "accessible: load rdma_ucm)";
@@ -384,10 +384,10 @@ int rdma_probe(const char **why_p)
 /* ---- listening cm_id ----------------------------------------------------- */
 
 /*
- * rdma_tp_listen - create the event channel and the listening cm_id on the bind
+ * ferry__rdma_tp_listen - create the event channel and the listening cm_id on the bind
  * address; the cm_id's device becomes ours
  */
-int rdma_tp_listen(struct rdma_tp *t)
+int ferry__rdma_tp_listen(struct rdma_tp *t)
 {
 	uint32_t me = t->base.cfg.rank;
 	struct sockaddr_in sa = t->src_sa;
@@ -404,7 +404,7 @@ int rdma_tp_listen(struct rdma_tp *t)
 			  strerror(errno));
 		return ret ? ret : -FERRY_E_NODEV;
 	}
-	ret = rdma_set_nonblock(t->ec->fd);
+	ret = ferry__rdma_set_nonblock(t->ec->fd);
 	if (ret)
 		goto err_destroy_channel;
 	l = calloc(1, sizeof(*l));
@@ -465,7 +465,7 @@ err_destroy_channel:
 	return ret;
 }
 
-void rdma_unlisten(struct rdma_tp *t)
+void ferry__rdma_unlisten(struct rdma_tp *t)
 {
 	if (t->listen) {
 		rdma_destroy_id(t->listen->id);
@@ -479,7 +479,7 @@ void rdma_unlisten(struct rdma_tp *t)
 /* ---- verbs resources ----------------------------------------------------- */
 
 /* size the queues to the device; Return: 0 or a negative errno (logged) */
-int rdma_query(struct rdma_tp *t)
+int ferry__rdma_query(struct rdma_tp *t)
 {
 	uint32_t me = t->base.cfg.rank, world = t->base.cfg.world;
 	struct ibv_device_attr da;
@@ -521,7 +521,7 @@ int rdma_query(struct rdma_tp *t)
 }
 
 /* PD, completion channel, the two CQs */
-int rdma_verbs_init(struct rdma_tp *t)
+int ferry__rdma_verbs_init(struct rdma_tp *t)
 {
 	uint32_t me = t->base.cfg.rank, world = t->base.cfg.world;
 	int ret;
@@ -538,7 +538,7 @@ int rdma_verbs_init(struct rdma_tp *t)
 		ferry_err("rdma: rank %u: ibv_create_comp_channel: %s", me, strerror(errno));
 		goto err_dealloc_pd;
 	}
-	ret = rdma_set_nonblock(t->cc->fd);
+	ret = ferry__rdma_set_nonblock(t->cc->fd);
 	if (ret)
 		goto err_destroy_channel;
 	t->scq = ibv_create_cq(t->ctx, (int)(t->sq_depth * world + 64), NULL, t->cc, 0);
@@ -572,7 +572,7 @@ err_dealloc_pd:
 	return ret ? ret : -ENOMEM;
 }
 
-void rdma_verbs_fini(struct rdma_tp *t)
+void ferry__rdma_verbs_fini(struct rdma_tp *t)
 {
 	ibv_destroy_cq(t->rcq);
 	ibv_destroy_cq(t->scq);
@@ -583,7 +583,7 @@ void rdma_verbs_fini(struct rdma_tp *t)
 /* ---- peers and their buffers --------------------------------------------- */
 
 /* the peers and their buffers: one region, registered once */
-int rdma_peers_init(struct rdma_tp *t)
+int ferry__rdma_peers_init(struct rdma_tp *t)
 {
 	uint32_t me = t->base.cfg.rank, world = t->base.cfg.world, r;
 	size_t per = (size_t)(RDMA_RECVS + RDMA_SBUFS) * RDMA_CHUNK;
@@ -599,7 +599,7 @@ int rdma_peers_init(struct rdma_tp *t)
 	}
 	t->region_len = per * (world - 1);
 	if (t->region_len) {
-		ret = rdma_memlock_check(me, t->region_len, "the message buffers");
+		ret = ferry__rdma_memlock_check(me, t->region_len, "the message buffers");
 		if (ret)
 			goto err_free;
 		t->region = mmap(NULL, t->region_len, PROT_READ | PROT_WRITE,
@@ -624,7 +624,7 @@ int rdma_peers_init(struct rdma_tp *t)
 					  "");
 			goto err_unmap;
 		}
-		__atomic_add_fetch(&rdma_pinned, t->region_len, __ATOMIC_RELAXED);
+		__atomic_add_fetch(&ferry__rdma_pinned, t->region_len, __ATOMIC_RELAXED);
 		t->pinned = t->region_len;
 	}
 	for (r = 0; r < world; r++) {
@@ -658,7 +658,7 @@ err_destroy_peers:
 	}
 	if (t->region_mr) {
 		ibv_dereg_mr(t->region_mr);
-		__atomic_sub_fetch(&rdma_pinned, t->pinned, __ATOMIC_RELAXED);
+		__atomic_sub_fetch(&ferry__rdma_pinned, t->pinned, __ATOMIC_RELAXED);
 		t->region_mr = NULL;
 		t->pinned = 0;
 	}
@@ -675,7 +675,7 @@ err_free:
 	return ret;
 }
 
-void rdma_peers_fini(struct rdma_tp *t)
+void ferry__rdma_peers_fini(struct rdma_tp *t)
 {
 	for (uint32_t r = 0; r < t->base.cfg.world; r++) {
 		struct rdma_peer *p = &t->peers[r];
@@ -692,7 +692,7 @@ void rdma_peers_fini(struct rdma_tp *t)
 	}
 	if (t->region_mr) {
 		ibv_dereg_mr(t->region_mr);
-		__atomic_sub_fetch(&rdma_pinned, t->pinned, __ATOMIC_RELAXED);
+		__atomic_sub_fetch(&ferry__rdma_pinned, t->pinned, __ATOMIC_RELAXED);
 	}
 	if (t->region)
 		munmap(t->region, t->region_len);

@@ -5,7 +5,7 @@
  * registrations are also the list against which rma.c checks one-sided
  * operations on our own memory (under mr_lock).
  *
- * Context: any thread, after init(); rdma_mrs_fini() in fini().
+ * Context: any thread, after init(); ferry__rdma_mrs_fini() in fini().
  */
 #include <errno.h>
 #include <stdio.h>
@@ -14,15 +14,15 @@
 #include "transport/rdma/rdma.h"
 
 /*
- * rdma_mem_reg - register @len bytes at @addr with the least access needed
+ * ferry__rdma_mem_reg - register @len bytes at @addr with the least access needed
  *
  * Local write always (the buffer may be the target of a READ), remote read
  * and remote write only as @access asks. Context: any thread, after init().
  * Return: 0 (@mr filled), -EINVAL, -ENOMEM when the memlock limit is too
  * small (logged with the fix), or ibv_reg_mr's errno.
  */
-int rdma_mem_reg(struct ferry_tp *tp, void *addr, size_t len, unsigned access,
-		 struct ferry_tp_mr *mr)
+int ferry__rdma_mem_reg(struct ferry_tp *tp, void *addr, size_t len, unsigned access,
+			struct ferry_tp_mr *mr)
 {
 	struct rdma_tp *t = to_rdma(tp);
 	struct rdma_mr *m = to_rdma_mr(mr);
@@ -36,7 +36,7 @@ int rdma_mem_reg(struct ferry_tp *tp, void *addr, size_t len, unsigned access,
 	if (access & FERRY_TP_ACCESS_REMOTE_WRITE)
 		flags |= IBV_ACCESS_REMOTE_WRITE;
 	snprintf(what, sizeof(what), "a region of %zu bytes", len);
-	ret = rdma_memlock_check(tp->cfg.rank, len, what);
+	ret = ferry__rdma_memlock_check(tp->cfg.rank, len, what);
 	if (ret)
 		return ret;
 	m->mr = ibv_reg_mr(t->pd, addr, len, flags);
@@ -51,7 +51,7 @@ int rdma_mem_reg(struct ferry_tp *tp, void *addr, size_t len, unsigned access,
 				"");
 		return ret;
 	}
-	__atomic_add_fetch(&rdma_pinned, len, __ATOMIC_RELAXED);
+	__atomic_add_fetch(&ferry__rdma_pinned, len, __ATOMIC_RELAXED);
 	m->access = flags;
 	mr->addr = addr;
 	mr->len = len;
@@ -64,7 +64,7 @@ int rdma_mem_reg(struct ferry_tp *tp, void *addr, size_t len, unsigned access,
 }
 
 /* Context: any thread; no read()/write() on @mr may be in flight. */
-void rdma_mem_dereg(struct ferry_tp *tp, struct ferry_tp_mr *mr)
+void ferry__rdma_mem_dereg(struct ferry_tp *tp, struct ferry_tp_mr *mr)
 {
 	struct rdma_tp *t = to_rdma(tp);
 	struct rdma_mr *m = to_rdma_mr(mr), **pp;
@@ -80,24 +80,24 @@ void rdma_mem_dereg(struct ferry_tp *tp, struct ferry_tp_mr *mr)
 	}
 	pthread_mutex_unlock(&t->mr_lock);
 	ibv_dereg_mr(m->mr);
-	__atomic_sub_fetch(&rdma_pinned, mr->len, __ATOMIC_RELAXED);
+	__atomic_sub_fetch(&ferry__rdma_pinned, mr->len, __ATOMIC_RELAXED);
 	m->mr = NULL;
 }
 
 /*
- * rdma_mrs_fini - deregister the memory the core registered and did not
+ * ferry__rdma_mrs_fini - deregister the memory the core registered and did not
  * deregister
  *
  * Context: fini(), after the progress thread stopped.
  */
-void rdma_mrs_fini(struct rdma_tp *t)
+void ferry__rdma_mrs_fini(struct rdma_tp *t)
 {
 	struct rdma_mr *mr;
 
 	for (mr = t->mrs; mr; mr = mr->next) {
 		ferry_dbg("rdma: rank %u: deregistering %zu bytes at %p the core left registered",
 			  t->base.cfg.rank, mr->base.len, mr->base.addr);
-		__atomic_sub_fetch(&rdma_pinned, mr->base.len, __ATOMIC_RELAXED);
+		__atomic_sub_fetch(&ferry__rdma_pinned, mr->base.len, __ATOMIC_RELAXED);
 		ibv_dereg_mr(mr->mr);
 		mr->mr = NULL;
 	}

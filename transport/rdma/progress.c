@@ -9,8 +9,8 @@
  * through the self queue and the wake eventfd; so does the completion of a
  * WRITE that a worker found in poll().
  *
- * Context: the progress thread; rdma_wake(), rdma_self_push() and
- * rdma_self_send() on any thread; rdma_start_thread() in init().
+ * Context: the progress thread; ferry__rdma_wake(), ferry__rdma_self_push() and
+ * ferry__rdma_self_send() on any thread; ferry__rdma_start_thread() in init().
  */
 #define _GNU_SOURCE /* pthread_setname_np */
 #include <errno.h>
@@ -24,7 +24,7 @@
 #include "transport/rdma/rdma.h"
 
 /* Context: any thread. Wakes the progress thread out of epoll_wait(). */
-void rdma_wake(struct rdma_tp *t)
+void ferry__rdma_wake(struct rdma_tp *t)
 {
 	uint64_t one = 1;
 
@@ -36,7 +36,7 @@ void rdma_wake(struct rdma_tp *t)
 
 /* ---- self queue ---------------------------------------------------------- */
 
-void rdma_self_push(struct rdma_tp *t, struct rdma_selfmsg *m)
+void ferry__rdma_self_push(struct rdma_tp *t, struct rdma_selfmsg *m)
 {
 	int was_empty;
 
@@ -51,11 +51,11 @@ void rdma_self_push(struct rdma_tp *t, struct rdma_selfmsg *m)
 	pthread_mutex_unlock(&t->self_lock);
 	/* a non-empty queue has a wake pending already (see rdma_self_deliver) */
 	if (was_empty)
-		rdma_wake(t);
+		ferry__rdma_wake(t);
 }
 
 /* Context: any thread. */
-int rdma_self_send(struct rdma_tp *t, const struct iovec *iov, int iovcnt, size_t total)
+int ferry__rdma_self_send(struct rdma_tp *t, const struct iovec *iov, int iovcnt, size_t total)
 {
 	struct rdma_selfmsg *m = malloc(sizeof(*m) + total);
 	struct rdma_cursor c = { .iov = iov, .cnt = iovcnt };
@@ -63,9 +63,9 @@ int rdma_self_send(struct rdma_tp *t, const struct iovec *iov, int iovcnt, size_
 	if (!m)
 		return -ENOMEM;
 	memset(m, 0, sizeof(*m));
-	rdma_cursor_copy(&c, m->data, total);
+	ferry__rdma_cursor_copy(&c, m->data, total);
 	m->len = total;
-	rdma_self_push(t, m);
+	ferry__rdma_self_push(t, m);
 	return 0;
 }
 
@@ -138,7 +138,7 @@ static void rdma_async_input(struct rdma_tp *t)
 			ferry_warn(
 				"rdma: rank %u: %s on the queue pair to rank %u; marking it failed",
 				me, ibv_event_type_str(type), r);
-			rdma_peer_fail(t, p, -FERRY_E_PEER);
+			ferry__rdma_peer_fail(t, p, -FERRY_E_PEER);
 		}
 	}
 }
@@ -153,8 +153,8 @@ static void rdma_wake_input(struct rdma_tp *t)
 		ferry_dbg("rdma: reading the wake eventfd: %s", strerror(errno));
 	rdma_self_deliver(t, 1);
 	if (__atomic_exchange_n(&t->fail_pending, 0, __ATOMIC_ACQ_REL))
-		rdma_fail_broken(t);
-	rdma_setup_sync(t);
+		ferry__rdma_fail_broken(t);
+	ferry__rdma_setup_sync(t);
 }
 
 /*
@@ -178,7 +178,7 @@ static int rdma_drained(struct rdma_tp *t)
 		pthread_mutex_lock(&p->lock);
 		if (p->state == RDMA_PEER_UP) {
 			if (!p->q_head && !p->sig_n && p->s_done != p->s_posted &&
-			    rdma_sq_room(t, p) && rdma_post_credit(t, p))
+			    rdma_sq_room(t, p) && ferry__rdma_post_credit(t, p))
 				p->s_done = p->s_posted; /* cannot post: the peer is failing */
 			busy |= p->q_head || p->sig_n || p->s_done != p->s_posted;
 		}
@@ -216,9 +216,9 @@ static void rdma_progress_cancel(struct rdma_tp *t)
 		}
 		pthread_mutex_unlock(&p->lock);
 		for (uint32_t i = 0; i < n; i++)
-			rdma_op_done(t, ops[i], -FERRY_E_CLOSED, 0);
+			ferry__rdma_op_done(t, ops[i], -FERRY_E_CLOSED, 0);
 		free(ops);
-		rdma_q_cancel(t, q, -FERRY_E_CLOSED);
+		ferry__rdma_q_cancel(t, q, -FERRY_E_CLOSED);
 	}
 	rdma_self_deliver(t, 0);
 }
@@ -242,7 +242,7 @@ static void *rdma_progress(void *arg)
 		h->on_thread_start(t->base.cfg.core);
 
 	for (;;) {
-		int64_t next = rdma_setup_tick(t), now;
+		int64_t next = ferry__rdma_setup_tick(t), now;
 		int timeout = -1, n, did = 0;
 
 		if (busy) {
@@ -270,19 +270,19 @@ static void *rdma_progress(void *arg)
 				rdma_wake_input(t);
 				break;
 			case RDMA_EV_CQ:
-				rdma_cq_input(t);
+				ferry__rdma_cq_input(t);
 				break;
 			case RDMA_EV_CM:
-				rdma_cm_input(t);
+				ferry__rdma_cm_input(t);
 				break;
 			case RDMA_EV_ASYNC:
 				rdma_async_input(t);
 				break;
 			}
 		}
-		rdma_scq_check(t);
+		ferry__rdma_scq_check(t);
 		if (busy) {
-			did = rdma_poll_cqs(t);
+			did = ferry__rdma_poll_cqs(t);
 			if (!did && n <= 0)
 				sched_yield();
 		}
@@ -291,7 +291,7 @@ static void *rdma_progress(void *arg)
 		if (drain_end < 0)
 			drain_end = rdma_now_ms() + RDMA_DRAIN_MS;
 		if (!busy)
-			rdma_poll_cqs(t);
+			ferry__rdma_poll_cqs(t);
 		if (rdma_drained(t))
 			break;
 		if (rdma_now_ms() >= drain_end) {
@@ -308,7 +308,7 @@ static void *rdma_progress(void *arg)
 	return NULL;
 }
 
-int rdma_start_thread(struct rdma_tp *t)
+int ferry__rdma_start_thread(struct rdma_tp *t)
 {
 	sigset_t all, old;
 	int ret;

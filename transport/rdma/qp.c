@@ -9,7 +9,7 @@
  * Context: senders (send(), read(), read_v(), write() on any thread, and a
  * worker in poll() flushing after a completion) post under the peer's lock;
  * the progress thread flushes under it too. Only the progress thread fails
- * a peer: a sender whose post fails marks it BROKEN (rdma_peer_break()) and
+ * a peer: a sender whose post fails marks it BROKEN (ferry__rdma_peer_break()) and
  * wakes it.
  */
 #include <arpa/inet.h>
@@ -21,7 +21,7 @@
 
 /* ---- out queue ---------------------------------------------------------- */
 
-void rdma_cursor_copy(struct rdma_cursor *c, unsigned char *dst, size_t n)
+void ferry__rdma_cursor_copy(struct rdma_cursor *c, unsigned char *dst, size_t n)
 {
 	while (n) {
 		const struct iovec *v = &c->iov[c->i];
@@ -41,7 +41,7 @@ void rdma_cursor_copy(struct rdma_cursor *c, unsigned char *dst, size_t n)
 	}
 }
 
-void rdma_q_push(struct rdma_peer *p, struct rdma_qent *e)
+void ferry__rdma_q_push(struct rdma_peer *p, struct rdma_qent *e)
 {
 	e->next = NULL;
 	if (p->q_tail)
@@ -59,11 +59,11 @@ static void rdma_q_pop(struct rdma_peer *p)
 }
 
 /*
- * rdma_q_append - queue the next @n bytes of a frame from @c
+ * ferry__rdma_q_append - queue the next @n bytes of a frame from @c
  *
  * All or nothing: on -ENOMEM the queue is unchanged. Call with p->lock held.
  */
-int rdma_q_append(struct rdma_peer *p, struct rdma_cursor *c, size_t n)
+int ferry__rdma_q_append(struct rdma_peer *p, struct rdma_cursor *c, size_t n)
 {
 	struct rdma_qent *tail = p->q_tail, *fresh = NULL;
 	size_t room = tail && !tail->op ? tail->cap - tail->len : 0, fill;
@@ -79,21 +79,21 @@ int rdma_q_append(struct rdma_peer *p, struct rdma_cursor *c, size_t n)
 	}
 	fill = n < room ? n : room;
 	if (fill) {
-		rdma_cursor_copy(c, tail->data + tail->len, fill);
+		ferry__rdma_cursor_copy(c, tail->data + tail->len, fill);
 		tail->len += fill;
 		n -= fill;
 	}
 	if (fresh) {
-		rdma_cursor_copy(c, fresh->data, n);
+		ferry__rdma_cursor_copy(c, fresh->data, n);
 		fresh->len = n;
-		rdma_q_push(p, fresh);
+		ferry__rdma_q_push(p, fresh);
 	}
 	return 0;
 }
 
 /* ---- posting (call with p->lock held) ------------------------------------ */
 
-void rdma_sig_push(struct rdma_tp *t, struct rdma_peer *p, struct rdma_op *op)
+void ferry__rdma_sig_push(struct rdma_tp *t, struct rdma_peer *p, struct rdma_op *op)
 {
 	uint32_t i = (p->sig_head + p->sig_n) % t->sq_depth;
 
@@ -102,7 +102,7 @@ void rdma_sig_push(struct rdma_tp *t, struct rdma_peer *p, struct rdma_op *op)
 }
 
 /* post the @n bytes in the next send buffer */
-int rdma_post_chunk(struct rdma_tp *t, struct rdma_peer *p, size_t n)
+int ferry__rdma_post_chunk(struct rdma_tp *t, struct rdma_peer *p, size_t n)
 {
 	bool sig = p->s_posted % RDMA_SIGNAL_EVERY == RDMA_SIGNAL_EVERY - 1;
 	struct ibv_sge sge = {
@@ -129,12 +129,12 @@ int rdma_post_chunk(struct rdma_tp *t, struct rdma_peer *p, size_t n)
 	p->s_posted++;
 	p->sq_posted++;
 	if (sig)
-		rdma_sig_push(t, p, NULL);
+		ferry__rdma_sig_push(t, p, NULL);
 	return 0;
 }
 
 /* a credit-only message: no data, no credit of its own, always signaled */
-int rdma_post_credit(struct rdma_tp *t, struct rdma_peer *p)
+int ferry__rdma_post_credit(struct rdma_tp *t, struct rdma_peer *p)
 {
 	struct ibv_send_wr wr = {
 		.wr_id = rdma_wr_id(RDMA_WR_SIG, p->rank, p->gen, 0),
@@ -150,11 +150,11 @@ int rdma_post_credit(struct rdma_tp *t, struct rdma_peer *p)
 		return -ret;
 	p->owed = 0;
 	p->sq_posted++;
-	rdma_sig_push(t, p, NULL);
+	ferry__rdma_sig_push(t, p, NULL);
 	return 0;
 }
 
-int rdma_post_op(struct rdma_tp *t, struct rdma_peer *p, struct rdma_op *op)
+int ferry__rdma_post_op(struct rdma_tp *t, struct rdma_peer *p, struct rdma_op *op)
 {
 	struct ibv_sge sge = {
 		.addr = (uintptr_t)op->local,
@@ -176,19 +176,19 @@ int rdma_post_op(struct rdma_tp *t, struct rdma_peer *p, struct rdma_op *op)
 	if (ret)
 		return -ret;
 	p->sq_posted++;
-	rdma_sig_push(t, p, op);
+	ferry__rdma_sig_push(t, p, op);
 	return 0;
 }
 
 /*
- * rdma_flush_locked - post what the out queue holds, as far as credits, send
+ * ferry__rdma_flush_locked - post what the out queue holds, as far as credits, send
  * buffers and send-queue slots allow, then return owed credits if they are
  * many and rode on no chunk
  *
  * Call with p->lock held and the peer UP. Return: 0, or the negative errno of
  * a failed post (the caller fails the peer).
  */
-int rdma_flush_locked(struct rdma_tp *t, struct rdma_peer *p)
+int ferry__rdma_flush_locked(struct rdma_tp *t, struct rdma_peer *p)
 {
 	struct rdma_qent *e;
 	int ret;
@@ -200,7 +200,7 @@ int rdma_flush_locked(struct rdma_tp *t, struct rdma_peer *p)
 		if (e->op) {
 			if (!rdma_sq_room(t, p))
 				break;
-			ret = rdma_post_op(t, p, e->op);
+			ret = ferry__rdma_post_op(t, p, e->op);
 			if (ret)
 				return ret;
 			rdma_q_pop(p);
@@ -223,18 +223,18 @@ int rdma_flush_locked(struct rdma_tp *t, struct rdma_peer *p)
 				free(e);
 			}
 		}
-		ret = rdma_post_chunk(t, p, n);
+		ret = ferry__rdma_post_chunk(t, p, n);
 		if (ret)
 			return ret;
 	}
 	if (p->owed >= RDMA_CREDIT_BATCH && rdma_sq_room(t, p))
-		return rdma_post_credit(t, p);
+		return ferry__rdma_post_credit(t, p);
 	return 0;
 }
 
 /* ---- receive buffers and queue pairs (progress thread) -------------------- */
 
-int rdma_post_recv(struct rdma_tp *t, struct rdma_peer *p, uint32_t idx)
+int ferry__rdma_post_recv(struct rdma_tp *t, struct rdma_peer *p, uint32_t idx)
 {
 	struct ibv_sge sge = {
 		.addr = (uintptr_t)(p->rbuf + (size_t)idx * RDMA_CHUNK),
@@ -252,13 +252,13 @@ int rdma_post_recv(struct rdma_tp *t, struct rdma_peer *p, uint32_t idx)
 }
 
 /*
- * rdma_conn_attach - give connection @c a queue pair for rank @r, with @r's
+ * ferry__rdma_conn_attach - give connection @c a queue pair for rank @r, with @r's
  * receive buffers posted on it
  *
  * A previous attempt that held @r's buffers is destroyed first.
  * Return: 0 or a negative errno (logged); the caller destroys @c.
  */
-int rdma_conn_attach(struct rdma_tp *t, struct rdma_conn *c, uint32_t r)
+int ferry__rdma_conn_attach(struct rdma_tp *t, struct rdma_conn *c, uint32_t r)
 {
 	struct rdma_peer *p = &t->peers[r];
 	struct ibv_qp_init_attr qa = {
@@ -275,7 +275,7 @@ int rdma_conn_attach(struct rdma_tp *t, struct rdma_conn *c, uint32_t r)
 	int ret;
 
 	if (p->conn && p->conn != c)
-		rdma_conn_destroy(t, p->conn);
+		ferry__rdma_conn_destroy(t, p->conn);
 	c->rank = r;
 	if (rdma_create_qp(c->id, t->pd, &qa)) {
 		ret = -errno;
@@ -294,7 +294,7 @@ int rdma_conn_attach(struct rdma_tp *t, struct rdma_conn *c, uint32_t r)
 	p->conn = c;
 	p->asm_have = p->asm_need = 0;
 	for (uint32_t i = 0; i < RDMA_RECVS; i++) {
-		ret = rdma_post_recv(t, p, i);
+		ret = ferry__rdma_post_recv(t, p, i);
 		if (ret) {
 			ferry_err("rdma: rank %u: cannot post receive buffers for rank %u: %s",
 				  t->base.cfg.rank, r, strerror(-ret));
@@ -308,13 +308,13 @@ int rdma_conn_attach(struct rdma_tp *t, struct rdma_conn *c, uint32_t r)
 /* ---- failures ----------------------------------------------------------- */
 
 /*
- * rdma_op_done - complete an op and the rest of its read_v() chain
+ * ferry__rdma_op_done - complete an op and the rest of its read_v() chain
  *
  * @worker: called inside poll() on a worker's thread. A read completes right
  * there; a write's handler belongs to the progress thread (the core's
  * relocation code runs on it), so it is handed over through the self queue.
  */
-void rdma_op_done(struct rdma_tp *t, struct rdma_op *op, int status, int worker)
+void ferry__rdma_op_done(struct rdma_tp *t, struct rdma_op *op, int status, int worker)
 {
 	const struct ferry_tp_handler *h = t->base.cfg.handler;
 	struct rdma_op *next;
@@ -328,7 +328,7 @@ void rdma_op_done(struct rdma_tp *t, struct rdma_op *op, int status, int worker)
 				m->done = 1;
 				m->ctx = op->ctx;
 				m->status = status;
-				rdma_self_push(t, m);
+				ferry__rdma_self_push(t, m);
 				free(op);
 				continue;
 			}
@@ -341,27 +341,27 @@ void rdma_op_done(struct rdma_tp *t, struct rdma_op *op, int status, int worker)
 }
 
 /* free a detached out queue; its ops complete with @status. Progress thread. */
-void rdma_q_cancel(struct rdma_tp *t, struct rdma_qent *e, int status)
+void ferry__rdma_q_cancel(struct rdma_tp *t, struct rdma_qent *e, int status)
 {
 	struct rdma_qent *next;
 
 	for (; e; e = next) {
 		next = e->next;
 		if (e->op)
-			rdma_op_done(t, e->op, status, 0);
+			ferry__rdma_op_done(t, e->op, status, 0);
 		free(e);
 	}
 }
 
 /*
- * rdma_peer_fail - mark a peer failed and report it, once
+ * ferry__rdma_peer_fail - mark a peer failed and report it, once
  *
  * The caller has logged the cause. Moves the queue pair to the error state
  * (rdma_disconnect: the peer sees DISCONNECTED); posted one-sided ops then
  * complete with -FERRY_E_PEER as they are flushed, queued ones here.
  * Context: progress thread.
  */
-void rdma_peer_fail(struct rdma_tp *t, struct rdma_peer *p, int err)
+void ferry__rdma_peer_fail(struct rdma_tp *t, struct rdma_peer *p, int err)
 {
 	const struct ferry_tp_handler *h = t->base.cfg.handler;
 	struct rdma_qent *q;
@@ -386,11 +386,11 @@ void rdma_peer_fail(struct rdma_tp *t, struct rdma_peer *p, int err)
 		if (h->on_peer_failed)
 			h->on_peer_failed(t->base.cfg.core, p->rank, err);
 	}
-	rdma_q_cancel(t, q, -FERRY_E_PEER);
+	ferry__rdma_q_cancel(t, q, -FERRY_E_PEER);
 }
 
 /* Context: progress thread, after a sender flagged fail_pending. */
-void rdma_fail_broken(struct rdma_tp *t)
+void ferry__rdma_fail_broken(struct rdma_tp *t)
 {
 	for (uint32_t r = 0; r < t->base.cfg.world; r++) {
 		struct rdma_peer *p = &t->peers[r];
@@ -405,12 +405,12 @@ void rdma_fail_broken(struct rdma_tp *t)
 			ferry_warn(
 				"rdma: rank %u: posting to rank %u failed (%s); marking it failed",
 				t->base.cfg.rank, r, strerror(err));
-		rdma_peer_fail(t, p, -FERRY_E_PEER);
+		ferry__rdma_peer_fail(t, p, -FERRY_E_PEER);
 	}
 }
 
 /* a sender could not post: the progress thread fails the peer. Call with p->lock held. */
-void rdma_peer_break(struct rdma_tp *t, struct rdma_peer *p, int err)
+void ferry__rdma_peer_break(struct rdma_tp *t, struct rdma_peer *p, int err)
 {
 	if (p->state != RDMA_PEER_UP)
 		return;

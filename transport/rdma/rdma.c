@@ -79,12 +79,12 @@ static int rdma_init(struct ferry_tp *tp, const struct ferry_tp_config *cfg)
 			   "starts, or do not fork after ferry_open)",
 			   cfg->rank, strerror(ret));
 
-	ret = rdma_pick_device(t->dev_name, &t->port_num, &why);
+	ret = ferry__rdma_pick_device(t->dev_name, &t->port_num, &why);
 	if (ret) {
 		ferry_err("rdma: rank %u: %s", cfg->rank, why);
 		return ret;
 	}
-	ret = rdma_pick_addr(t, t->bind);
+	ret = ferry__rdma_pick_addr(t, t->bind);
 	if (ret)
 		return ret;
 	/* rdma_cm's contexts stay open while we hold this list */
@@ -94,16 +94,16 @@ static int rdma_init(struct ferry_tp *tp, const struct ferry_tp_config *cfg)
 			  cfg->rank);
 		return -FERRY_E_NODEV;
 	}
-	ret = rdma_tp_listen(t);
+	ret = ferry__rdma_tp_listen(t);
 	if (ret)
 		goto err_free_devices;
-	ret = rdma_query(t);
+	ret = ferry__rdma_query(t);
 	if (ret)
 		goto err_unlisten;
-	ret = rdma_verbs_init(t);
+	ret = ferry__rdma_verbs_init(t);
 	if (ret)
 		goto err_unlisten;
-	ret = rdma_peers_init(t);
+	ret = ferry__rdma_peers_init(t);
 	if (ret)
 		goto err_verbs_fini;
 
@@ -129,7 +129,7 @@ static int rdma_init(struct ferry_tp *tp, const struct ferry_tp_config *cfg)
 		goto err_close_wake;
 	}
 	/* the async fd is the shared context's: every instance reads it without blocking */
-	ret = rdma_set_nonblock(t->ctx->async_fd);
+	ret = ferry__rdma_set_nonblock(t->ctx->async_fd);
 	if (!ret)
 		ret = rdma_epoll_add(t, t->wake_fd, RDMA_EV_WAKE);
 	if (!ret)
@@ -140,7 +140,7 @@ static int rdma_init(struct ferry_tp *tp, const struct ferry_tp_config *cfg)
 		ret = rdma_epoll_add(t, t->cc->fd, RDMA_EV_CQ);
 	if (ret)
 		goto err_close_epoll;
-	ret = rdma_start_thread(t);
+	ret = ferry__rdma_start_thread(t);
 	if (ret)
 		goto err_close_epoll;
 	ferry_dbg("rdma: rank %u of %u listens on %s (%s port %u)", cfg->rank, cfg->world, t->addr,
@@ -157,11 +157,11 @@ err_destroy_locks:
 	pthread_mutex_destroy(&t->setup_lock);
 	pthread_mutex_destroy(&t->mr_lock);
 	pthread_mutex_destroy(&t->self_lock);
-	rdma_peers_fini(t);
+	ferry__rdma_peers_fini(t);
 err_verbs_fini:
-	rdma_verbs_fini(t);
+	ferry__rdma_verbs_fini(t);
 err_unlisten:
-	rdma_unlisten(t);
+	ferry__rdma_unlisten(t);
 err_free_devices:
 	rdma_free_devices(t->devs);
 	t->devs = NULL;
@@ -185,7 +185,7 @@ static void rdma_fini(struct ferry_tp *tp)
 
 	ferry__tp_send_bye(tp); /* queued, flushed while draining */
 	__atomic_store_n(&t->closing, 1, __ATOMIC_RELEASE);
-	rdma_wake(t);
+	ferry__rdma_wake(t);
 	pthread_join(t->thread, NULL);
 
 	/* the peers see DISCONNECTED; then every queue pair and cm_id goes */
@@ -195,13 +195,13 @@ static void rdma_fini(struct ferry_tp *tp)
 			rdma_disconnect(c->id);
 		}
 	while (t->conns)
-		rdma_conn_destroy(t, t->conns);
+		ferry__rdma_conn_destroy(t, t->conns);
 	for (m = t->self_head; m; m = next) {
 		next = m->next;
 		free(m);
 	}
 	t->self_head = t->self_tail = NULL;
-	rdma_mrs_fini(t);
+	ferry__rdma_mrs_fini(t);
 	close(t->epfd);
 	close(t->wake_fd);
 	pthread_cond_destroy(&t->setup_cond);
@@ -209,9 +209,9 @@ static void rdma_fini(struct ferry_tp *tp)
 	pthread_mutex_destroy(&t->setup_lock);
 	pthread_mutex_destroy(&t->mr_lock);
 	pthread_mutex_destroy(&t->self_lock);
-	rdma_peers_fini(t);
-	rdma_verbs_fini(t);
-	rdma_unlisten(t);
+	ferry__rdma_peers_fini(t);
+	ferry__rdma_verbs_fini(t);
+	ferry__rdma_unlisten(t);
 	rdma_free_devices(t->devs);
 	t->devs = NULL;
 }
@@ -256,7 +256,7 @@ static int rdma_send(struct ferry_tp *tp, uint32_t dst, const struct iovec *iov,
 	if (ferry__tp_check_frame(&t->base, dst, iov, iovcnt, &total))
 		return -EINVAL;
 	if (dst == tp->cfg.rank)
-		return rdma_self_send(t, iov, iovcnt, total);
+		return ferry__rdma_self_send(t, iov, iovcnt, total);
 
 	p = &t->peers[dst];
 	rem = total;
@@ -274,11 +274,11 @@ static int rdma_send(struct ferry_tp *tp, uint32_t dst, const struct iovec *iov,
 		while (rem && rdma_can_post_data(t, p)) {
 			size_t n = rem < RDMA_CHUNK ? rem : RDMA_CHUNK;
 
-			rdma_cursor_copy(&cur, rdma_sbuf(p, p->s_posted), n);
+			ferry__rdma_cursor_copy(&cur, rdma_sbuf(p, p->s_posted), n);
 			rem -= n;
-			ret = rdma_post_chunk(t, p, n);
+			ret = ferry__rdma_post_chunk(t, p, n);
 			if (ret) {
-				rdma_peer_break(t, p, -ret);
+				ferry__rdma_peer_break(t, p, -ret);
 				wake = 1;
 				ret = -FERRY_E_PEER;
 				goto out_unlock;
@@ -286,17 +286,17 @@ static int rdma_send(struct ferry_tp *tp, uint32_t dst, const struct iovec *iov,
 		}
 	}
 	if (rem) {
-		ret = rdma_q_append(p, &cur, rem);
+		ret = ferry__rdma_q_append(p, &cur, rem);
 		if (ret && rem != total) {
 			/* half a frame is posted: the stream cannot go on */
-			rdma_peer_break(t, p, ENOMEM);
+			ferry__rdma_peer_break(t, p, ENOMEM);
 			wake = 1;
 		}
 	}
 out_unlock:
 	pthread_mutex_unlock(&p->lock);
 	if (wake)
-		rdma_wake(t);
+		ferry__rdma_wake(t);
 	return ret;
 }
 
@@ -306,16 +306,16 @@ const struct ferry_tp_ops ferry__rdma_ops = {
 	.caps = FERRY_TP_CAP_READ | FERRY_TP_CAP_WRITE,
 	.tp_size = sizeof(struct rdma_tp),
 	.mr_size = sizeof(struct rdma_mr),
-	.probe = rdma_probe,
+	.probe = ferry__rdma_probe,
 	.init = rdma_init,
 	.addr_get = rdma_addr_get,
-	.connect = rdma_tp_connect,
+	.connect = ferry__rdma_tp_connect,
 	.send = rdma_send,
-	.mem_reg = rdma_mem_reg,
-	.mem_dereg = rdma_mem_dereg,
-	.read = rdma_read,
-	.read_v = rdma_read_v,
-	.poll = rdma_poll,
-	.write = rdma_write,
+	.mem_reg = ferry__rdma_mem_reg,
+	.mem_dereg = ferry__rdma_mem_dereg,
+	.read = ferry__rdma_read,
+	.read_v = ferry__rdma_read_v,
+	.poll = ferry__rdma_poll,
+	.write = ferry__rdma_write,
 	.fini = rdma_fini,
 };

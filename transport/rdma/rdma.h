@@ -75,7 +75,7 @@
  *   bytes), always signaled; read_v() posts a run of READs to one peer as
  *   one chain, only its last signaled. on_rdma_done() runs on the progress
  *   thread, or, for a READ, on a worker that called poll() to take its own
- *   completions (then the send CQ stays unarmed, see rdma_cq_input() in cq.c).
+ *   completions (then the send CQ stays unarmed, see ferry__rdma_cq_input() in cq.c).
  *   Frames to our own rank, and one-sided operations on our own memory, go
  *   through the self queue and the wake eventfd.
  *
@@ -357,7 +357,7 @@ struct rdma_tp {
 	void *region; /* the peers' buffers */
 	size_t region_len;
 	struct ibv_mr *region_mr;
-	size_t pinned; /* bytes this instance counts in rdma_pinned */
+	size_t pinned; /* bytes this instance counts in ferry__rdma_pinned */
 	uint32_t sq_depth;
 	uint32_t max_rd;
 	uint32_t max_msg;
@@ -419,7 +419,7 @@ struct rdma_cursor {
 };
 
 /* bytes this process registered through this transport (RLIMIT_MEMLOCK check; device.c) */
-extern uint64_t rdma_pinned;
+extern uint64_t ferry__rdma_pinned;
 
 static inline int64_t rdma_now_ms(void)
 {
@@ -453,70 +453,70 @@ static inline unsigned char *rdma_sbuf(const struct rdma_peer *p, uint64_t seq)
  */
 
 /* device.c: init() and fini(), on their caller's thread (probe, memlock: any) */
-int rdma_set_nonblock(int fd);
-int rdma_memlock_check(uint32_t rank, uint64_t more, const char *what);
-int rdma_pick_device(char *name, uint8_t *port_p, const char **why_p);
-int rdma_pick_addr(struct rdma_tp *t, const char *host);
-int rdma_probe(const char **why_p);
-int rdma_tp_listen(struct rdma_tp *t);
-void rdma_unlisten(struct rdma_tp *t);
-int rdma_query(struct rdma_tp *t);
-int rdma_verbs_init(struct rdma_tp *t);
-void rdma_verbs_fini(struct rdma_tp *t);
-int rdma_peers_init(struct rdma_tp *t);
-void rdma_peers_fini(struct rdma_tp *t);
+int ferry__rdma_set_nonblock(int fd);
+int ferry__rdma_memlock_check(uint32_t rank, uint64_t more, const char *what);
+int ferry__rdma_pick_device(char *name, uint8_t *port_p, const char **why_p);
+int ferry__rdma_pick_addr(struct rdma_tp *t, const char *host);
+int ferry__rdma_probe(const char **why_p);
+int ferry__rdma_tp_listen(struct rdma_tp *t);
+void ferry__rdma_unlisten(struct rdma_tp *t);
+int ferry__rdma_query(struct rdma_tp *t);
+int ferry__rdma_verbs_init(struct rdma_tp *t);
+void ferry__rdma_verbs_fini(struct rdma_tp *t);
+int ferry__rdma_peers_init(struct rdma_tp *t);
+void ferry__rdma_peers_fini(struct rdma_tp *t);
 
-/* cm.c: progress thread (rdma_conn_destroy also in fini; connect on its caller) */
-void rdma_conn_destroy(struct rdma_tp *t, struct rdma_conn *c);
-void rdma_setup_sync(struct rdma_tp *t);
-int64_t rdma_setup_tick(struct rdma_tp *t);
-void rdma_cm_input(struct rdma_tp *t);
-int rdma_tp_connect(struct ferry_tp *tp, const void *const *addrs, const size_t *lens);
+/* cm.c: progress thread (ferry__rdma_conn_destroy also in fini; connect on its caller) */
+void ferry__rdma_conn_destroy(struct rdma_tp *t, struct rdma_conn *c);
+void ferry__rdma_setup_sync(struct rdma_tp *t);
+int64_t ferry__rdma_setup_tick(struct rdma_tp *t);
+void ferry__rdma_cm_input(struct rdma_tp *t);
+int ferry__rdma_tp_connect(struct ferry_tp *tp, const void *const *addrs, const size_t *lens);
 
 /* qp.c: any thread; the out queue and posting with p->lock held */
-void rdma_cursor_copy(struct rdma_cursor *c, unsigned char *dst, size_t n);
-void rdma_q_push(struct rdma_peer *p, struct rdma_qent *e);
-int rdma_q_append(struct rdma_peer *p, struct rdma_cursor *c, size_t n);
-void rdma_sig_push(struct rdma_tp *t, struct rdma_peer *p, struct rdma_op *op);
-int rdma_post_chunk(struct rdma_tp *t, struct rdma_peer *p, size_t n);
-int rdma_post_credit(struct rdma_tp *t, struct rdma_peer *p);
-int rdma_post_op(struct rdma_tp *t, struct rdma_peer *p, struct rdma_op *op);
-int rdma_flush_locked(struct rdma_tp *t, struct rdma_peer *p);
-void rdma_peer_break(struct rdma_tp *t, struct rdma_peer *p, int err);
-/* qp.c: progress thread (rdma_op_done also on a worker in poll()) */
-int rdma_post_recv(struct rdma_tp *t, struct rdma_peer *p, uint32_t idx);
-int rdma_conn_attach(struct rdma_tp *t, struct rdma_conn *c, uint32_t r);
-void rdma_op_done(struct rdma_tp *t, struct rdma_op *op, int status, int worker);
-void rdma_q_cancel(struct rdma_tp *t, struct rdma_qent *e, int status);
-void rdma_peer_fail(struct rdma_tp *t, struct rdma_peer *p, int err);
-void rdma_fail_broken(struct rdma_tp *t);
+void ferry__rdma_cursor_copy(struct rdma_cursor *c, unsigned char *dst, size_t n);
+void ferry__rdma_q_push(struct rdma_peer *p, struct rdma_qent *e);
+int ferry__rdma_q_append(struct rdma_peer *p, struct rdma_cursor *c, size_t n);
+void ferry__rdma_sig_push(struct rdma_tp *t, struct rdma_peer *p, struct rdma_op *op);
+int ferry__rdma_post_chunk(struct rdma_tp *t, struct rdma_peer *p, size_t n);
+int ferry__rdma_post_credit(struct rdma_tp *t, struct rdma_peer *p);
+int ferry__rdma_post_op(struct rdma_tp *t, struct rdma_peer *p, struct rdma_op *op);
+int ferry__rdma_flush_locked(struct rdma_tp *t, struct rdma_peer *p);
+void ferry__rdma_peer_break(struct rdma_tp *t, struct rdma_peer *p, int err);
+/* qp.c: progress thread (ferry__rdma_op_done also on a worker in poll()) */
+int ferry__rdma_post_recv(struct rdma_tp *t, struct rdma_peer *p, uint32_t idx);
+int ferry__rdma_conn_attach(struct rdma_tp *t, struct rdma_conn *c, uint32_t r);
+void ferry__rdma_op_done(struct rdma_tp *t, struct rdma_op *op, int status, int worker);
+void ferry__rdma_q_cancel(struct rdma_tp *t, struct rdma_qent *e, int status);
+void ferry__rdma_peer_fail(struct rdma_tp *t, struct rdma_peer *p, int err);
+void ferry__rdma_fail_broken(struct rdma_tp *t);
 
-/* cq.c: progress thread (rdma_scq_drain also on a worker in poll(), cq_lock held) */
-void rdma_mark_dirty(struct rdma_tp *t, struct rdma_peer *p);
-void rdma_flush_dirty(struct rdma_tp *t);
-int rdma_scq_drain(struct rdma_tp *t, int worker);
-int rdma_poll_cqs(struct rdma_tp *t);
-void rdma_cq_input(struct rdma_tp *t);
-void rdma_scq_check(struct rdma_tp *t);
+/* cq.c: progress thread (ferry__rdma_scq_drain also on a worker in poll(), cq_lock held) */
+void ferry__rdma_mark_dirty(struct rdma_tp *t, struct rdma_peer *p);
+void ferry__rdma_flush_dirty(struct rdma_tp *t);
+int ferry__rdma_scq_drain(struct rdma_tp *t, int worker);
+int ferry__rdma_poll_cqs(struct rdma_tp *t);
+void ferry__rdma_cq_input(struct rdma_tp *t);
+void ferry__rdma_scq_check(struct rdma_tp *t);
 
-/* progress.c: any thread (rdma_start_thread: init) */
-void rdma_wake(struct rdma_tp *t);
-void rdma_self_push(struct rdma_tp *t, struct rdma_selfmsg *m);
-int rdma_self_send(struct rdma_tp *t, const struct iovec *iov, int iovcnt, size_t total);
-int rdma_start_thread(struct rdma_tp *t);
+/* progress.c: any thread (ferry__rdma_start_thread: init) */
+void ferry__rdma_wake(struct rdma_tp *t);
+void ferry__rdma_self_push(struct rdma_tp *t, struct rdma_selfmsg *m);
+int ferry__rdma_self_send(struct rdma_tp *t, const struct iovec *iov, int iovcnt, size_t total);
+int ferry__rdma_start_thread(struct rdma_tp *t);
 
 /* rma.c: ops, any thread */
-int rdma_read(struct ferry_tp *tp, uint32_t dst, void *local, struct ferry_tp_mr *lmr,
-	      uint64_t raddr, uint64_t rkey, size_t len, void *ctx);
-int rdma_read_v(struct ferry_tp *tp, struct ferry_tp_rd *rds, size_t n);
-int rdma_write(struct ferry_tp *tp, uint32_t dst, const void *local, struct ferry_tp_mr *lmr,
-	       uint64_t raddr, uint64_t rkey, size_t len, void *ctx);
-int rdma_poll(struct ferry_tp *tp, unsigned flags);
+int ferry__rdma_read(struct ferry_tp *tp, uint32_t dst, void *local, struct ferry_tp_mr *lmr,
+		     uint64_t raddr, uint64_t rkey, size_t len, void *ctx);
+int ferry__rdma_read_v(struct ferry_tp *tp, struct ferry_tp_rd *rds, size_t n);
+int ferry__rdma_write(struct ferry_tp *tp, uint32_t dst, const void *local, struct ferry_tp_mr *lmr,
+		      uint64_t raddr, uint64_t rkey, size_t len, void *ctx);
+int ferry__rdma_poll(struct ferry_tp *tp, unsigned flags);
 
-/* mr.c: ops, any thread (rdma_mrs_fini: fini) */
-int rdma_mem_reg(struct ferry_tp *tp, void *addr, size_t len, unsigned access,
-		 struct ferry_tp_mr *mr);
-void rdma_mem_dereg(struct ferry_tp *tp, struct ferry_tp_mr *mr);
-void rdma_mrs_fini(struct rdma_tp *t);
+/* mr.c: ops, any thread (ferry__rdma_mrs_fini: fini) */
+int ferry__rdma_mem_reg(struct ferry_tp *tp, void *addr, size_t len, unsigned access,
+			struct ferry_tp_mr *mr);
+void ferry__rdma_mem_dereg(struct ferry_tp *tp, struct ferry_tp_mr *mr);
+void ferry__rdma_mrs_fini(struct rdma_tp *t);
 
 #endif /* FERRY_TRANSPORT_RDMA_RDMA_H */

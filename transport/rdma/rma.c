@@ -47,7 +47,7 @@ static int rdma_self_rw(struct rdma_tp *t, int write, void *local, uint64_t radd
 	}
 	m->done = 1;
 	m->ctx = ctx;
-	rdma_self_push(t, m);
+	ferry__rdma_self_push(t, m);
 	return 0;
 }
 
@@ -94,7 +94,7 @@ static int rdma_op_queue(struct rdma_peer *p, struct rdma_op *op)
 	if (!e)
 		return -ENOMEM;
 	e->op = op;
-	rdma_q_push(p, e);
+	ferry__rdma_q_push(p, e);
 	return 0;
 }
 
@@ -120,9 +120,9 @@ static int rdma_rw(struct ferry_tp *tp, int write, uint32_t dst, void *local,
 	if (p->state != RDMA_PEER_UP) {
 		ret = p->state == RDMA_PEER_IDLE ? -ENOTCONN : -FERRY_E_PEER;
 	} else if (!p->q_head && rdma_sq_room(t, p)) {
-		ret = rdma_post_op(t, p, op);
+		ret = ferry__rdma_post_op(t, p, op);
 		if (ret) {
-			rdma_peer_break(t, p, -ret);
+			ferry__rdma_peer_break(t, p, -ret);
 			wake = 1;
 			ret = -FERRY_E_PEER;
 		}
@@ -134,7 +134,7 @@ static int rdma_rw(struct ferry_tp *tp, int write, uint32_t dst, void *local,
 	if (ret)
 		free(op);
 	if (wake)
-		rdma_wake(t);
+		ferry__rdma_wake(t);
 	return ret;
 }
 
@@ -180,7 +180,7 @@ static int rdma_post_chain(struct rdma_tp *t, struct rdma_peer *p, struct rdma_o
 	}
 	p->sq_posted += n;
 	/* the record names the first op; the chain hangs off it */
-	rdma_sig_push(t, p, ops[0]);
+	ferry__rdma_sig_push(t, p, ops[0]);
 	return 0;
 }
 
@@ -220,7 +220,7 @@ static void rdma_read_run(struct rdma_tp *t, struct ferry_tp_rd *rds, size_t n)
 
 		ret = now ? rdma_post_chain(t, p, ops, now) : 0;
 		if (ret) {
-			rdma_peer_break(t, p, -ret);
+			ferry__rdma_peer_break(t, p, -ret);
 			wake = 1;
 			ret = -FERRY_E_PEER;
 			i = 0;
@@ -240,18 +240,18 @@ static void rdma_read_run(struct rdma_tp *t, struct ferry_tp_rd *rds, size_t n)
 		free(ops[i]);
 	}
 	if (wake)
-		rdma_wake(t);
+		ferry__rdma_wake(t);
 }
 
 /*
- * rdma_read_v - post a batch of READs: each run of entries to one
+ * ferry__rdma_read_v - post a batch of READs: each run of entries to one
  * destination (at most RDMA_CHAIN_MAX at a time) is one chain of work
  * requests, one ibv_post_send, one signaled completion
  *
  * Context: any thread. Return: 0, or the first entry's error (rds[i].status
  * says which were posted; those complete through on_rdma_done, once).
  */
-int rdma_read_v(struct ferry_tp *tp, struct ferry_tp_rd *rds, size_t n)
+int ferry__rdma_read_v(struct ferry_tp *tp, struct ferry_tp_rd *rds, size_t n)
 {
 	struct rdma_tp *t = to_rdma(tp);
 	size_t i = 0, j;
@@ -274,7 +274,7 @@ int rdma_read_v(struct ferry_tp *tp, struct ferry_tp_rd *rds, size_t n)
 }
 
 /*
- * rdma_poll - handle the send CQ's completions on the calling thread
+ * ferry__rdma_poll - handle the send CQ's completions on the calling thread
  *
  * A worker that waits for its READs calls it instead of waiting for the
  * progress thread to take the completion and wake it: a READ's
@@ -283,7 +283,7 @@ int rdma_read_v(struct ferry_tp *tp, struct ferry_tp_rd *rds, size_t n)
  * progress thread, not inside a handler, never after fini() began.
  * Return: completions handled.
  */
-int rdma_poll(struct ferry_tp *tp, unsigned flags)
+int ferry__rdma_poll(struct ferry_tp *tp, unsigned flags)
 {
 	struct rdma_tp *t = to_rdma(tp);
 	int total = 0;
@@ -292,18 +292,18 @@ int rdma_poll(struct ferry_tp *tp, unsigned flags)
 		return 0;
 	__atomic_add_fetch(&t->polls, 1, __ATOMIC_RELAXED);
 	if (!__atomic_load_n(&t->closing, __ATOMIC_ACQUIRE))
-		total = rdma_scq_drain(t, 1);
+		total = ferry__rdma_scq_drain(t, 1);
 	pthread_mutex_unlock(&t->cq_lock);
 	if ((flags & FERRY_TP_POLL_LAST) && __atomic_load_n(&t->scq_off, __ATOMIC_RELAXED)) {
 		/* the progress thread must take completions again, now */
 		__atomic_store_n(&t->scq_rearm, 1, __ATOMIC_RELEASE);
-		rdma_wake(t);
+		ferry__rdma_wake(t);
 	}
 	return total;
 }
 
 /*
- * rdma_read - post one RDMA READ of @len bytes at @raddr/@rkey of @dst into
+ * ferry__rdma_read - post one RDMA READ of @len bytes at @raddr/@rkey of @dst into
  * @local, which lies inside @lmr
  *
  * Context: any thread. Completion: on_rdma_done(@ctx, 0 or a negative errno)
@@ -312,15 +312,15 @@ int rdma_poll(struct ferry_tp *tp, unsigned flags)
  * -ENOTCONN, -FERRY_E_PEER, -ENOMEM; -EACCES for our own rank when no
  * registration of ours matches @raddr/@rkey.
  */
-int rdma_read(struct ferry_tp *tp, uint32_t dst, void *local, struct ferry_tp_mr *lmr,
-	      uint64_t raddr, uint64_t rkey, size_t len, void *ctx)
+int ferry__rdma_read(struct ferry_tp *tp, uint32_t dst, void *local, struct ferry_tp_mr *lmr,
+		     uint64_t raddr, uint64_t rkey, size_t len, void *ctx)
 {
 	return rdma_rw(tp, 0, dst, local, lmr, raddr, rkey, len, ctx);
 }
 
-/* rdma_write - the same for an RDMA WRITE of @local to @raddr/@rkey of @dst */
-int rdma_write(struct ferry_tp *tp, uint32_t dst, const void *local, struct ferry_tp_mr *lmr,
-	       uint64_t raddr, uint64_t rkey, size_t len, void *ctx)
+/* ferry__rdma_write - the same for an RDMA WRITE of @local to @raddr/@rkey of @dst */
+int ferry__rdma_write(struct ferry_tp *tp, uint32_t dst, const void *local, struct ferry_tp_mr *lmr,
+		      uint64_t raddr, uint64_t rkey, size_t len, void *ctx)
 {
 	return rdma_rw(tp, 1, dst, (void *)local, lmr, raddr, rkey, len, ctx);
 }

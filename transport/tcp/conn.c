@@ -80,7 +80,7 @@ static int tcp_resolve(const char *host, struct in_addr *in)
 	return 0;
 }
 
-int tcp_listen(struct tcp_tp *t)
+int ferry__tcp_listen(struct tcp_tp *t)
 {
 	struct sockaddr_in sa = { .sin_family = AF_INET };
 	socklen_t salen = sizeof(sa);
@@ -414,7 +414,7 @@ static int tcp_setup_publish(struct tcp_setup *s)
 }
 
 /*
- * tcp_connect - connect to every peer
+ * ferry__tcp_connect - connect to every peer
  *
  * Blocks the calling thread for at most cfg.timeout_ms. Context: once per
  * transport, after init(), before any send() to a peer. The HELLO carries
@@ -423,7 +423,7 @@ static int tcp_setup_publish(struct tcp_setup *s)
  * Return: 0; -ETIMEDOUT (the log names the ranks that never connected);
  * -EINVAL for an address blob that is not ours; -EALREADY when called twice.
  */
-int tcp_connect(struct ferry_tp *tp, const void *const *addrs, const size_t *lens)
+int ferry__tcp_connect(struct ferry_tp *tp, const void *const *addrs, const size_t *lens)
 {
 	struct tcp_tp *t = to_tcp(tp);
 	const struct ferry_tp_config *cfg = &tp->cfg;

@@ -7,8 +7,8 @@
  * (in the epoll set with a NULL data pointer) brings it out of epoll_wait()
  * for the self queue, for connections a sender found broken, and for fini().
  *
- * Context: the progress thread, except tcp_start_thread() (init()'s thread)
- * and tcp_wake() (any thread).
+ * Context: the progress thread, except ferry__tcp_start_thread() (init()'s thread)
+ * and ferry__tcp_wake() (any thread).
  */
 #define _GNU_SOURCE /* pthread_setname_np */
 #include <errno.h>
@@ -22,7 +22,7 @@
 #include "transport/tcp/tcp.h"
 
 /* Context: any thread. Wakes the progress thread out of epoll_wait(). */
-void tcp_wake(struct tcp_tp *t)
+void ferry__tcp_wake(struct tcp_tp *t)
 {
 	uint64_t one = 1;
 
@@ -38,9 +38,9 @@ static void tcp_wake_input(struct tcp_tp *t)
 
 	if (read(t->wake_fd, &v, sizeof(v)) < 0 && errno != EAGAIN)
 		ferry_dbg("tcp: reading the wake eventfd: %s", strerror(errno));
-	tcp_self_deliver(t);
+	ferry__tcp_self_deliver(t);
 	if (__atomic_exchange_n(&t->fail_pending, 0, __ATOMIC_ACQ_REL))
-		tcp_fail_broken(t);
+		ferry__tcp_fail_broken(t);
 }
 
 /* fini: 1 when no connection has bytes queued. Progress thread. */
@@ -66,17 +66,17 @@ static void tcp_conn_event(struct tcp_tp *t, struct tcp_conn *c, uint32_t events
 	if (c->fd < 0)
 		return; /* failed earlier in this batch of events */
 	if (events & EPOLLOUT) {
-		err = tcp_conn_flush(t, c);
+		err = ferry__tcp_conn_flush(t, c);
 		if (err) {
 			ferry_warn(
 				"tcp: rank %u: sending to rank %u failed (%s); marking it failed",
 				t->base.cfg.rank, c->rank, strerror(-err));
-			tcp_conn_fail(t, c, -FERRY_E_PEER);
+			ferry__tcp_conn_fail(t, c, -FERRY_E_PEER);
 			return;
 		}
 	}
 	if (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR))
-		tcp_conn_input(t, c);
+		ferry__tcp_conn_input(t, c);
 }
 
 /*
@@ -132,7 +132,7 @@ static void *tcp_progress(void *arg)
 	return NULL;
 }
 
-int tcp_start_thread(struct tcp_tp *t)
+int ferry__tcp_start_thread(struct tcp_tp *t)
 {
 	sigset_t all, old;
 	int ret;

@@ -36,11 +36,11 @@
 /* ---- failures ----------------------------------------------------------- */
 
 /*
- * tcp_conn_fail - close a connection and report its rank failed, once
+ * ferry__tcp_conn_fail - close a connection and report its rank failed, once
  *
  * The caller has logged the cause. Context: progress thread.
  */
-void tcp_conn_fail(struct tcp_tp *t, struct tcp_conn *c, int err)
+void ferry__tcp_conn_fail(struct tcp_tp *t, struct tcp_conn *c, int err)
 {
 	const struct ferry_tp_handler *h = t->base.cfg.handler;
 	int fd;
@@ -49,7 +49,7 @@ void tcp_conn_fail(struct tcp_tp *t, struct tcp_conn *c, int err)
 	fd = c->fd;
 	c->fd = -1;
 	c->state = TCP_CONN_FAILED;
-	tcp_oq_free(c);
+	ferry__tcp_oq_free(c);
 	pthread_mutex_unlock(&c->lock);
 
 	/* no sender touches fd now that the state is FAILED */
@@ -69,7 +69,7 @@ void tcp_conn_fail(struct tcp_tp *t, struct tcp_conn *c, int err)
 }
 
 /* Context: progress thread, after a sender flagged fail_pending. */
-void tcp_fail_broken(struct tcp_tp *t)
+void ferry__tcp_fail_broken(struct tcp_tp *t)
 {
 	uint32_t world = t->base.cfg.world;
 
@@ -84,7 +84,7 @@ void tcp_fail_broken(struct tcp_tp *t)
 			continue;
 		ferry_warn("tcp: rank %u: sending to rank %u failed (%s); marking it failed",
 			   t->base.cfg.rank, r, strerror(err));
-		tcp_conn_fail(t, c, -FERRY_E_PEER);
+		ferry__tcp_conn_fail(t, c, -FERRY_E_PEER);
 	}
 }
 
@@ -133,14 +133,14 @@ static int tcp_conn_deliver(struct tcp_tp *t, struct tcp_conn *c)
 			ferry_warn("tcp: rank %u sent rank %u a frame with a bad header (%s); "
 				   "dropping its connection and marking it failed",
 				   c->rank, t->base.cfg.rank, why);
-			tcp_conn_fail(t, c, -FERRY_E_PROTO);
+			ferry__tcp_conn_fail(t, c, -FERRY_E_PROTO);
 			return -1;
 		}
 		if (hdr.src != c->rank) {
 			ferry_warn("tcp: rank %u sent rank %u a frame that claims to come from "
 				   "rank %u; dropping its connection and marking it failed",
 				   c->rank, t->base.cfg.rank, hdr.src);
-			tcp_conn_fail(t, c, -FERRY_E_PROTO);
+			ferry__tcp_conn_fail(t, c, -FERRY_E_PROTO);
 			return -1;
 		}
 		if (c->rtail - c->rhead < hdr.len) {
@@ -194,11 +194,11 @@ static void tcp_conn_eof(struct tcp_tp *t, struct tcp_conn *c)
 			   "frame (%zu of %zu bytes); marking it failed",
 			   c->rank, me, have, c->rneed);
 	}
-	tcp_conn_fail(t, c, -FERRY_E_PEER);
+	ferry__tcp_conn_fail(t, c, -FERRY_E_PEER);
 }
 
 /* read what the socket has and deliver it. Context: progress thread. */
-void tcp_conn_input(struct tcp_tp *t, struct tcp_conn *c)
+void ferry__tcp_conn_input(struct tcp_tp *t, struct tcp_conn *c)
 {
 	for (int i = 0; i < TCP_READS_PER_EVENT; i++) {
 		size_t room;
@@ -208,7 +208,7 @@ void tcp_conn_input(struct tcp_tp *t, struct tcp_conn *c)
 			ferry_err("tcp: rank %u: no memory for a %zu-byte frame from rank %u; "
 				  "dropping its connection",
 				  t->base.cfg.rank, c->rneed, c->rank);
-			tcp_conn_fail(t, c, -ENOMEM);
+			ferry__tcp_conn_fail(t, c, -ENOMEM);
 			return;
 		}
 		room = c->rcap - c->rtail;
@@ -231,13 +231,13 @@ void tcp_conn_input(struct tcp_tp *t, struct tcp_conn *c)
 			return;
 		ferry_warn("tcp: rank %u: the connection to rank %u failed (%s); marking it failed",
 			   t->base.cfg.rank, c->rank, strerror(errno));
-		tcp_conn_fail(t, c, -FERRY_E_PEER);
+		ferry__tcp_conn_fail(t, c, -FERRY_E_PEER);
 		return;
 	}
 }
 
 /* Context: progress thread. */
-void tcp_self_deliver(struct tcp_tp *t)
+void ferry__tcp_self_deliver(struct tcp_tp *t)
 {
 	const struct ferry_tp_handler *h = t->base.cfg.handler;
 	struct tcp_selfmsg *m, *next;

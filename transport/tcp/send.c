@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * send.c - the tcp transport's sending side: ops->send and the out queue of
- * each connection. tcp_send() runs on any thread, handlers included, and
- * concurrently with itself; tcp_conn_flush() runs on the progress thread.
+ * each connection. ferry__tcp_send() runs on any thread, handlers included, and
+ * concurrently with itself; ferry__tcp_conn_flush() runs on the progress thread.
  * They meet under the connection's lock (struct tcp_conn says what it
  * guards). A sender that hits a socket error marks the connection BROKEN and
  * wakes the progress thread, which logs it and fails it (recv.c).
@@ -36,7 +36,7 @@
 
 /* ---- out queue ---------------------------------------------------------- */
 
-void tcp_oq_free(struct tcp_conn *c)
+void ferry__tcp_oq_free(struct tcp_conn *c)
 {
 	struct tcp_chunk *ch = c->oq_head, *next;
 
@@ -125,13 +125,13 @@ static int tcp_conn_arm(struct tcp_tp *t, struct tcp_conn *c, int out)
 }
 
 /*
- * tcp_conn_flush - write out what the connection's queue holds
+ * ferry__tcp_conn_flush - write out what the connection's queue holds
  *
  * Context: progress thread; takes c->lock.
  * Return: 0 (sent, or the socket is full again), or the negative errno of a
  * socket error; the caller fails the connection then.
  */
-int tcp_conn_flush(struct tcp_tp *t, struct tcp_conn *c)
+int ferry__tcp_conn_flush(struct tcp_tp *t, struct tcp_conn *c)
 {
 	struct iovec iov[TCP_FLUSH_IOV];
 	int ret = 0;
@@ -205,14 +205,14 @@ static int tcp_self_send(struct tcp_tp *t, const struct iovec *iov, int iovcnt, 
 	t->self_tail = m;
 	pthread_mutex_unlock(&t->self_lock);
 
-	/* a non-empty queue has a wake pending already (see tcp_self_deliver) */
+	/* a non-empty queue has a wake pending already (see ferry__tcp_self_deliver) */
 	if (was_empty)
-		tcp_wake(t);
+		ferry__tcp_wake(t);
 	return 0;
 }
 
 /*
- * tcp_send - queue one frame to @dst
+ * ferry__tcp_send - queue one frame to @dst
  *
  * Context: any thread, concurrently with other sends and with the progress
  * thread (handlers may send); not after fini(). Never blocks on the network.
@@ -222,7 +222,7 @@ static int tcp_self_send(struct tcp_tp *t, const struct iovec *iov, int iovcnt, 
  * -ENOTCONN before connect() succeeded; -FERRY_E_PEER when @dst failed;
  * -ENOMEM.
  */
-int tcp_send(struct ferry_tp *tp, uint32_t dst, const struct iovec *iov, int iovcnt)
+int ferry__tcp_send(struct ferry_tp *tp, uint32_t dst, const struct iovec *iov, int iovcnt)
 {
 	struct tcp_tp *t = to_tcp(tp);
 	struct msghdr mh = { .msg_iov = (struct iovec *)iov, .msg_iovlen = iovcnt };
@@ -284,6 +284,6 @@ int tcp_send(struct ferry_tp *tp, uint32_t dst, const struct iovec *iov, int iov
 out_unlock:
 	pthread_mutex_unlock(&c->lock);
 	if (wake)
-		tcp_wake(t);
+		ferry__tcp_wake(t);
 	return ret;
 }

@@ -28,7 +28,7 @@ static void tcp_conns_fini(struct tcp_tp *t, uint32_t n)
 
 		if (c->fd >= 0)
 			close(c->fd);
-		tcp_oq_free(c);
+		ferry__tcp_oq_free(c);
 		free(c->rbuf);
 		pthread_mutex_destroy(&c->lock);
 	}
@@ -64,7 +64,7 @@ static int tcp_init(struct ferry_tp *tp, const struct ferry_tp_config *cfg)
 	tp->cfg.bind_addr = t->bind;
 	t->lfd = t->epfd = t->wake_fd = -1;
 
-	ret = tcp_listen(t);
+	ret = ferry__tcp_listen(t);
 	if (ret)
 		return ret;
 
@@ -101,7 +101,7 @@ static int tcp_init(struct ferry_tp *tp, const struct ferry_tp_config *cfg)
 		ferry_err("tcp: epoll_ctl: %s", strerror(errno));
 		goto err_close_epoll;
 	}
-	ret = tcp_start_thread(t);
+	ret = ferry__tcp_start_thread(t);
 	if (ret)
 		goto err_close_epoll;
 	ferry_dbg("tcp: rank %u of %u listens on %s", cfg->rank, cfg->world, t->addr);
@@ -133,7 +133,7 @@ static void tcp_fini(struct ferry_tp *tp)
 
 	ferry__tp_send_bye(tp); /* queued, flushed while draining */
 	__atomic_store_n(&t->closing, 1, __ATOMIC_RELEASE);
-	tcp_wake(t);
+	ferry__tcp_wake(t);
 	pthread_join(t->thread, NULL);
 
 	tcp_conns_fini(t, t->base.cfg.world);
@@ -171,7 +171,7 @@ const struct ferry_tp_ops ferry__tcp_ops = {
 	.mr_size = sizeof(struct ferry_tp_mr),
 	.init = tcp_init,
 	.addr_get = tcp_addr_get,
-	.connect = tcp_connect,
-	.send = tcp_send,
+	.connect = ferry__tcp_connect,
+	.send = ferry__tcp_send,
 	.fini = tcp_fini,
 };

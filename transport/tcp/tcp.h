@@ -14,7 +14,7 @@
  *                                                       the progress thread
  *   recv.c      receiving, framing, failures            progress thread
  *   progress.c  the epoll loop, its start, its wake-up  progress thread;
- *                                                       tcp_wake any thread
+ *                                                       ferry__tcp_wake any thread
  *
  * The functions declared below are the ones another file of the transport
  * calls; everything else stays static in its own file. The library is built
@@ -142,35 +142,35 @@ static inline int64_t tcp_now_ms(void)
 /* ---- progress.c --------------------------------------------------------- */
 
 /* start the progress thread, all signals blocked. Context: init(). */
-int tcp_start_thread(struct tcp_tp *t);
+int ferry__tcp_start_thread(struct tcp_tp *t);
 /* Context: any thread. Wakes the progress thread out of epoll_wait(). */
-void tcp_wake(struct tcp_tp *t);
+void ferry__tcp_wake(struct tcp_tp *t);
 
 /* ---- conn.c ------------------------------------------------------------- */
 
 /* open the listening socket on t->bind and set t->addr. Context: init(). */
-int tcp_listen(struct tcp_tp *t);
+int ferry__tcp_listen(struct tcp_tp *t);
 /* ops->connect */
-int tcp_connect(struct ferry_tp *tp, const void *const *addrs, const size_t *lens);
+int ferry__tcp_connect(struct ferry_tp *tp, const void *const *addrs, const size_t *lens);
 
 /* ---- send.c ------------------------------------------------------------- */
 
 /* free the out queue. Call with c->lock held, or once no other thread runs. */
-void tcp_oq_free(struct tcp_conn *c);
+void ferry__tcp_oq_free(struct tcp_conn *c);
 /* Context: progress thread; takes c->lock. */
-int tcp_conn_flush(struct tcp_tp *t, struct tcp_conn *c);
+int ferry__tcp_conn_flush(struct tcp_tp *t, struct tcp_conn *c);
 /* ops->send: any thread */
-int tcp_send(struct ferry_tp *tp, uint32_t dst, const struct iovec *iov, int iovcnt);
+int ferry__tcp_send(struct ferry_tp *tp, uint32_t dst, const struct iovec *iov, int iovcnt);
 
 /* ---- recv.c: progress thread only --------------------------------------- */
 
 /* close @c and report its rank failed, once; the caller logged the cause */
-void tcp_conn_fail(struct tcp_tp *t, struct tcp_conn *c, int err);
+void ferry__tcp_conn_fail(struct tcp_tp *t, struct tcp_conn *c, int err);
 /* log and fail the connections senders marked BROKEN */
-void tcp_fail_broken(struct tcp_tp *t);
+void ferry__tcp_fail_broken(struct tcp_tp *t);
 /* read what @c's socket has and deliver its complete frames */
-void tcp_conn_input(struct tcp_tp *t, struct tcp_conn *c);
+void ferry__tcp_conn_input(struct tcp_tp *t, struct tcp_conn *c);
 /* deliver the frames queued to our own rank */
-void tcp_self_deliver(struct tcp_tp *t);
+void ferry__tcp_self_deliver(struct tcp_tp *t);
 
 #endif /* FERRY_TRANSPORT_TCP_TCP_H */
