@@ -78,8 +78,8 @@ struct ops_out {
 /* add a key to the OP frame for @dst; a full frame is sent first, so an
  * operation of any size leaves in frames within FERRY_MSG_MAX */
 void ferry__ops_out_add(struct ferry *fy, struct ferry_table *t, struct ops_out *o,
-			const struct ferry_msg_op *tmpl, uint32_t dst, const struct ferry_msg_key *k,
-			const float *in);
+			const struct ferry_msg_op *tmpl, uint32_t dst,
+			const struct ferry_msg_key *k, const float *in);
 void ferry__ops_out_flush(struct ferry *fy, struct ferry_table *t, struct ops_out *o);
 /* @hint: (slot << 32 | epoch) of the slot applied, for one-sided origins */
 int ferry__ops_apply_slot(struct ferry_table *t, uint8_t op, uint64_t key, const float *in,

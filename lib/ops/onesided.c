@@ -165,8 +165,8 @@ static void ops_rd_done(struct ferry *fy, void *ctx, int status)
 		struct ops_out o = { .used = 0 };
 		uint32_t dst = ferry__loc_get(t, rd->key);
 
-		ferry__ops_out_add(fy, t, &o, &tmpl, dst < fy->world ? dst : ferry__home(t, rd->key), &k,
-				   NULL);
+		ferry__ops_out_add(fy, t, &o, &tmpl,
+				   dst < fy->world ? dst : ferry__home(t, rd->key), &k, NULL);
 		ferry__ops_out_flush(fy, t, &o);
 	}
 	ops_rd_put(rd);

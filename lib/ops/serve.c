@@ -186,8 +186,9 @@ static size_t ops_reply_bytes(const struct ops_reply *rb, size_t more_keys, size
 	size_t n = rb->count + more_keys;
 
 	return sizeof(struct ferry_msg_hdr) + sizeof(struct ferry_msg_reply) +
-	       n * sizeof(uint32_t) + (rb->with_slots ? sizeof(uint32_t) + n * sizeof(uint64_t) : 0) +
-	       rb->vals.len + more_vals * sizeof(float) + FERRY_MSG_ALIGN;
+	       n * sizeof(uint32_t) +
+	       (rb->with_slots ? sizeof(uint32_t) + n * sizeof(uint64_t) : 0) + rb->vals.len +
+	       more_vals * sizeof(float) + FERRY_MSG_ALIGN;
 }
 
 static void ops_reply_flush(struct ferry *fy, struct ferry_table *t, struct ops_reply *rb)
@@ -209,7 +210,8 @@ static void ops_reply_flush(struct ferry *fy, struct ferry_table *t, struct ops_
 	if (op->origin == fy->rank) {
 		/* our own operation: no message needed */
 		ferry__ops_complete(fy, op->worker, op->req, (const uint32_t *)rb->idx.buf,
-				    rb->count, rb->status, rb->status ? NULL : (float *)rb->vals.buf,
+				    rb->count, rb->status,
+				    rb->status ? NULL : (float *)rb->vals.buf,
 				    rb->vals.len / sizeof(float));
 		goto out;
 	}
@@ -368,9 +370,9 @@ void ferry__ops_out_flush(struct ferry *fy, struct ferry_table *t, struct ops_ou
 	/* a failed send: the next try goes through the home, not the old hint
 	 * (the buffer may have moved in frame_finish: find the keys anew) */
 	{
-		const struct ferry_msg_key *k = (const void *)(o->d.f.buf +
-							       sizeof(struct ferry_msg_hdr) +
-							       sizeof(struct ferry_msg_op));
+		const struct ferry_msg_key *k =
+			(const void *)(o->d.f.buf + sizeof(struct ferry_msg_hdr) +
+				       sizeof(struct ferry_msg_op));
 
 		for (uint32_t i = 0; i < o->d.count; i++)
 			if (ferry__loc_get(t, k[i].key) == o->d.dst)
@@ -388,8 +390,8 @@ out:
 }
 
 void ferry__ops_out_add(struct ferry *fy, struct ferry_table *t, struct ops_out *o,
-			const struct ferry_msg_op *tmpl, uint32_t dst, const struct ferry_msg_key *k,
-			const float *in)
+			const struct ferry_msg_op *tmpl, uint32_t dst,
+			const struct ferry_msg_key *k, const float *in)
 {
 	size_t need = sizeof(*k) + (in ? (size_t)k->len * sizeof(float) : 0);
 	struct ferry_msg_key *kk;
