@@ -156,6 +156,11 @@ struct ferry_tp_ops {
 	/* optional (CAP_WRITE): the same for a write */
 	int (*write)(struct ferry_tp *tp, uint32_t dst, const void *local, struct ferry_tp_mr *lmr,
 		     uint64_t raddr, uint64_t rkey, size_t len, void *ctx);
+	/* optional: forget @dst, whom the core dropped (a protocol error, or a
+	 * failure the core saw first): close its connection, so the peer sees
+	 * the drop too, and fail what is queued for it. on_peer_failed is not
+	 * called for it again. The progress thread (inside a handler). */
+	void (*drop)(struct ferry_tp *tp, uint32_t dst);
 	/* stop the progress thread (no handler runs after it returns), close
 	 * everything; the core frees the object. Peers are told with a
 	 * FERRY_MSG_BYE frame first, so they log a departure, not a failure */

@@ -11,6 +11,7 @@
  */
 #include <errno.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "lib/core/core.h"
 
@@ -48,6 +49,7 @@ static void barrier_on_msg(struct ferry *fy, struct ferry_table *t, uint32_t src
 					struct ferry_msg_barrier b;
 				} rel;
 
+				memset(&rel, 0, sizeof(rel));
 				ferry__proto_hdr_init(&rel.h, FERRY_MSG_BARRIER_REL, sizeof(rel),
 						      fy->rank, 0);
 				rel.b.gen = gen;
@@ -57,6 +59,11 @@ static void barrier_on_msg(struct ferry *fy, struct ferry_table *t, uint32_t src
 			pthread_mutex_lock(&fy->lock);
 			fy->barrier_released = gen + 1;
 		}
+		pthread_cond_broadcast(&fy->cond);
+	} else if (type == FERRY_MSG_BARRIER_REL && src == 0 && b->status) {
+		/* rank 0 says a rank failed: no barrier can complete any more */
+		if (!fy->barrier_broken)
+			fy->barrier_broken = (b->rank < fy->world ? b->rank : 0) + 1;
 		pthread_cond_broadcast(&fy->cond);
 	} else if (type == FERRY_MSG_BARRIER_REL && src == 0) {
 		if (b->gen + 1 > fy->barrier_released)
@@ -86,6 +93,7 @@ int ferry_barrier(struct ferry *fy)
 	pthread_mutex_lock(&fy->lock);
 	gen = fy->barrier_gen++;
 	pthread_mutex_unlock(&fy->lock);
+	memset(&msg, 0, sizeof(msg));
 	ferry__proto_hdr_init(&msg.h, FERRY_MSG_BARRIER, sizeof(msg), fy->rank, 0);
 	msg.b.gen = gen;
 	rc = ferry__send(fy, 0, &msg, sizeof(msg));
@@ -96,9 +104,15 @@ int ferry_barrier(struct ferry *fy)
 	while (fy->barrier_released <= gen && !rc) {
 		if (atomic_load(&fy->closed))
 			rc = -FERRY_E_CLOSED;
+		else if (fy->barrier_broken)
+			rc = -FERRY_E_PEER;
 		else if (ferry__cond_wait_until(&fy->cond, &fy->lock, &ts) == ETIMEDOUT)
 			rc = -ETIMEDOUT;
 	}
+	if (rc == -FERRY_E_PEER)
+		ferry_err("barrier %llu: rank %u failed, and a barrier cannot complete without it; "
+			  "restart the job (or leave out the barrier)",
+			  (unsigned long long)gen, fy->barrier_broken - 1);
 	if (rc == -ETIMEDOUT) {
 		char names[256] = "";
 		size_t off = 0;
@@ -120,12 +134,44 @@ int ferry_barrier(struct ferry *fy)
 	return rc;
 }
 
+/*
+ * A peer failed (progress thread). Rank 0 decides for everyone: the barrier
+ * is broken for good (the failed rank can enter no later barrier), and a
+ * release with a status tells every live rank, in order after the releases
+ * it sent before. Other ranks break it themselves only when rank 0 failed.
+ */
+static void barrier_on_peer_failed(struct ferry *fy, uint32_t rank)
+{
+	struct {
+		struct ferry_msg_hdr h;
+		struct ferry_msg_barrier b;
+	} rel;
+
+	pthread_mutex_lock(&fy->lock);
+	if (fy->barrier_broken || (fy->rank != 0 && rank != 0)) {
+		pthread_mutex_unlock(&fy->lock);
+		return;
+	}
+	fy->barrier_broken = rank + 1;
+	memset(&rel, 0, sizeof(rel));
+	ferry__proto_hdr_init(&rel.h, FERRY_MSG_BARRIER_REL, sizeof(rel), fy->rank, 0);
+	rel.b.gen = fy->barrier_released;
+	rel.b.status = -FERRY_E_PEER;
+	rel.b.rank = rank;
+	pthread_cond_broadcast(&fy->cond);
+	pthread_mutex_unlock(&fy->lock);
+	if (fy->rank == 0)
+		for (uint32_t r = 1; r < fy->world; r++)
+			ferry__send(fy, r, &rel, sizeof(rel)); /* the failed ones refuse it */
+}
+
 int ferry__barrier_attach(struct ferry *fy)
 {
 	int rc = ferry__dispatch_register(fy, FERRY_MSG_BARRIER, FERRY_DISPATCH_NODE,
 					  barrier_on_msg);
 
-	return rc ? rc :
-		    ferry__dispatch_register(fy, FERRY_MSG_BARRIER_REL, FERRY_DISPATCH_NODE,
-					     barrier_on_msg);
+	if (!rc)
+		rc = ferry__dispatch_register(fy, FERRY_MSG_BARRIER_REL, FERRY_DISPATCH_NODE,
+					      barrier_on_msg);
+	return rc ? rc : ferry__node_on_peer_failed(fy, barrier_on_peer_failed);
 }

@@ -176,6 +176,11 @@ int ferry__config_resolve(const struct ferry_params *params, struct ferry_config
 	snprintf(c->bind_addr, sizeof(c->bind_addr), "%s", s && *s ? s : c->rdv_host);
 
 	c->transport = params->transport;
+	if (c->transport < FERRY_TRANSPORT_AUTO || c->transport > FERRY_TRANSPORT_LOOP) {
+		ferry_err("config: transport %d is not FERRY_TRANSPORT_AUTO, _TCP, _RDMA or _LOOP",
+			  (int)c->transport);
+		return -EINVAL;
+	}
 	if (c->transport == FERRY_TRANSPORT_AUTO && (s = getenv("FERRY_TRANSPORT"))) {
 		if (!strcasecmp(s, "tcp"))
 			c->transport = FERRY_TRANSPORT_TCP;
@@ -199,6 +204,11 @@ int ferry__config_resolve(const struct ferry_params *params, struct ferry_config
 		}
 	}
 	c->busy_poll = params->busy_poll;
+	if (c->busy_poll > 1) {
+		ferry_err("config: busy_poll %d is not -1 (from FERRY_BUSY_POLL), 0 or 1",
+			  c->busy_poll);
+		return -EINVAL;
+	}
 	if (c->busy_poll < 0) {
 		s = getenv("FERRY_BUSY_POLL");
 		c->busy_poll = s ? config_int(s) : 0;

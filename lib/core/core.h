@@ -150,6 +150,12 @@ struct ferry_req {
 	uint8_t *done;	  /* one bit per key: each completes once */
 	struct ferry_req *next_held;
 	bool tracked; /* its remote keys are in worker.inflight */
+	/* the ranks its frames and reads went to, so a wait ends at once when
+	 * one of them fails (more than FERRY_REQ_DSTS: the timeout bounds it) */
+	uint8_t ndsts;
+	bool dsts_many;
+	uint32_t dsts[8];
+	unsigned fail_seen; /* node.failures when it started */
 };
 
 #define FERRY_REQ_LOCALIZE 16
@@ -196,7 +202,13 @@ struct ferry {
 	uint32_t ntables;
 	struct ferry_worker *workers[FERRY_MAX_WORKERS]; /* RCU */
 
+	/* listeners of peer failures (ferry__node_on_peer_failed); written
+	 * before the node starts */
+	void (*peer_failed_fns[4])(struct ferry *fy, uint32_t rank);
+	atomic_uint failures; /* peers marked failed so far: waiters re-check on change */
+
 	/* barrier: rank 0 counts, everyone waits for the release */
+	uint32_t barrier_broken;   /* 1 + a rank that failed: every barrier fails (lock) */
 	uint64_t barrier_gen;	   /* next generation this node enters */
 	uint64_t barrier_released; /* highest released generation + 1 */
 	uint64_t *barrier_arrived; /* rank 0: per rank, generations entered */
@@ -228,8 +240,19 @@ void ferry__node_put(struct ferry *fy);
 int ferry__node_poll(struct ferry *fy, unsigned flags);
 int ferry__deadline_ms(int timeout_ms, struct timespec *ts);
 int ferry__cond_wait_until(pthread_cond_t *c, pthread_mutex_t *m, const struct timespec *ts);
-/* mark @src failed (a protocol breach, seen by a module); logged by the caller */
+/*
+ * ferry__node_peer_failed - mark @rank failed: sends to it fail at once,
+ * waiters wake, the transport forgets it (a peer dropped for a protocol
+ * error learns it from the closed connection), and the listeners run. Once
+ * per rank. Context: the progress thread (a handler, or the transport's
+ * on_peer_failed).
+ */
+void ferry__node_peer_failed(struct ferry *fy, uint32_t rank);
+/* a peer broke the protocol (logged by the caller): ferry__node_peer_failed */
 void ferry__node_drop_peer(struct ferry *fy, uint32_t src);
+/* run @fn(fy, rank) on the progress thread when a peer fails; before start.
+ * Return: 0 or -ENOSPC */
+int ferry__node_on_peer_failed(struct ferry *fy, void (*fn)(struct ferry *fy, uint32_t rank));
 /* register the calling thread with RCU unless it is already (counted per
  * thread: workers and table teardown share it); any application thread */
 void ferry__rcu_enter(void);

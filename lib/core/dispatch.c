@@ -11,7 +11,8 @@
  *                                    scope NODE: parse against the
  *                                    world  -----------------------> handler(fy, t, src, view)
  *   on_rdma_done(ctx, status) -----> ctx->done(fy, ctx, status) ---> the module that posted it
- *   on_peer_failed(src) -----------> mark src failed, wake waiters
+ *   on_peer_failed(src) -----------> ferry__node_peer_failed: mark src failed,
+ *                                    run the modules' listeners, wake waiters
  *
  * Modules register their handlers before the node starts
  * (ferry__dispatch_register, from lib/ferry.c's ferry_open), as UCX's
@@ -60,15 +61,7 @@ static void dispatch_on_thread_stop(void *core)
 
 static void dispatch_on_peer_failed(void *core, uint32_t src, int err)
 {
-	struct ferry *fy = core;
-
-	if (src >= fy->world)
-		return;
-	atomic_store(&fy->failed[src], true);
-	/* wake barrier and table waiters so they can give up early */
-	pthread_mutex_lock(&fy->lock);
-	pthread_cond_broadcast(&fy->cond);
-	pthread_mutex_unlock(&fy->lock);
+	ferry__node_peer_failed(core, src);
 }
 
 static struct ferry_table *dispatch_table(struct ferry *fy, uint32_t id)
@@ -102,6 +95,11 @@ static void dispatch_on_msg(void *core, uint32_t src, const void *buf, size_t le
 	atomic_fetch_add_explicit(&fy->msgs_recv, 1, memory_order_relaxed);
 	atomic_fetch_add_explicit(&fy->bytes_recv, len, memory_order_relaxed);
 
+	if (len >= sizeof(*hdr) && hdr->src != src) {
+		/* a frame speaks for the connection it came on, and no other */
+		dispatch_proto_error(fy, src, type, "its header names another rank as sender");
+		return;
+	}
 	if (type && type < FERRY_MSG_TYPE_MAX)
 		h = &fy->handlers[type];
 	if (!h || !h->fn) {

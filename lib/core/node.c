@@ -252,10 +252,35 @@ void ferry__node_close(struct ferry *fy)
 	ferry__node_put(fy);
 }
 
+void ferry__node_peer_failed(struct ferry *fy, uint32_t rank)
+{
+	if (rank >= fy->world || rank == fy->rank || atomic_exchange(&fy->failed[rank], true))
+		return;
+	atomic_fetch_add(&fy->failures, 1);
+	if (fy->tp && fy->tp->ops->drop)
+		fy->tp->ops->drop(fy->tp, rank);
+	for (size_t i = 0; i < sizeof(fy->peer_failed_fns) / sizeof(fy->peer_failed_fns[0]); i++)
+		if (fy->peer_failed_fns[i])
+			fy->peer_failed_fns[i](fy, rank);
+	/* wake barrier, table and operation waiters so they can give up early */
+	pthread_mutex_lock(&fy->lock);
+	pthread_cond_broadcast(&fy->cond);
+	pthread_mutex_unlock(&fy->lock);
+}
+
 void ferry__node_drop_peer(struct ferry *fy, uint32_t src)
 {
-	if (src < fy->world)
-		atomic_store(&fy->failed[src], true);
+	ferry__node_peer_failed(fy, src);
+}
+
+int ferry__node_on_peer_failed(struct ferry *fy, void (*fn)(struct ferry *fy, uint32_t rank))
+{
+	for (size_t i = 0; i < sizeof(fy->peer_failed_fns) / sizeof(fy->peer_failed_fns[0]); i++)
+		if (!fy->peer_failed_fns[i]) {
+			fy->peer_failed_fns[i] = fn;
+			return 0;
+		}
+	return -ENOSPC;
 }
 
 /* RCU registrations of this thread: workers and table teardown share one */

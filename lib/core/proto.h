@@ -91,6 +91,8 @@ struct ferry_msg_mv {
 /* FERRY_MSG_BARRIER, FERRY_MSG_BARRIER_REL */
 struct ferry_msg_barrier {
 	uint64_t gen;
+	int32_t status; /* REL: 0, or -FERRY_E_PEER: the barrier cannot complete */
+	uint32_t rank;	/* REL with a status: the rank that failed */
 };
 
 /* FERRY_MSG_TABLE: the fields that must agree; _TABLE_ACK: status + field */

@@ -51,7 +51,8 @@ static inline struct ferry_req *ferry__ops_req_find(struct ferry_worker *w, uint
 {
 	uint32_t idx = (uint32_t)ticket;
 
-	if (idx >= FERRY_MAX_INFLIGHT || w->reqs[idx].ticket != ticket)
+	/* 0 is what a free slot holds (and a zeroed ticket variable): never ours */
+	if (!ticket || idx >= FERRY_MAX_INFLIGHT || w->reqs[idx].ticket != ticket)
 		return NULL;
 	return &w->reqs[idx];
 }

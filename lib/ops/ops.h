@@ -26,6 +26,19 @@ int ferry__ops_async(struct ferry_worker *w, struct ferry_table *t, uint8_t op,
 		     const uint64_t *keys, size_t n, const float *in, float *out,
 		     ferry_req_start_fn start, uint64_t *ticket_p);
 
+/* note that request @r sent something to @dst: its wait ends with
+ * -FERRY_E_PEER if @dst fails. The worker's thread. */
+static inline void ferry__ops_req_dst(struct ferry_req *r, uint32_t dst)
+{
+	for (uint8_t i = 0; i < r->ndsts; i++)
+		if (r->dsts[i] == dst)
+			return;
+	if (r->ndsts < sizeof(r->dsts) / sizeof(r->dsts[0]))
+		r->dsts[r->ndsts++] = dst;
+	else
+		r->dsts_many = true;
+}
+
 /* mark keys @idx of a ticket done with @status (and pulled @vals); progress
  * thread or a worker, rcu_read_lock held (serve.c) */
 void ferry__ops_complete(struct ferry *fy, uint32_t worker, uint64_t ticket, const uint32_t *idx,

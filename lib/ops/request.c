@@ -89,6 +89,7 @@ static void ops_send_remote(struct ferry_worker *w, struct ferry_req *r, uint64_
 			continue;
 		if (onesided && nreads < OPS_RD_POOL &&
 		    (reads[nreads] = ferry__ops_rd_prepare(w, r, ticket, i))) {
+			ferry__ops_req_dst(r, reads[nreads]->owner);
 			nreads++;
 			nremote++;
 			if (r->tracked && !ferry__ops_inflight_add(w, key))
@@ -110,6 +111,7 @@ static void ops_send_remote(struct ferry_worker *w, struct ferry_req *r, uint64_
 				outs[first_dst] = one;
 			}
 		}
+		ferry__ops_req_dst(r, dst);
 		ferry__ops_out_add(fy, t, outs == &one ? &one : &outs[dst], &tmpl, dst, &k, in);
 		nremote++;
 		if (r->tracked && !ferry__ops_inflight_add(w, key))
@@ -242,6 +244,7 @@ static int ops_start(struct ferry_worker *w, struct ferry_table *t, uint8_t op,
 	}
 	r->op = op;
 	r->start = start;
+	r->fail_seen = atomic_load_explicit(&w->fy->failures, memory_order_acquire);
 	r->t = t;
 	r->keys = keys;
 	r->n = n;
@@ -285,6 +288,16 @@ static int ops_start(struct ferry_worker *w, struct ferry_table *t, uint8_t op,
 	return (int)idx;
 }
 
+/* a rank @r sent to that has failed since, or world */
+static uint32_t ops_req_dead_dst(struct ferry *fy, struct ferry_req *r)
+{
+	r->fail_seen = atomic_load_explicit(&fy->failures, memory_order_acquire);
+	for (uint8_t i = 0; i < r->ndsts; i++)
+		if (atomic_load_explicit(&fy->failed[r->dsts[i]], memory_order_relaxed))
+			return r->dsts[i];
+	return fy->world;
+}
+
 /* wait for a request; collect it. @block 0: poll once (-EAGAIN) */
 static int ops_wait_req(struct ferry_worker *w, struct ferry_req *r, int block)
 {
@@ -308,6 +321,20 @@ static int ops_wait_req(struct ferry_worker *w, struct ferry_req *r, int block)
 		if (atomic_load_explicit(&fy->closed, memory_order_relaxed)) {
 			rc = -FERRY_E_CLOSED;
 			break;
+		}
+		if (!r->held &&
+		    atomic_load_explicit(&fy->failures, memory_order_relaxed) != r->fail_seen) {
+			uint32_t dead = ops_req_dead_dst(fy, r);
+
+			if (dead < fy->world) {
+				ferry_err(
+					"%s of %zu keys on table %u: rank %u failed while the call "
+					"waited on it; the keys it held are unreachable until it "
+					"is back",
+					ferry__ops_name(r->op), r->n, r->t->id, dead);
+				rc = -FERRY_E_PEER;
+				break;
+			}
 		}
 		if (!block)
 			return -EAGAIN;
@@ -356,7 +383,7 @@ static int ops_wait_req(struct ferry_worker *w, struct ferry_req *r, int block)
 		else
 			sched_yield();
 	}
-	if (rc == -ETIMEDOUT) {
+	if (rc == -ETIMEDOUT || rc == -FERRY_E_PEER) {
 		uint64_t key = 0;
 
 		for (size_t i = 0; i < r->n; i++)
@@ -364,10 +391,12 @@ static int ops_wait_req(struct ferry_worker *w, struct ferry_req *r, int block)
 				key = r->keys[i];
 				break;
 			}
-		ferry_err("%s of %zu keys on table %u timed out after %d ms; key %llu (home rank "
-			  "%u) never answered; check that every node is alive",
-			  ferry__ops_name(r->op), r->n, r->t->id, fy->timeout_ms,
-			  (unsigned long long)key, ferry__home(r->t, key));
+		if (rc == -ETIMEDOUT)
+			ferry_err(
+				"%s of %zu keys on table %u timed out after %d ms; key %llu (home "
+				"rank %u) never answered; check that every node is alive",
+				ferry__ops_name(r->op), r->n, r->t->id, fy->timeout_ms,
+				(unsigned long long)key, ferry__home(r->t, key));
 		if (r->held) {
 			/* take it out of the held queue */
 			struct ferry_req **pp = &w->held_head, *prev = NULL;
@@ -447,6 +476,13 @@ int ferry__ops_sync(struct ferry_worker *w, struct ferry_table *t, uint8_t op, c
 	int idx;
 
 	done = 0;
+	if ((op == FERRY_OP_PUSH || op == FERRY_OP_SET) && t && keys) {
+		/* a batch is checked whole before any of it is applied: the fast
+		 * path would apply the keys before a bad one */
+		for (size_t i = 0; i < n; i++)
+			if (keys[i] >= t->params.num_keys)
+				return ops_check(w, t, keys, n, in, 1, ferry__ops_name(op));
+	}
 	if (op != FERRY_REQ_LOCALIZE && w && t && keys && t->fy == w->fy &&
 	    !atomic_load_explicit(&w->fy->closed, memory_order_relaxed))
 		done = ops_fast(w, t, op, keys, n, in, out);

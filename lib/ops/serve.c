@@ -470,6 +470,15 @@ static void ops_on_op(struct ferry *fy, struct ferry_table *t, uint32_t src,
 	size_t nserved = 0;
 	int queued;
 
+	if (op->worker >= FERRY_MAX_WORKERS || (!op->hops && op->origin != src)) {
+		/* the reply would go to a node or worker that never asked */
+		ferry_err("proto: rank %u sent an operation for worker %u of rank %u (hops %u); "
+			  "dropping rank %u",
+			  src, op->worker, op->origin, op->hops, src);
+		ferry__node_drop_peer(fy, src);
+		free(fwd);
+		return;
+	}
 	if (!fwd) {
 		ferry_err("ops: out of memory serving %u keys for rank %u", v->count, src);
 		return;

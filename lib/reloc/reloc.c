@@ -319,9 +319,15 @@ static int reloc_start(struct ferry_worker *w, struct ferry_table *t, struct fer
 	 * takes the lock (reloc_unstart) */
 	for (uint32_t d = 0; d < fy->world; d++)
 		reloc_batch_init(&to[d], FERRY_MSG_LOCALIZE, d, fy->rank);
-	for (uint32_t i = 0; i < nmoves; i++)
-		reloc_batch_add(fy, t, &to[ferry__home(t, moves[i].key)], moves[i].key,
-				moves[i].slot, lands[i], NULL, 0);
+	for (uint32_t i = 0; i < nmoves; i++) {
+		uint32_t home = ferry__home(t, moves[i].key);
+
+		/* the wait ends at once if the home fails (the old owner is the
+		 * home's to know: a move whose old owner fails waits out the
+		 * timeout) */
+		ferry__ops_req_dst(r, home);
+		reloc_batch_add(fy, t, &to[home], moves[i].key, moves[i].slot, lands[i], NULL, 0);
+	}
 	for (uint32_t d = 0; d < fy->world; d++)
 		reloc_batch_end(fy, t, &to[d]);
 	urcu_memb_read_unlock();
@@ -631,6 +637,19 @@ static void reloc_on_handover_req(struct ferry *fy, struct ferry_table *t, uint3
 
 /* ---- requester: the value arrives ------------------------------------- */
 
+/* a hand-over or acknowledgement must name this node as the requester; a
+ * peer that sends one for another breaks the protocol and is dropped */
+static bool reloc_not_for_me(struct ferry *fy, uint32_t src, const struct ferry_msg_move *m,
+			     const char *what)
+{
+	if (m->requester == fy->rank)
+		return false;
+	ferry_err("proto: rank %u %s keys for rank %u to rank %u; dropping rank %u", src, what,
+		  m->requester, fy->rank, src);
+	ferry__node_drop_peer(fy, src);
+	return true;
+}
+
 static void reloc_wake(struct ferry *fy, struct ferry_pend *e, int status)
 {
 	for (struct ferry_pend_waiter *wt = e->waiters; wt; wt = wt->next)
@@ -704,8 +723,11 @@ static void reloc_on_handover(struct ferry *fy, struct ferry_table *t, uint32_t 
 			      const struct ferry_proto_view *v)
 {
 	const bool done = v->hdr->type == FERRY_MSG_HANDOVER_DONE;
+	const struct ferry_msg_move *m = v->body;
 	const float *val = v->vals;
 
+	if (reloc_not_for_me(fy, src, m, "handed over"))
+		return;
 	for (uint32_t i = 0; i < v->count; i++) {
 		const struct ferry_msg_mv *mv = &v->mvs[i];
 		struct ferry_pend *e;
@@ -747,9 +769,19 @@ static void reloc_on_handover(struct ferry *fy, struct ferry_table *t, uint32_t 
 static void reloc_on_ack(struct ferry *fy, struct ferry_table *t, uint32_t src,
 			 const struct ferry_proto_view *v)
 {
+	if (reloc_not_for_me(fy, src, v->body, "acknowledged"))
+		return;
 	for (uint32_t i = 0; i < v->count; i++) {
 		const struct ferry_msg_mv *mv = &v->mvs[i];
 		struct ferry_pend *e;
+
+		if (ferry__home(t, mv->key) != src) {
+			ferry_err(
+				"proto: rank %u acknowledged a move of key %llu, whose home it is "
+				"not; ignored",
+				src, (unsigned long long)mv->key);
+			continue;
+		}
 
 		pthread_mutex_lock(&t->pend.lock);
 		e = ferry__pend_find(&t->pend, mv->key);

@@ -251,3 +251,159 @@ Test(badinput, a_rank_that_never_joins_is_named_and_the_wait_is_bounded)
 		  log_last);
 	close(lfd);
 }
+
+Test(badinput, a_frame_that_speaks_for_another_node_drops_its_sender_and_the_drop_is_mutual)
+{
+	struct ferry_worker *w0, *w1, *w2;
+	struct ferry_frame f;
+	struct ferry_msg_op *op;
+	struct ferry_msg_key *k;
+	struct tc c;
+	uint64_t key0 = 0, key2 = 30;
+	float v[4];
+	int i;
+
+	cr_assert_eq(tc_open(&c, 3, &small, 3000), 0);
+	cr_assert_eq(ferry_worker_create(c.fy[0], &w0), 0);
+	cr_assert_eq(ferry_worker_create(c.fy[1], &w1), 0);
+	cr_assert_eq(ferry_worker_create(c.fy[2], &w2), 0);
+
+	/* rank 1 sends rank 0 a first-hand pull whose reply would go to rank 2 */
+	ferry__frame_begin(&f);
+	op = ferry__frame_put(&f, sizeof(*op));
+	op->origin = 2;
+	op->worker = 0;
+	op->req = 77;
+	op->op = FERRY_OP_PULL;
+	op->count = 1;
+	k = ferry__frame_put(&f, sizeof(*k));
+	k->key = key0;
+	k->len = 4;
+	cr_assert_eq(ferry__frame_finish(&f, FERRY_MSG_OP, 1, c.t[1]->id), 0);
+	log_reset();
+	cr_assert_eq(ferry__send(c.fy[1], 0, f.buf, f.len), 0);
+	ferry__frame_free(&f);
+	for (i = 0; i < 200 && !log_errors; i++)
+		usleep(10000);
+	cr_assert_eq(log_errors, 1, "one error line, got %d", log_errors);
+	cr_assert(strstr(log_last, "worker 0 of rank 2"), "%s", log_last);
+	cr_assert(strstr(log_last, "dropping rank 1"), "%s", log_last);
+
+	/* rank 1 learns it too (the connection was closed), within a moment */
+	for (i = 0; i < 200 && !atomic_load(&c.fy[1]->failed[0]); i++)
+		usleep(10000);
+	cr_assert(atomic_load(&c.fy[1]->failed[0]), "rank 1 still thinks rank 0 is alive");
+	cr_assert_eq(ferry_pull(w1, c.t[1], &key0, 1, v), -FERRY_E_PEER);
+	/* ranks 0 and 2 keep talking, both ways */
+	cr_assert_eq(ferry_pull(w2, c.t[2], &key0, 1, v), 0);
+	cr_assert_eq(ferry_pull(w0, c.t[0], &key2, 1, v), 0);
+	cr_assert(!atomic_load(&c.fy[2]->failed[0]) && !atomic_load(&c.fy[0]->failed[2]));
+	ferry_worker_destroy(w0);
+	ferry_worker_destroy(w1);
+	ferry_worker_destroy(w2);
+	tc_close(&c);
+}
+
+Test(badinput, a_header_that_names_another_sender_drops_the_connection)
+{
+	struct ferry_worker *w2;
+	struct ferry_msg_hdr *h;
+	struct ferry_frame f;
+	struct ferry_msg_barrier *b;
+	struct tc c;
+	uint64_t key0 = 0;
+	float v[4];
+	int i;
+
+	cr_assert_eq(tc_open(&c, 3, &small, 3000), 0);
+	cr_assert_eq(ferry_worker_create(c.fy[2], &w2), 0);
+	/* a well-formed barrier frame from rank 1 whose header says rank 2 */
+	ferry__frame_begin(&f);
+	b = ferry__frame_put(&f, sizeof(*b));
+	b->gen = 0;
+	cr_assert_eq(ferry__frame_finish(&f, FERRY_MSG_BARRIER, 1, 0), 0);
+	h = (struct ferry_msg_hdr *)f.buf;
+	h->src = 2;
+	log_reset();
+	cr_assert_eq(c.fy[1]->tp->ops->send(c.fy[1]->tp, 0, &(struct iovec){ f.buf, f.len }, 1), 0);
+	ferry__frame_free(&f);
+	/* the transport checks the header against the connection (the
+	 * dispatcher checks again, for transports that do not) */
+	for (i = 0; i < 200 && !atomic_load(&c.fy[0]->failed[1]); i++)
+		usleep(10000);
+	cr_assert(atomic_load(&c.fy[0]->failed[1]), "rank 1 was not dropped");
+	cr_assert(!atomic_load(&c.fy[0]->failed[2]));
+	cr_assert_eq(ferry_pull(w2, c.t[2], &key0, 1, v), 0);
+	ferry_worker_destroy(w2);
+	tc_close(&c);
+}
+
+Test(badinput, a_ticket_the_worker_never_handed_out_is_enoent_and_harms_nothing)
+{
+	struct ferry_worker *w;
+	struct tc c;
+	uint64_t key = 1, t;
+	float v[4];
+
+	cr_assert_eq(tc_open(&c, 1, &small, 3000), 0);
+	cr_assert_eq(ferry_worker_create(c.fy[0], &w), 0);
+	/* what a zeroed ticket variable holds after a failed start, on a fresh worker */
+	cr_assert_eq(ferry_wait(w, 0), -ENOENT);
+	cr_assert_eq(ferry_test(w, 0), -ENOENT);
+	cr_assert_eq(ferry_wait(w, 12345), -ENOENT);
+	cr_assert_eq(ferry_pull_start(w, c.t[0], &key, 1, v, &t), 0);
+	cr_assert_eq(ferry_wait(w, t), 0);
+	/* on a used worker: still -ENOENT, and no slot is freed twice */
+	cr_assert_eq(ferry_wait(w, 0), -ENOENT);
+	cr_assert_eq(ferry_test(w, 0), -ENOENT);
+	cr_assert_eq(ferry_wait(w, t), -ENOENT, "a collected ticket is unknown");
+	/* more tickets than the worker's table holds, one after another: a
+	 * corrupted free list would answer -EBUSY or hand out a slot twice */
+	for (int i = 0; i < 3 * 1024; i++) {
+		cr_assert_eq(ferry_push_start(w, c.t[0], &key, 1, (float[4]){ 1, 0, 0, 0 }, &t), 0,
+			     "start %d", i);
+		cr_assert_eq(ferry_wait(w, t), 0, "wait %d", i);
+	}
+	cr_assert_eq(ferry_pull(w, c.t[0], &key, 1, v), 0);
+	cr_assert_eq(v[0], 3 * 1024.0f);
+	ferry_worker_destroy(w);
+	tc_close(&c);
+}
+
+Test(badinput, a_batch_with_a_bad_key_applies_none_of_it)
+{
+	struct ferry_worker *w;
+	struct tc c;
+	uint64_t keys[3] = { 1, 2, 32 }; /* the last is out of range */
+	float ones[12], v[8];
+
+	for (int i = 0; i < 12; i++)
+		ones[i] = 1;
+	cr_assert_eq(tc_open(&c, 2, &small, 3000), 0);
+	cr_assert_eq(ferry_worker_create(c.fy[0], &w), 0);
+	cr_assert_eq(ferry_push(w, c.t[0], keys, 3, ones), -ERANGE);
+	cr_assert_eq(ferry_set(w, c.t[0], keys, 3, ones), -ERANGE);
+	cr_assert_eq(ferry_pull(w, c.t[0], keys, 2, v), 0);
+	for (int i = 0; i < 8; i++)
+		cr_assert_eq(v[i], 0.0f, "value %d was applied from a refused batch", i);
+	ferry_worker_destroy(w);
+	tc_close(&c);
+}
+
+Test(badinput, an_unknown_enum_in_the_node_parameters_is_einval)
+{
+	struct ferry_params p;
+	struct ferry *fy = NULL;
+
+	ferry_params_init(&p);
+	p.transport = (enum ferry_transport_kind)42;
+	log_reset();
+	cr_assert_eq(ferry_open(&p, &fy), -EINVAL);
+	cr_assert(strstr(log_last, "transport 42"), "%s", log_last);
+	ferry_params_init(&p);
+	p.busy_poll = 5;
+	log_reset();
+	cr_assert_eq(ferry_open(&p, &fy), -EINVAL);
+	cr_assert(strstr(log_last, "busy_poll 5"), "%s", log_last);
+	cr_assert_null(fy);
+}

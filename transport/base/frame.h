@@ -31,8 +31,9 @@
 #endif
 
 #define FERRY_MSG_MAGIC 0x5946u /* "FY" on the wire */
-/* 2: landing inboxes (table trailer, move entries); version 1 peers are refused */
-#define FERRY_PROTO_VERSION 2
+/* 2: landing inboxes (table trailer, move entries); 3: barrier releases carry a
+ * status (a failed rank breaks the barrier); older peers are refused */
+#define FERRY_PROTO_VERSION 3
 #define FERRY_MSG_MAX (64u << 20) /* largest frame, header included */
 #define FERRY_MSG_ALIGN 8u	  /* every frame's len is a multiple: frames stay aligned */
 

@@ -168,6 +168,11 @@ static int loop_send(struct ferry_tp *tp, uint32_t dst, const struct iovec *iov,
 	return ferry__tcp_ops.send(to_loop(tp)->tcp, dst, iov, iovcnt);
 }
 
+static void loop_drop(struct ferry_tp *tp, uint32_t dst)
+{
+	ferry__tcp_ops.drop(to_loop(tp)->tcp, dst);
+}
+
 static inline struct loop_mr *to_loop_mr(struct ferry_tp_mr *mr)
 {
 	return (struct loop_mr *)mr;
@@ -334,6 +339,7 @@ const struct ferry_tp_ops ferry__loop_ops = {
 	.addr_get = loop_addr_get,
 	.connect = loop_connect,
 	.send = loop_send,
+	.drop = loop_drop,
 	.mem_reg = loop_mem_reg,
 	.mem_dereg = loop_mem_dereg,
 	.read = loop_read,

@@ -418,3 +418,25 @@ void ferry__rdma_peer_break(struct rdma_tp *t, struct rdma_peer *p, int err)
 	p->send_err = err > 0 ? err : EIO;
 	__atomic_store_n(&t->fail_pending, 1, __ATOMIC_RELEASE);
 }
+
+/*
+ * The core dropped @dst: break the peer as a failed post does, so the
+ * progress thread fails it (disconnecting, so the peer sees it) after the
+ * completion being handled. The core knows already: no on_peer_failed for
+ * it. Progress thread.
+ */
+void ferry__rdma_drop(struct ferry_tp *tp, uint32_t dst)
+{
+	struct rdma_tp *t = to_rdma(tp);
+	struct rdma_peer *p;
+
+	if (dst >= t->base.cfg.world || dst == t->base.cfg.rank)
+		return;
+	p = &t->peers[dst];
+	pthread_mutex_lock(&p->lock);
+	p->reported = 1;
+	p->break_logged = 1;
+	ferry__rdma_peer_break(t, p, ECONNABORTED);
+	pthread_mutex_unlock(&p->lock);
+	ferry__rdma_wake(t);
+}

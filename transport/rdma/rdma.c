@@ -317,5 +317,6 @@ const struct ferry_tp_ops ferry__rdma_ops = {
 	.read_v = ferry__rdma_read_v,
 	.poll = ferry__rdma_poll,
 	.write = ferry__rdma_write,
+	.drop = ferry__rdma_drop,
 	.fini = rdma_fini,
 };

@@ -483,6 +483,8 @@ int ferry__rdma_post_credit(struct rdma_tp *t, struct rdma_peer *p);
 int ferry__rdma_post_op(struct rdma_tp *t, struct rdma_peer *p, struct rdma_op *op);
 int ferry__rdma_flush_locked(struct rdma_tp *t, struct rdma_peer *p);
 void ferry__rdma_peer_break(struct rdma_tp *t, struct rdma_peer *p, int err);
+/* the core dropped @dst: fail it soon; progress thread */
+void ferry__rdma_drop(struct ferry_tp *tp, uint32_t dst);
 /* qp.c: progress thread (ferry__rdma_op_done also on a worker in poll()) */
 int ferry__rdma_post_recv(struct rdma_tp *t, struct rdma_peer *p, uint32_t idx);
 int ferry__rdma_conn_attach(struct rdma_tp *t, struct rdma_conn *c, uint32_t r);

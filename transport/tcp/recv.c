@@ -82,8 +82,15 @@ void ferry__tcp_fail_broken(struct tcp_tp *t)
 		pthread_mutex_unlock(&c->lock);
 		if (!err)
 			continue;
-		ferry_warn("tcp: rank %u: sending to rank %u failed (%s); marking it failed",
-			   t->base.cfg.rank, r, strerror(err));
+		if (err == ECONNABORTED)
+			ferry_info(
+				"tcp: rank %u: closing the connection to rank %u, which the core "
+				"dropped",
+				t->base.cfg.rank, r);
+		else
+			ferry_warn(
+				"tcp: rank %u: sending to rank %u failed (%s); marking it failed",
+				t->base.cfg.rank, r, strerror(err));
 		ferry__tcp_conn_fail(t, c, -FERRY_E_PEER);
 	}
 }

@@ -287,3 +287,28 @@ out_unlock:
 		ferry__tcp_wake(t);
 	return ret;
 }
+
+/*
+ * The core dropped @dst: break its connection the way a failed send does,
+ * so the progress thread closes it after the frame being handled (whose
+ * buffer it must not free under the handler) and the peer sees the close.
+ * The core knows already: no on_peer_failed for it. Progress thread.
+ */
+void ferry__tcp_drop(struct ferry_tp *tp, uint32_t dst)
+{
+	struct tcp_tp *t = to_tcp(tp);
+	struct tcp_conn *c;
+
+	if (dst >= t->base.cfg.world || dst == t->base.cfg.rank)
+		return;
+	c = &t->conns[dst];
+	pthread_mutex_lock(&c->lock);
+	c->reported = 1;
+	if (c->state == TCP_CONN_UP) {
+		c->state = TCP_CONN_BROKEN;
+		c->send_err = ECONNABORTED;
+		__atomic_store_n(&t->fail_pending, 1, __ATOMIC_RELEASE);
+	}
+	pthread_mutex_unlock(&c->lock);
+	ferry__tcp_wake(t);
+}

@@ -173,5 +173,6 @@ const struct ferry_tp_ops ferry__tcp_ops = {
 	.addr_get = tcp_addr_get,
 	.connect = ferry__tcp_connect,
 	.send = ferry__tcp_send,
+	.drop = ferry__tcp_drop,
 	.fini = tcp_fini,
 };

@@ -161,6 +161,8 @@ void ferry__tcp_oq_free(struct tcp_conn *c);
 int ferry__tcp_conn_flush(struct tcp_tp *t, struct tcp_conn *c);
 /* ops->send: any thread */
 int ferry__tcp_send(struct ferry_tp *tp, uint32_t dst, const struct iovec *iov, int iovcnt);
+/* the core dropped @dst: close its connection soon; progress thread */
+void ferry__tcp_drop(struct ferry_tp *tp, uint32_t dst);
 
 /* ---- recv.c: progress thread only --------------------------------------- */
 

@@ -1,0 +1,232 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Integration: a node dies (SIGKILL) while the others run. 3 nodes as
+ * forked processes, range placement (rank r is home of keys [100 r, 100 r +
+ * 100)); rank 1 owns a few keys homed at rank 0 and at rank 2 (localized
+ * before). Rank 2 is stopped, rank 0 starts a pull of a key rank 2 owns,
+ * then rank 2 is killed. Checked, with a node timeout of 20 s:
+ *
+ * - the pull in flight to rank 2 ends with -FERRY_E_PEER within 2 s of the
+ *   kill, not after the timeout;
+ * - every key homed and owned on a live node is read and written at once,
+ *   with its value intact, from both live nodes; a key homed at rank 2 and
+ *   owned by rank 1 stays usable at its owner;
+ * - a new operation on a key rank 2 owned fails at once with -FERRY_E_PEER;
+ * - ferry_barrier fails at once with -FERRY_E_PEER on both live nodes.
+ */
+#include <criterion/criterion.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ferry/ferry.h"
+
+#define NODES 3
+#define PER 100
+#define VLEN 4
+#define DEAD 2
+
+struct death {
+	volatile int ready;    /* nodes past the first barrier */
+	volatile int stopped;  /* the parent stopped rank 2 */
+	volatile int inflight; /* rank 0 started its pull of a key of rank 2 */
+	volatile int killed;   /* the parent killed rank 2 */
+	volatile int64_t kill_ns;
+	volatile int failures;
+	char why[512];
+};
+
+static int64_t now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static int fail(struct death *d, int rank, const char *what, int rc)
+{
+	if (!d->failures++)
+		snprintf(d->why, sizeof(d->why), "rank %d: %s: %s", rank, what, ferry_strerror(rc));
+	return 1;
+}
+
+static void wait_flag(volatile int *f)
+{
+	for (int64_t until = now_ns() + 30000000000ll; !*f && now_ns() < until;)
+		usleep(1000);
+}
+
+static float val(uint64_t key, uint32_t j)
+{
+	return (float)(key * 10 + j);
+}
+
+/* every key homed on a live node (and the ones rank 1 moved from rank 2),
+ * read from here: all values intact */
+static int check_live_keys(struct death *d, int rank, struct ferry_worker *w, struct ferry_table *t)
+{
+	float v[VLEN];
+
+	for (uint64_t key = 0; key < 2 * PER; key++) {
+		int rc = ferry_pull(w, t, &key, 1, v);
+
+		if (rc)
+			return fail(d, rank, "pull of a key of a live node", rc);
+		for (uint32_t j = 0; j < VLEN; j++)
+			if (v[j] != val(key, j) + (key % 7 == 0 ? 1.0f : 0.0f)) {
+				snprintf(d->why, sizeof(d->why), "rank %d: key %llu float %u is %g",
+					 rank, (unsigned long long)key, j, (double)v[j]);
+				d->failures++;
+				return 1;
+			}
+	}
+	return 0;
+}
+
+static int child(int rank, struct ferry_params *p, struct death *d)
+{
+	struct ferry_table_params tp = { .num_keys = NODES * PER,
+					 .value_len = VLEN,
+					 .placement = FERRY_PLACEMENT_RANGE };
+	uint64_t moved[4] = { 5, 6, 2 * PER + 5, 2 * PER + 6 }; /* homed at 0 and at 2 */
+	float v[NODES * PER * VLEN];
+	struct ferry_worker *w;
+	struct ferry_table *t;
+	struct ferry *fy;
+	uint64_t keys[NODES * PER];
+	int64_t t0;
+	int rc;
+
+	if (ferry_open(p, &fy))
+		return 10;
+	if (ferry_table_create(fy, &tp, &t) || ferry_worker_create(fy, &w))
+		return 11;
+	if (rank == 0) {
+		for (uint64_t k = 0; k < NODES * PER; k++) {
+			keys[k] = k;
+			for (uint32_t j = 0; j < VLEN; j++)
+				v[k * VLEN + j] = val(k, j);
+		}
+		rc = ferry_set(w, t, keys, NODES * PER, v);
+		if (rc)
+			return fail(d, rank, "set", rc);
+	}
+	if ((rc = ferry_barrier(fy)))
+		return fail(d, rank, "barrier", rc);
+	if (rank == 1 && (rc = ferry_localize(w, t, moved, 4)))
+		return fail(d, rank, "localize", rc);
+	if ((rc = ferry_barrier(fy)))
+		return fail(d, rank, "barrier", rc);
+	__atomic_fetch_add(&d->ready, 1, __ATOMIC_SEQ_CST);
+	if (rank == DEAD) {
+		for (;;)
+			pause(); /* stopped, then killed, by the parent */
+	}
+
+	if (rank == 0) {
+		uint64_t key = 2 * PER + 50; /* homed and owned at rank 2 */
+		uint64_t ticket;
+
+		wait_flag(&d->stopped);
+		rc = ferry_pull_start(w, t, &key, 1, v, &ticket);
+		if (rc)
+			return fail(d, rank, "pull_start", rc);
+		d->inflight = 1;
+		rc = ferry_wait(w, ticket);
+		t0 = now_ns();
+		if (rc != -FERRY_E_PEER)
+			return fail(d, rank, "the pull in flight to the dead rank should fail", rc);
+		if (!d->killed || t0 - d->kill_ns > 2000000000ll) {
+			snprintf(d->why, sizeof(d->why),
+				 "rank 0: the pull in flight ended %.0f ms after the kill",
+				 (double)(t0 - d->kill_ns) / 1e6);
+			d->failures++;
+			return 1;
+		}
+	}
+	wait_flag(&d->killed);
+	/* a few keys change, from both live nodes, after the death */
+	for (uint64_t key = 7 * (uint64_t)rank; key < 2 * PER; key += 14) {
+		float one[VLEN] = { 1, 1, 1, 1 };
+
+		rc = ferry_push(w, t, &key, 1, one);
+		if (rc)
+			return fail(d, rank, "push to a key of a live node", rc);
+	}
+	/* both have pushed (rank 0 keys 0, 14, ...; rank 1 keys 7, 21, ...) before
+	 * anyone checks: a shared flag, since the barrier is broken now */
+	__atomic_fetch_add(&d->ready, 1, __ATOMIC_SEQ_CST);
+	while (d->ready < NODES + 2)
+		usleep(1000);
+	if (check_live_keys(d, rank, w, t))
+		return 1;
+	if (rank == 1) {
+		/* owned here although homed at the dead rank */
+		rc = ferry_pull(w, t, &moved[2], 1, v);
+		if (rc)
+			return fail(d, rank, "pull of a key homed at the dead rank, owned here",
+				    rc);
+	}
+	{
+		uint64_t key = 2 * PER + 60 + rank;
+
+		t0 = now_ns();
+		rc = ferry_pull(w, t, &key, 1, v);
+		if (rc != -FERRY_E_PEER || now_ns() - t0 > 2000000000ll)
+			return fail(d, rank,
+				    "a new pull of a key of the dead rank should fail at once", rc);
+	}
+	t0 = now_ns();
+	rc = ferry_barrier(fy);
+	if (rc != -FERRY_E_PEER || now_ns() - t0 > 2000000000ll)
+		return fail(d, rank, "the barrier should fail at once", rc);
+	ferry_worker_destroy(w);
+	ferry_table_destroy(t);
+	ferry_close(fy);
+	return 0;
+}
+
+Test(death, a_killed_node_fails_waits_at_once_and_live_keys_stay_usable, .timeout = 120)
+{
+	struct death *d =
+		mmap(NULL, sizeof(*d), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	struct ferry_params p;
+	pid_t pids[NODES];
+	int rc;
+
+	cr_assert_neq(d, MAP_FAILED);
+	ferry_params_init(&p);
+	p.transport = getenv("FERRY_TRANSPORT") ? FERRY_TRANSPORT_AUTO : FERRY_TRANSPORT_TCP;
+	p.timeout_ms = 20000;
+	rc = ferry_local_cluster_fork(NODES, &p, pids);
+	if (rc >= 0 && rc < NODES)
+		_exit(child(rc, &p, d));
+	cr_assert_eq(rc, FERRY_LOCAL_PARENT, "fork: %s", ferry_strerror(rc));
+	wait_flag(&d->ready);
+	for (int64_t until = now_ns() + 30000000000ll; d->ready < NODES && now_ns() < until;)
+		usleep(1000);
+	cr_assert_eq(d->ready, NODES, "the nodes did not start: %s", d->why);
+	kill(pids[DEAD], SIGSTOP);
+	d->stopped = 1;
+	wait_flag(&d->inflight);
+	usleep(200000); /* the pull is queued at the stopped node */
+	d->kill_ns = now_ns();
+	kill(pids[DEAD], SIGKILL);
+	d->killed = 1;
+	for (int i = 0; i < NODES; i++) {
+		int status;
+
+		cr_assert_eq(waitpid(pids[i], &status, 0), pids[i]);
+		if (i != DEAD)
+			cr_expect(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+				  "node %d failed (status %#x): %s", i, status, d->why);
+	}
+	cr_assert_eq(d->failures, 0, "%s", d->why);
+	munmap(d, sizeof(*d));
+}
