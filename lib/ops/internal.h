@@ -109,7 +109,9 @@ struct ferry_rd {
 };
 
 struct ferry_rd_pool {
-	struct ferry_worker *w;
+	struct ferry *fy;
+	uint32_t worker; /* the worker's index; never a pointer: see orphan */
+	bool orphan;	 /* the worker is gone; the last completion frees the pool (lock) */
 	struct ferry_table *t;
 	struct ferry_tp_mr *mr;
 	uint8_t *mem;

@@ -33,7 +33,8 @@ static struct ferry_rd_pool *ops_rd_pool(struct ferry_worker *w, struct ferry_ta
 	p = calloc(1, sizeof(*p));
 	if (!p)
 		return NULL;
-	p->w = w;
+	p->fy = w->fy;
+	p->worker = w->id;
 	p->t = t;
 	p->stride = t->arena.stride;
 	bytes = p->stride * OPS_RD_POOL;
@@ -64,14 +65,40 @@ static struct ferry_rd_pool *ops_rd_pool(struct ferry_worker *w, struct ferry_ta
 	return p;
 }
 
+static void ops_rd_pool_free(struct ferry_rd_pool *p)
+{
+	struct ferry_tp *tp = p->fy->tp;
+
+	if (tp && tp->ops->mem_dereg)
+		tp->ops->mem_dereg(tp, p->mr);
+	pthread_mutex_destroy(&p->lock);
+	free(p->mem);
+	free(p->mr);
+	free(p);
+}
+
+/* give a landing area back; the last one of an orphaned pool frees it */
 static void ops_rd_put(struct ferry_rd *rd)
 {
 	struct ferry_rd_pool *p = rd->pool;
+	bool last;
 
 	pthread_mutex_lock(&p->lock);
 	p->free[p->nfree++] = (uint32_t)(rd - p->rd);
-	p->inflight--;
+	last = !--p->inflight && p->orphan;
 	pthread_mutex_unlock(&p->lock);
+	if (last)
+		ops_rd_pool_free(p);
+}
+
+static bool ops_rd_orphan(struct ferry_rd_pool *p)
+{
+	bool o;
+
+	pthread_mutex_lock(&p->lock);
+	o = p->orphan;
+	pthread_mutex_unlock(&p->lock);
+	return o;
 }
 
 static int ops_rd_post(struct ferry *fy, struct ferry_rd *rd)
@@ -130,10 +157,15 @@ static void ops_rd_done(struct ferry *fy, void *ctx, int status)
 	struct ferry_msg_key k;
 
 	p = rd->pool;
+	if (ops_rd_orphan(p)) {
+		/* its worker (and maybe its table) is gone: nobody waits for it */
+		ops_rd_put(rd);
+		return;
+	}
 	t = p->t;
 	img = (const void *)rd->buf;
 	tmpl = (struct ferry_msg_op){
-		.origin = fy->rank, .worker = p->w->id, .req = rd->ticket, .op = FERRY_OP_PULL
+		.origin = fy->rank, .worker = p->worker, .req = rd->ticket, .op = FERRY_OP_PULL
 	};
 	k = (struct ferry_msg_key){ .key = rd->key,
 				    .idx = rd->idx,
@@ -151,7 +183,7 @@ static void ops_rd_done(struct ferry *fy, void *ctx, int status)
 			}
 		} else if (img->key == rd->key && img->state == FERRY_SLOT_LIVE &&
 			   (img->epoch & 0xffff) == rd->epoch16 && img->len == k.len) {
-			ferry__ops_complete(fy, p->w->id, rd->ticket, &rd->idx, 1, 0, img->val,
+			ferry__ops_complete(fy, p->worker, rd->ticket, &rd->idx, 1, 0, img->val,
 					    k.len);
 			ops_rd_put(rd);
 			return;
@@ -239,18 +271,20 @@ void ferry__ops_rd_fini(struct ferry_worker *w)
 		     ferry__ops_now_ns() < until;)
 			if (!ferry__node_poll(w->fy, 0))
 				sched_yield();
-		if (__atomic_load_n(&p->inflight, __ATOMIC_ACQUIRE)) {
-			/* a timed-out read may still land here: keep the memory */
+		pthread_mutex_lock(&p->lock);
+		if (p->inflight) {
+			/* a late completion may still come (a retry, a shutdown): it
+			 * frees the pool, which names the worker by index only */
+			p->orphan = true;
 			ferry_warn("worker %u: %u one-sided reads still in flight; their landing "
-				   "area is kept",
+				   "area is freed when the last completes",
 				   w->id, p->inflight);
+			pthread_mutex_unlock(&p->lock);
+			w->rd_pools[i] = NULL;
 			continue;
 		}
-		if (w->fy->tp && w->fy->tp->ops->mem_dereg)
-			w->fy->tp->ops->mem_dereg(w->fy->tp, p->mr);
-		pthread_mutex_destroy(&p->lock);
-		free(p->mem);
-		free(p->mr);
-		free(p);
+		pthread_mutex_unlock(&p->lock);
+		w->rd_pools[i] = NULL;
+		ops_rd_pool_free(p);
 	}
 }

@@ -37,6 +37,7 @@ struct death {
 	volatile int inflight; /* rank 0 started its pull of a key of rank 2 */
 	volatile int killed;   /* the parent killed rank 2 */
 	volatile int64_t kill_ns;
+	volatile int finished; /* live nodes done checking (the barrier is broken) */
 	volatile int failures;
 	char why[512];
 };
@@ -77,7 +78,10 @@ static int check_live_keys(struct death *d, int rank, struct ferry_worker *w, st
 		int rc = ferry_pull(w, t, &key, 1, v);
 
 		if (rc)
-			return fail(d, rank, "pull of a key of a live node", rc);
+			return fail(d, rank,
+				    key < 100 ? "pull of a key homed at rank 0" :
+						"pull of a key homed at rank 1",
+				    rc);
 		for (uint32_t j = 0; j < VLEN; j++)
 			if (v[j] != val(key, j) + (key % 7 == 0 ? 1.0f : 0.0f)) {
 				snprintf(d->why, sizeof(d->why), "rank %d: key %llu float %u is %g",
@@ -186,6 +190,10 @@ static int child(int rank, struct ferry_params *p, struct death *d)
 	rc = ferry_barrier(fy);
 	if (rc != -FERRY_E_PEER || now_ns() - t0 > 2000000000ll)
 		return fail(d, rank, "the barrier should fail at once", rc);
+	/* keep serving until the other live node checked too */
+	__atomic_fetch_add(&d->finished, 1, __ATOMIC_SEQ_CST);
+	for (int64_t until = now_ns() + 30000000000ll; d->finished < NODES - 1 && now_ns() < until;)
+		usleep(1000);
 	ferry_worker_destroy(w);
 	ferry_table_destroy(t);
 	ferry_close(fy);
