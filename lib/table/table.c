@@ -94,6 +94,60 @@ static void table_try_verdict(struct ferry *fy, uint32_t id)
 	pthread_cond_broadcast(&fy->cond);
 }
 
+/*
+ * Rank 0, with fy->lock held: decide that table @id fails everywhere with
+ * @status (a rank gave up waiting, or failed), unless it was decided
+ * already. Every live rank gets the verdict; none serves the table.
+ */
+static void table_fail_verdict(struct ferry *fy, uint32_t id, int status, uint32_t from)
+{
+	struct {
+		struct ferry_msg_hdr h;
+		struct ferry_msg_table m;
+	} ack;
+
+	if (fy->table_verdict[id])
+		return;
+	memset(&ack, 0, sizeof(ack));
+	ack.m.status = status;
+	ack.m.field = FERRY_TF_NONE;
+	ack.m.from_rank = from;
+	fy->table_ack[id] = ack.m;
+	fy->table_verdict[id] = 1;
+	ferry__proto_hdr_init(&ack.h, FERRY_MSG_TABLE_ACK, sizeof(ack), fy->rank, id);
+	pthread_mutex_unlock(&fy->lock);
+	for (uint32_t r = 1; r < fy->world; r++)
+		ferry__send(fy, r, &ack, sizeof(ack)); /* failed ranks refuse it */
+	pthread_mutex_lock(&fy->lock);
+	pthread_cond_broadcast(&fy->cond);
+}
+
+/* rank 0, fy->lock held: send rank @r the verdict given for table @id again
+ * (it asked, having given up waiting: the first copy may be on its way) */
+static void table_resend_verdict(struct ferry *fy, uint32_t id, uint32_t r)
+{
+	struct {
+		struct ferry_msg_hdr h;
+		struct ferry_msg_table m;
+	} ack;
+	struct ferry_msg_arena *arenas = fy->table_arenas[id];
+	size_t len = sizeof(ack) + (arenas ? fy->world * sizeof(*arenas) : 0);
+	uint8_t *buf = malloc(len);
+
+	if (!buf)
+		return; /* that rank times out, and says so */
+	memset(&ack, 0, sizeof(ack));
+	ack.m = fy->table_ack[id];
+	ferry__proto_hdr_init(&ack.h, FERRY_MSG_TABLE_ACK, (uint32_t)len, fy->rank, id);
+	memcpy(buf, &ack, sizeof(ack));
+	if (arenas)
+		memcpy(buf + sizeof(ack), arenas, fy->world * sizeof(*arenas));
+	pthread_mutex_unlock(&fy->lock);
+	ferry__send(fy, r, buf, len);
+	free(buf);
+	pthread_mutex_lock(&fy->lock);
+}
+
 /* rank 0 records one rank's parameters (its own included) */
 static void table_record(struct ferry *fy, uint32_t src, uint32_t id,
 			 const struct ferry_msg_table *m)
@@ -123,7 +177,14 @@ static void table_on_msg(struct ferry *fy, struct ferry_table *unused, uint32_t 
 		return;
 	}
 	pthread_mutex_lock(&fy->lock);
-	if (hdr->type == FERRY_MSG_TABLE && fy->rank == 0) {
+	if (hdr->type == FERRY_MSG_TABLE && fy->rank == 0 && m->status) {
+		/* rank src gave up waiting: the table fails everywhere, unless it
+		 * was decided already, which src then learns (again) */
+		if (!fy->table_verdict[id])
+			table_fail_verdict(fy, id, -ETIMEDOUT, src);
+		else
+			table_resend_verdict(fy, id, src);
+	} else if (hdr->type == FERRY_MSG_TABLE && fy->rank == 0) {
 		table_record(fy, src, id, m);
 	} else if (hdr->type == FERRY_MSG_TABLE_ACK && src == 0 && !fy->table_verdict[id]) {
 		fy->table_ack[id] = *m;
@@ -351,6 +412,79 @@ static void table_check_inboxes(struct ferry_table *t)
 	}
 }
 
+/*
+ * Wait for rank 0's verdict on table @id: all or nothing. A rank whose wait
+ * times out asks rank 0 to fail the table (a TABLE with a status) and waits
+ * once more for the verdict, which is then a failure for everyone, or the
+ * success rank 0 had already sent everyone. Rank 0 decides failure itself
+ * when its own wait ends. A failed rank 0 fails the wait at once.
+ * Return: 0 with *@ack, or a negative errno (no verdict arrived).
+ */
+static int table_wait_verdict(struct ferry *fy, uint32_t id, struct ferry_msg_table *ack)
+{
+	struct {
+		struct ferry_msg_hdr h;
+		struct ferry_msg_table m;
+	} msg;
+	struct timespec ts;
+	int rc = 0, asked = 0;
+
+	ferry__deadline_ms(fy->timeout_ms, &ts);
+	pthread_mutex_lock(&fy->lock);
+	while (!fy->table_verdict[id]) {
+		if (atomic_load(&fy->closed)) {
+			rc = -FERRY_E_CLOSED;
+			break;
+		}
+		if (fy->rank != 0 && atomic_load(&fy->failed[0])) {
+			rc = -FERRY_E_PEER;
+			ferry_err("table %u: rank 0, which decides, failed", id);
+			break;
+		}
+		if (ferry__cond_wait_until(&fy->cond, &fy->lock, &ts) != ETIMEDOUT)
+			continue;
+		if (fy->table_verdict[id])
+			break;
+		if (fy->rank == 0) {
+			table_fail_verdict(fy, id, -ETIMEDOUT, 0);
+			break;
+		}
+		if (asked) {
+			rc = -ETIMEDOUT;
+			break;
+		}
+		/* ask rank 0 to fail it everywhere, and hear what it decided */
+		asked = 1;
+		memset(&msg, 0, sizeof(msg));
+		ferry__proto_hdr_init(&msg.h, FERRY_MSG_TABLE, sizeof(msg), fy->rank, id);
+		msg.m.status = -ETIMEDOUT;
+		pthread_mutex_unlock(&fy->lock);
+		rc = ferry__send(fy, 0, &msg, sizeof(msg));
+		pthread_mutex_lock(&fy->lock);
+		if (rc)
+			break;
+		ferry__deadline_ms(fy->timeout_ms, &ts);
+	}
+	if (!rc)
+		*ack = fy->table_ack[id];
+	pthread_mutex_unlock(&fy->lock);
+	return rc;
+}
+
+/* a rank failed (progress thread): rank 0 fails every table still waiting
+ * for that rank's parameters, at once */
+static void table_on_peer_failed(struct ferry *fy, uint32_t rank)
+{
+	if (fy->rank != 0)
+		return;
+	pthread_mutex_lock(&fy->lock);
+	for (uint32_t id = 0; id < FERRY_MAX_TABLES; id++)
+		if (fy->table_seen[id] && !fy->table_verdict[id] &&
+		    !fy->table_seen[id][rank].value_len && !fy->table_seen[id][rank].num_keys)
+			table_fail_verdict(fy, id, -FERRY_E_PEER, rank);
+	pthread_mutex_unlock(&fy->lock);
+}
+
 int ferry_table_create(struct ferry *fy, const struct ferry_table_params *p,
 		       struct ferry_table **table_p)
 {
@@ -360,7 +494,6 @@ int ferry_table_create(struct ferry *fy, const struct ferry_table_params *p,
 	} msg;
 	struct ferry_msg_table ack;
 	struct ferry_table *t;
-	struct timespec ts;
 	uint32_t id;
 	int rc;
 
@@ -399,37 +532,38 @@ int ferry_table_create(struct ferry *fy, const struct ferry_table_params *p,
 
 	if (fy->rank != 0) {
 		ferry__proto_hdr_init(&msg.h, FERRY_MSG_TABLE, sizeof(msg), fy->rank, id);
+		memset(&msg, 0, sizeof(msg));
+		ferry__proto_hdr_init(&msg.h, FERRY_MSG_TABLE, sizeof(msg), fy->rank, id);
 		msg.m = t->wire;
 		rc = ferry__send(fy, 0, &msg, sizeof(msg));
 		if (rc)
 			goto err_unpublish;
 	}
 
-	ferry__deadline_ms(fy->timeout_ms, &ts);
-	pthread_mutex_lock(&fy->lock);
-	while (!fy->table_verdict[id] && !rc) {
-		if (atomic_load(&fy->closed))
-			rc = -FERRY_E_CLOSED;
-		else if (ferry__cond_wait_until(&fy->cond, &fy->lock, &ts) == ETIMEDOUT)
-			rc = -ETIMEDOUT;
-	}
-	ack = fy->table_ack[id];
-	pthread_mutex_unlock(&fy->lock);
-	if (rc == -ETIMEDOUT) {
-		ferry_err("table %u: not every node created it within %d ms; every node must "
-			  "call ferry_table_create() in the same order",
+	rc = table_wait_verdict(fy, id, &ack);
+	if (rc == -ETIMEDOUT)
+		ferry_err("table %u: not every node created it within %d ms, and rank 0 gave no "
+			  "verdict; every node must call ferry_table_create() in the same order",
 			  id, fy->timeout_ms);
-		goto err_unpublish;
-	}
 	if (rc)
 		goto err_unpublish;
-	if (ack.status) {
+	if (ack.status == -FERRY_E_MISMATCH) {
 		ferry_err("table %u: rank %u created it with a different %s than rank 0; pass "
 			  "the same parameters on every node",
 			  id, ack.from_rank,
 			  ack.field < sizeof(table_field_names) / sizeof(table_field_names[0]) ?
 				  table_field_names[ack.field] :
 				  "field");
+		rc = ack.status;
+		goto err_unpublish;
+	}
+	if (ack.status) {
+		ferry_err("table %u: failed on every node: rank %u %s; every node must call "
+			  "ferry_table_create() in the same order, within the timeout (%d ms)",
+			  id, ack.from_rank,
+			  ack.status == -FERRY_E_PEER ? "failed before it created it" :
+							"gave up waiting for the others",
+			  fy->timeout_ms);
 		rc = ack.status;
 		goto err_unpublish;
 	}
@@ -499,7 +633,8 @@ int ferry__table_attach(struct ferry *fy)
 {
 	int rc = ferry__dispatch_register(fy, FERRY_MSG_TABLE, FERRY_DISPATCH_NODE, table_on_msg);
 
-	return rc ? rc :
-		    ferry__dispatch_register(fy, FERRY_MSG_TABLE_ACK, FERRY_DISPATCH_NODE,
-					     table_on_msg);
+	if (!rc)
+		rc = ferry__dispatch_register(fy, FERRY_MSG_TABLE_ACK, FERRY_DISPATCH_NODE,
+					      table_on_msg);
+	return rc ? rc : ferry__node_on_peer_failed(fy, table_on_peer_failed);
 }

@@ -119,6 +119,37 @@ Test(badinput, tables_with_different_parameters_are_refused_everywhere)
 	tc_close(&c);
 }
 
+/* rank 2 creates the table only after the others gave up waiting for it */
+static int create_late(struct tc *c, int rank, void *arg)
+{
+	int *results = arg;
+	struct ferry_table *t;
+	int rc;
+
+	if (rank == 2)
+		usleep(2500 * 1000); /* 2.5 timeouts */
+	rc = ferry_table_create(c->fy[rank], &small, &t);
+	results[rank] = rc;
+	if (!rc)
+		ferry_table_destroy(t);
+	return 0;
+}
+
+Test(badinput, a_table_create_that_times_out_anywhere_fails_everywhere, .timeout = 60)
+{
+	int results[3] = { 1, 1, 1 };
+	struct tc c;
+
+	cr_assert_eq(tc_open(&c, 3, NULL, 1000), 0);
+	log_reset();
+	cr_assert_eq(tc_run(&c, create_late, results), 0);
+	/* before: ranks 0 and 1 failed, and rank 2, arriving last, completed
+	 * the handshake and served a table nobody else had */
+	for (int r = 0; r < 3; r++)
+		cr_assert_eq(results[r], -ETIMEDOUT, "rank %d: %s", r, ferry_strerror(results[r]));
+	tc_close(&c);
+}
+
 Test(badinput, use_after_close)
 {
 	struct ferry_worker *w;
