@@ -51,5 +51,9 @@ int ferry_open(const struct ferry_params *params, struct ferry **fy_p)
 
 void ferry_close(struct ferry *fy)
 {
+	if (!fy)
+		return;
+	/* destroyed tables still registered with the transport go first */
+	ferry__table_close(fy);
 	ferry__node_close(fy);
 }

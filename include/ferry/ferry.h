@@ -188,10 +188,19 @@ FERRY_API int ferry_table_create(struct ferry *fy, const struct ferry_table_para
 				 struct ferry_table **table_p);
 
 /**
- * ferry_table_destroy - free this node's side of a table
+ * ferry_table_destroy - give up this node's side of a table
  *
- * Context: after every worker stopped using it; the other nodes must destroy
- * theirs too before the keys are accessed again.
+ * Every node calls it (in the same order as the creates). This node stops
+ * using @table at once but keeps serving the other nodes (messages and
+ * one-sided access to its registered memory) until every live node has
+ * destroyed it; the memory is freed then, at this node's next
+ * ferry_table_create, ferry_table_destroy or ferry_close, and the table's id
+ * is reused by a later create. A node that never destroys it holds the
+ * others' memory until they close (or, at their next create, for at most the
+ * timeout, with a warning).
+ *
+ * Context: after this node's workers stopped using it (waited for every
+ * ticket on it); never blocks.
  */
 FERRY_API void ferry_table_destroy(struct ferry_table *table);
 

@@ -121,6 +121,7 @@ struct ferry_table {
 			* ferry__table_onesided() */
 
 	struct ferry_pend_table pend; /* keys on their way here (lib/dir/pend.h) */
+	bool dying; /* destroyed here, served until every node destroyed it (fy->lock) */
 
 	/* table create handshake (rank 0 collects; everyone waits for the ack) */
 	struct ferry_msg_table wire;
@@ -218,6 +219,12 @@ struct ferry {
 	int table_verdict[FERRY_MAX_TABLES]; /* 1 + status once acked */
 	struct ferry_msg_table table_ack[FERRY_MAX_TABLES];
 	struct ferry_msg_arena *table_arenas[FERRY_MAX_TABLES]; /* from the ack */
+	/* table destroy fence: ids in use here (a destroyed id is reused, as
+	 * every node frees it before any creates again); rank 0: per id, the
+	 * ranks that destroyed it (world bytes while a destroy runs) */
+	bool table_inuse[FERRY_MAX_TABLES];
+	uint8_t *table_freeing[FERRY_MAX_TABLES];
+	bool table_freed[FERRY_MAX_TABLES]; /* the fence passed: free it */
 
 	/* counters of the progress thread and of destroyed workers */
 	atomic_uint_fast64_t served_ops, forwards, reloc_in, reloc_out;

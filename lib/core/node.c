@@ -108,6 +108,7 @@ static void node_free(struct ferry *fy)
 	for (int i = 0; i < FERRY_MAX_TABLES; i++) {
 		free(fy->table_seen[i]);
 		free(fy->table_arenas[i]);
+		free(fy->table_freeing[i]);
 	}
 	pthread_mutex_destroy(&fy->lock);
 	pthread_cond_destroy(&fy->cond);

@@ -86,6 +86,8 @@ static size_t proto_body_size(uint8_t type)
 		return sizeof(struct ferry_msg_move);
 	case FERRY_MSG_BARRIER:
 	case FERRY_MSG_BARRIER_REL:
+	case FERRY_MSG_TABLE_FREE:
+	case FERRY_MSG_TABLE_FREE_ACK:
 		return sizeof(struct ferry_msg_barrier);
 	case FERRY_MSG_TABLE:
 	case FERRY_MSG_TABLE_ACK:

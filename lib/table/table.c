@@ -471,6 +471,9 @@ static int table_wait_verdict(struct ferry *fy, uint32_t id, struct ferry_msg_ta
 	return rc;
 }
 
+static void table_try_free(struct ferry *fy, uint32_t id);
+static void table_reap(struct ferry *fy, bool wait, bool force);
+
 /* a rank failed (progress thread): rank 0 fails every table still waiting
  * for that rank's parameters, at once */
 static void table_on_peer_failed(struct ferry *fy, uint32_t rank)
@@ -482,6 +485,9 @@ static void table_on_peer_failed(struct ferry *fy, uint32_t rank)
 		if (fy->table_seen[id] && !fy->table_verdict[id] &&
 		    !fy->table_seen[id][rank].value_len && !fy->table_seen[id][rank].num_keys)
 			table_fail_verdict(fy, id, -FERRY_E_PEER, rank);
+	/* and a destroy no longer waits for it */
+	for (uint32_t id = 0; id < FERRY_MAX_TABLES; id++)
+		table_try_free(fy, id);
 	pthread_mutex_unlock(&fy->lock);
 }
 
@@ -504,6 +510,9 @@ int ferry_table_create(struct ferry *fy, const struct ferry_table_params *p,
 	rc = table_check_params(p);
 	if (rc)
 		return rc;
+	/* destroyed tables first: their ids must be free here when they are
+	 * free on the other nodes */
+	table_reap(fy, true, false);
 	t = calloc(1, sizeof(*t));
 	if (!t)
 		return -ENOMEM;
@@ -516,14 +525,20 @@ int ferry_table_create(struct ferry *fy, const struct ferry_table_params *p,
 	}
 
 	pthread_mutex_lock(&fy->lock);
-	if (fy->ntables >= FERRY_MAX_TABLES) {
+	for (id = 0; id < FERRY_MAX_TABLES && fy->table_inuse[id]; id++)
+		;
+	if (id == FERRY_MAX_TABLES) {
 		pthread_mutex_unlock(&fy->lock);
-		ferry_err("table: this node already created %d tables, the limit",
+		ferry_err("table: this node has %d tables, the limit; destroy unused ones",
 			  FERRY_MAX_TABLES);
 		rc = -ENOSPC;
 		goto err_free;
 	}
-	id = fy->ntables++;
+	/* the lowest free id: the same on every node, as every node creates
+	 * in the same order and frees an id only after all destroyed it */
+	fy->table_inuse[id] = true;
+	if (id >= fy->ntables)
+		fy->ntables = id + 1;
 	t->id = id;
 	rcu_assign_pointer(fy->tables[id], t);
 	if (fy->rank == 0)
@@ -589,11 +604,186 @@ int ferry_table_create(struct ferry *fy, const struct ferry_table_params *p,
 err_unpublish:
 	pthread_mutex_lock(&fy->lock);
 	rcu_assign_pointer(fy->tables[id], NULL);
+	/* the id of a failed create stays taken: the others may have failed
+	 * later than this node, and ids must agree everywhere */
 	pthread_mutex_unlock(&fy->lock);
 	urcu_memb_synchronize_rcu();
 err_free:
 	table_free(t);
 	return rc;
+}
+
+/* forget rank 0's and the acknowledgement's state of table @id, so that the
+ * id can be created again; fy->lock held */
+static void table_id_reset(struct ferry *fy, uint32_t id)
+{
+	free(fy->table_seen[id]);
+	fy->table_seen[id] = NULL;
+	fy->table_nseen[id] = 0;
+	fy->table_verdict[id] = 0;
+	memset(&fy->table_ack[id], 0, sizeof(fy->table_ack[id]));
+	free(fy->table_arenas[id]);
+	fy->table_arenas[id] = NULL;
+	free(fy->table_freeing[id]);
+	fy->table_freeing[id] = NULL;
+}
+
+/*
+ * Rank 0, fy->lock held: once every live rank destroyed table @id, reset its
+ * state and tell everyone (in order before any later TABLE of theirs, so a
+ * reused id starts afresh everywhere).
+ */
+static void table_try_free(struct ferry *fy, uint32_t id)
+{
+	struct {
+		struct ferry_msg_hdr h;
+		struct ferry_msg_barrier b;
+	} ack;
+
+	if (!fy->table_freeing[id] || fy->table_freed[id])
+		return;
+	for (uint32_t r = 0; r < fy->world; r++)
+		if (!fy->table_freeing[id][r] && !atomic_load(&fy->failed[r]))
+			return;
+	table_id_reset(fy, id);
+	fy->table_freed[id] = true;
+	memset(&ack, 0, sizeof(ack));
+	ferry__proto_hdr_init(&ack.h, FERRY_MSG_TABLE_FREE_ACK, sizeof(ack), fy->rank, id);
+	pthread_mutex_unlock(&fy->lock);
+	for (uint32_t r = 1; r < fy->world; r++)
+		ferry__send(fy, r, &ack, sizeof(ack));
+	pthread_mutex_lock(&fy->lock);
+	pthread_cond_broadcast(&fy->cond);
+}
+
+/* fy->lock held: rank @src destroyed table @id */
+static void table_freeing(struct ferry *fy, uint32_t src, uint32_t id)
+{
+	if (!fy->table_freeing[id]) {
+		fy->table_freeing[id] = calloc(fy->world, 1);
+		if (!fy->table_freeing[id])
+			return; /* the destroys time out, and say so */
+	}
+	fy->table_freeing[id][src] = 1;
+	table_try_free(fy, id);
+}
+
+static void table_on_free_msg(struct ferry *fy, struct ferry_table *unused, uint32_t src,
+			      const struct ferry_proto_view *v)
+{
+	uint32_t id = v->hdr->table;
+
+	if (id >= FERRY_MAX_TABLES) {
+		ferry_warn("table: rank %u sent a table id %u out of range; ignored", src, id);
+		return;
+	}
+	pthread_mutex_lock(&fy->lock);
+	if (v->hdr->type == FERRY_MSG_TABLE_FREE && fy->rank == 0) {
+		table_freeing(fy, src, id);
+	} else if (v->hdr->type == FERRY_MSG_TABLE_FREE_ACK && src == 0) {
+		table_id_reset(fy, id);
+		fy->table_freed[id] = true;
+		pthread_cond_broadcast(&fy->cond);
+	} else {
+		ferry_warn("table: rank %u sent a table release meant for rank 0; ignored", src);
+	}
+	pthread_mutex_unlock(&fy->lock);
+}
+
+/*
+ * The destroy fence. ferry_table_destroy does not free the table at once:
+ * this node keeps serving it (messages, one-sided reads and writes into its
+ * arena and inbox) until every live node destroyed it too, so no peer's
+ * access meets a deregistered region (on RDMA that would put the queue pair
+ * in error, and the two nodes would fail each other for good). Rank 0
+ * counts the destroys and tells everyone; the table is then freed at the
+ * next create, destroy or close on this node (table_reap), never on the
+ * progress thread (freeing waits for a grace period).
+ */
+static void table_fence_start(struct ferry *fy, struct ferry_table *t)
+{
+	struct {
+		struct ferry_msg_hdr h;
+		struct ferry_msg_barrier b;
+	} msg;
+
+	pthread_mutex_lock(&fy->lock);
+	t->dying = true;
+	if (fy->rank == 0)
+		table_freeing(fy, 0, t->id);
+	pthread_mutex_unlock(&fy->lock);
+	if (fy->rank != 0) {
+		memset(&msg, 0, sizeof(msg));
+		ferry__proto_hdr_init(&msg.h, FERRY_MSG_TABLE_FREE, sizeof(msg), fy->rank, t->id);
+		if (ferry__send(fy, 0, &msg, sizeof(msg)))
+			ferry_warn(
+				"table %u: cannot tell rank 0 it was destroyed here; it is freed "
+				"when this node closes",
+				t->id);
+	}
+}
+
+/* unpublish and free a destroyed table; fy->lock not held */
+static void table_release(struct ferry *fy, struct ferry_table *t, bool fenced)
+{
+	uint32_t id = t->id;
+
+	pthread_mutex_lock(&fy->lock);
+	rcu_assign_pointer(fy->tables[id], NULL);
+	pthread_mutex_unlock(&fy->lock);
+	/* no handler sees the table after this; then let deferred frees run */
+	urcu_memb_synchronize_rcu();
+	urcu_memb_barrier();
+	pthread_mutex_lock(&fy->lock);
+	/* a fenced id is free for the next create (every node freed it); an
+	 * unfenced one stays taken, so that ids keep agreeing */
+	fy->table_freed[id] = false;
+	if (fenced)
+		fy->table_inuse[id] = false;
+	pthread_mutex_unlock(&fy->lock);
+	table_free(t);
+	ferry__node_put(fy);
+}
+
+/*
+ * Free the destroyed tables whose fence passed. @wait: first wait for every
+ * fence, bounded by the timeout (a create must: the ids it picks from must
+ * agree with the other nodes'); @force: free them all now (close: the peers
+ * see this node leave). Context: an application thread, no lock held.
+ */
+static void table_reap(struct ferry *fy, bool wait, bool force)
+{
+	struct timespec ts;
+
+	ferry__deadline_ms(fy->timeout_ms, &ts);
+	for (uint32_t id = 0; id < FERRY_MAX_TABLES; id++) {
+		struct ferry_table *t;
+		bool fenced = false;
+
+		pthread_mutex_lock(&fy->lock);
+		t = fy->tables[id];
+		if (t && t->dying && wait && !force) {
+			while (!fy->table_freed[id] && !atomic_load(&fy->closed) &&
+			       !(fy->rank != 0 && atomic_load(&fy->failed[0])) &&
+			       ferry__cond_wait_until(&fy->cond, &fy->lock, &ts) != ETIMEDOUT)
+				;
+			if (!fy->table_freed[id])
+				ferry_warn("table %u: not every node destroyed it within %d ms; "
+					   "freeing it here anyway (a peer that still uses it "
+					   "fails); call ferry_table_destroy() on every node",
+					   id, fy->timeout_ms);
+		}
+		if (t && t->dying)
+			fenced = fy->table_freed[id];
+		pthread_mutex_unlock(&fy->lock);
+		if (t && t->dying && (fenced || wait || force))
+			table_release(fy, t, fenced);
+	}
+}
+
+void ferry__table_close(struct ferry *fy)
+{
+	table_reap(fy, false, true);
 }
 
 void ferry_table_destroy(struct ferry_table *t)
@@ -603,14 +793,12 @@ void ferry_table_destroy(struct ferry_table *t)
 	if (!t)
 		return;
 	fy = t->fy;
-	pthread_mutex_lock(&fy->lock);
-	rcu_assign_pointer(fy->tables[t->id], NULL);
-	pthread_mutex_unlock(&fy->lock);
-	/* no handler sees the table after this; then let deferred frees run */
-	urcu_memb_synchronize_rcu();
-	urcu_memb_barrier();
-	table_free(t);
-	ferry__node_put(fy);
+	if (atomic_load(&fy->closed)) {
+		table_release(fy, t, false);
+		return;
+	}
+	table_fence_start(fy, t);
+	table_reap(fy, false, false);
 }
 
 int ferry_table_home(const struct ferry_table *t, uint64_t key)
@@ -636,5 +824,11 @@ int ferry__table_attach(struct ferry *fy)
 	if (!rc)
 		rc = ferry__dispatch_register(fy, FERRY_MSG_TABLE_ACK, FERRY_DISPATCH_NODE,
 					      table_on_msg);
+	if (!rc)
+		rc = ferry__dispatch_register(fy, FERRY_MSG_TABLE_FREE, FERRY_DISPATCH_NODE,
+					      table_on_free_msg);
+	if (!rc)
+		rc = ferry__dispatch_register(fy, FERRY_MSG_TABLE_FREE_ACK, FERRY_DISPATCH_NODE,
+					      table_on_free_msg);
 	return rc ? rc : ferry__node_on_peer_failed(fy, table_on_peer_failed);
 }

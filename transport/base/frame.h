@@ -53,6 +53,8 @@ enum ferry_msg_type {
 				      one-sided into the requester's landing entries */
 	FERRY_MSG_BYE,		 /* header only: the sender closes on purpose
 				      (transports consume it; the core never sees it) */
+	FERRY_MSG_TABLE_FREE,	  /* node -> rank 0: I destroyed this table */
+	FERRY_MSG_TABLE_FREE_ACK, /* rank 0 -> every node: all did; free it */
 	FERRY_MSG_TYPE_MAX
 };
 
