@@ -71,6 +71,17 @@ struct ferry_tp_rd {
 
 #define FERRY_TP_ADDR_MAX 256 /* bytes of a transport address blob */
 
+/*
+ * Back-pressure: a send() from any thread but the progress thread waits,
+ * bounded by cfg.timeout_ms, while its peer's queue holds more than this
+ * many bytes (a peer that stops reading), and then fails with -EAGAIN: the
+ * memory a node queues for a peer stays below this plus one frame. The
+ * progress thread never waits (it must flush): what it queues (replies,
+ * forwards, hand-overs) follows what the peers sent it, which their own
+ * bound limits.
+ */
+#define FERRY_TP_SENDQ_MAX (128u << 20)
+
 struct ferry_tp;
 
 struct ferry_tp_handler {
@@ -127,7 +138,8 @@ struct ferry_tp_ops {
 	 * logging the ranks that did not connect) */
 	int (*connect)(struct ferry_tp *tp, const void *const *addrs, const size_t *lens);
 	/* queue one frame (the concatenation of @iov) to @dst, which may be
-	 * our own rank; never blocks on the network; any thread */
+	 * our own rank; never blocks on the network; any thread; waits for
+	 * room only as FERRY_TP_SENDQ_MAX says */
 	int (*send)(struct ferry_tp *tp, uint32_t dst, const struct iovec *iov, int iovcnt);
 	/* optional: register memory; a NULL op means no registration is needed */
 	int (*mem_reg)(struct ferry_tp *tp, void *addr, size_t len, unsigned access,

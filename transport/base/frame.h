@@ -38,20 +38,20 @@
 #define FERRY_MSG_ALIGN 8u	  /* every frame's len is a multiple: frames stay aligned */
 
 enum ferry_msg_type {
-	FERRY_MSG_HELLO = 1,	 /* connection handshake (transports) */
-	FERRY_MSG_OP,		 /* pull / push / set of keys, maybe forwarded */
-	FERRY_MSG_REPLY,	 /* results back to the origin */
-	FERRY_MSG_LOCALIZE,	 /* requester -> home: move these keys to me */
-	FERRY_MSG_HANDOVER_REQ,	 /* home -> current owner: give them to X */
-	FERRY_MSG_HANDOVER,	 /* old owner -> new owner: keys and values */
-	FERRY_MSG_LOC_ACK,	 /* home -> requester: already yours */
-	FERRY_MSG_BARRIER,	 /* node -> rank 0 */
-	FERRY_MSG_BARRIER_REL,	 /* rank 0 -> every node */
-	FERRY_MSG_TABLE,	 /* node -> rank 0: my table parameters */
-	FERRY_MSG_TABLE_ACK,	 /* rank 0 -> every node: verdict */
-	FERRY_MSG_HANDOVER_DONE, /* old owner -> new owner: values already written
+	FERRY_MSG_HELLO = 1,	  /* connection handshake (transports) */
+	FERRY_MSG_OP,		  /* pull / push / set of keys, maybe forwarded */
+	FERRY_MSG_REPLY,	  /* results back to the origin */
+	FERRY_MSG_LOCALIZE,	  /* requester -> home: move these keys to me */
+	FERRY_MSG_HANDOVER_REQ,	  /* home -> current owner: give them to X */
+	FERRY_MSG_HANDOVER,	  /* old owner -> new owner: keys and values */
+	FERRY_MSG_LOC_ACK,	  /* home -> requester: already yours */
+	FERRY_MSG_BARRIER,	  /* node -> rank 0 */
+	FERRY_MSG_BARRIER_REL,	  /* rank 0 -> every node */
+	FERRY_MSG_TABLE,	  /* node -> rank 0: my table parameters */
+	FERRY_MSG_TABLE_ACK,	  /* rank 0 -> every node: verdict */
+	FERRY_MSG_HANDOVER_DONE,  /* old owner -> new owner: values already written
 				      one-sided into the requester's landing entries */
-	FERRY_MSG_BYE,		 /* header only: the sender closes on purpose
+	FERRY_MSG_BYE,		  /* header only: the sender closes on purpose
 				      (transports consume it; the core never sees it) */
 	FERRY_MSG_TABLE_FREE,	  /* node -> rank 0: I destroyed this table */
 	FERRY_MSG_TABLE_FREE_ACK, /* rank 0 -> every node: all did; free it */

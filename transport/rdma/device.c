@@ -631,11 +631,23 @@ int ferry__rdma_peers_init(struct rdma_tp *t)
 		struct rdma_peer *p = &t->peers[r];
 
 		ret = -pthread_mutex_init(&p->lock, NULL);
+		if (!ret) {
+			/* the back-pressure wait is bounded on the monotonic clock */
+			pthread_condattr_t ca;
+
+			pthread_condattr_init(&ca);
+			pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+			ret = -pthread_cond_init(&p->q_drained, &ca);
+			pthread_condattr_destroy(&ca);
+			if (ret)
+				pthread_mutex_destroy(&p->lock);
+		}
 		if (!ret && r != me) {
 			size_t slot = r < me ? r : r - 1;
 
 			p->sig = calloc(t->sq_depth, sizeof(*p->sig));
 			if (!p->sig) {
+				pthread_cond_destroy(&p->q_drained);
 				pthread_mutex_destroy(&p->lock);
 				ret = -ENOMEM;
 			}
@@ -654,6 +666,7 @@ int ferry__rdma_peers_init(struct rdma_tp *t)
 err_destroy_peers:
 	while (r--) {
 		free(t->peers[r].sig);
+		pthread_cond_destroy(&t->peers[r].q_drained);
 		pthread_mutex_destroy(&t->peers[r].lock);
 	}
 	if (t->region_mr) {
@@ -688,6 +701,7 @@ void ferry__rdma_peers_fini(struct rdma_tp *t)
 		}
 		free(p->asm_buf);
 		free(p->sig);
+		pthread_cond_destroy(&p->q_drained);
 		pthread_mutex_destroy(&p->lock);
 	}
 	if (t->region_mr) {

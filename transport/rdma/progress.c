@@ -203,6 +203,8 @@ static void rdma_progress_cancel(struct rdma_tp *t)
 			p->state = RDMA_PEER_FAILED;
 		q = p->q_head;
 		p->q_head = p->q_tail = NULL;
+		p->q_bytes = 0;
+		pthread_cond_broadcast(&p->q_drained);
 		if (p->sig_n)
 			ops = calloc(p->sig_n, sizeof(*ops));
 		for (; p->sig_n; p->sig_n--) {

@@ -88,6 +88,7 @@ int ferry__rdma_q_append(struct rdma_peer *p, struct rdma_cursor *c, size_t n)
 		fresh->len = n;
 		ferry__rdma_q_push(p, fresh);
 	}
+	p->q_bytes += fill + (fresh ? fresh->len : 0);
 	return 0;
 }
 
@@ -188,6 +189,37 @@ int ferry__rdma_post_op(struct rdma_tp *t, struct rdma_peer *p, struct rdma_op *
  * Call with p->lock held and the peer UP. Return: 0, or the negative errno of
  * a failed post (the caller fails the peer).
  */
+/*
+ * Back-pressure (transport.h, FERRY_TP_SENDQ_MAX): a sender other than the
+ * progress thread waits while the peer's queue is full, until it drained to
+ * half, bounded by the node's timeout. Call with p->lock held; returns with
+ * it held. Return: 0, -EAGAIN (the peer took nothing in time) or
+ * -FERRY_E_PEER (it failed meanwhile).
+ */
+int ferry__rdma_wait_room(struct rdma_tp *t, struct rdma_peer *p)
+{
+	int timeout_ms = t->base.cfg.timeout_ms > 0 ? t->base.cfg.timeout_ms : 30000;
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	ts.tv_sec += timeout_ms / 1000;
+	ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+	if (ts.tv_nsec >= 1000000000L) {
+		ts.tv_sec++;
+		ts.tv_nsec -= 1000000000L;
+	}
+	while (p->state == RDMA_PEER_UP && p->q_bytes > FERRY_TP_SENDQ_MAX / 2)
+		if (pthread_cond_timedwait(&p->q_drained, &p->lock, &ts) == ETIMEDOUT &&
+		    p->q_bytes > FERRY_TP_SENDQ_MAX / 2) {
+			ferry_err("rdma: rank %u: rank %u has not taken the %zu bytes queued for "
+				  "it within %d ms; the send fails with -EAGAIN (a stopped or slow "
+				  "peer: check it, or retry later)",
+				  t->base.cfg.rank, p->rank, p->q_bytes, timeout_ms);
+			return -EAGAIN;
+		}
+	return p->state == RDMA_PEER_UP ? 0 : -FERRY_E_PEER;
+}
+
 int ferry__rdma_flush_locked(struct rdma_tp *t, struct rdma_peer *p)
 {
 	struct rdma_qent *e;
@@ -218,6 +250,7 @@ int ferry__rdma_flush_locked(struct rdma_tp *t, struct rdma_peer *p)
 			memcpy(buf + n, e->data + e->off, take);
 			e->off += take;
 			n += take;
+			p->q_bytes -= take < p->q_bytes ? take : p->q_bytes;
 			if (e->off == e->len) {
 				rdma_q_pop(p);
 				free(e);
@@ -226,6 +259,8 @@ int ferry__rdma_flush_locked(struct rdma_tp *t, struct rdma_peer *p)
 		ret = ferry__rdma_post_chunk(t, p, n);
 		if (ret)
 			return ret;
+		if (p->q_bytes < FERRY_TP_SENDQ_MAX / 2)
+			pthread_cond_broadcast(&p->q_drained);
 	}
 	if (p->owed >= RDMA_CREDIT_BATCH && rdma_sq_room(t, p))
 		return ferry__rdma_post_credit(t, p);
@@ -370,6 +405,8 @@ void ferry__rdma_peer_fail(struct rdma_tp *t, struct rdma_peer *p, int err)
 	p->state = RDMA_PEER_FAILED;
 	q = p->q_head;
 	p->q_head = p->q_tail = NULL;
+	p->q_bytes = 0;
+	pthread_cond_broadcast(&p->q_drained);
 	pthread_mutex_unlock(&p->lock);
 
 	p->live = 0;

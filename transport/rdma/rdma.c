@@ -265,6 +265,11 @@ static int rdma_send(struct ferry_tp *tp, uint32_t dst, const struct iovec *iov,
 		ret = p->state == RDMA_PEER_IDLE ? -ENOTCONN : -FERRY_E_PEER;
 		goto out_unlock;
 	}
+	if (p->q_bytes > FERRY_TP_SENDQ_MAX && !pthread_equal(pthread_self(), t->thread)) {
+		ret = ferry__rdma_wait_room(t, p);
+		if (ret)
+			goto out_unlock;
+	}
 	/*
 	 * corked: a small frame waits for the sends in flight and leaves with
 	 * others, once a signaled completion (sig_n) comes to flush the queue

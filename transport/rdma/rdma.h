@@ -267,6 +267,8 @@ struct rdma_peer {
 	struct rdma_sig *sig;	     /* ring of sq_depth records */
 	uint32_t sig_head, sig_n;
 	struct rdma_qent *q_head, *q_tail;
+	size_t q_bytes;		  /* frame bytes queued, not yet posted (lock) */
+	pthread_cond_t q_drained; /* q_bytes fell below FERRY_TP_SENDQ_MAX / 2 */
 	int send_err;
 	int break_logged; /* a worker logged why it broke the peer */
 
@@ -483,6 +485,8 @@ int ferry__rdma_post_credit(struct rdma_tp *t, struct rdma_peer *p);
 int ferry__rdma_post_op(struct rdma_tp *t, struct rdma_peer *p, struct rdma_op *op);
 int ferry__rdma_flush_locked(struct rdma_tp *t, struct rdma_peer *p);
 void ferry__rdma_peer_break(struct rdma_tp *t, struct rdma_peer *p, int err);
+/* back-pressure: wait for room in @p's queue; p->lock held; any thread but the progress thread */
+int ferry__rdma_wait_room(struct rdma_tp *t, struct rdma_peer *p);
 /* the core dropped @dst: fail it soon; progress thread */
 void ferry__rdma_drop(struct ferry_tp *tp, uint32_t dst);
 /* qp.c: progress thread (ferry__rdma_op_done also on a worker in poll()) */

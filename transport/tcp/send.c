@@ -46,6 +46,8 @@ void ferry__tcp_oq_free(struct tcp_conn *c)
 	}
 	c->oq_head = c->oq_tail = NULL;
 	c->oq_off = 0;
+	c->oq_bytes = 0;
+	pthread_cond_broadcast(&c->oq_drained);
 }
 
 /*
@@ -105,6 +107,7 @@ static int tcp_oq_append(struct tcp_conn *c, const struct iovec *iov, int iovcnt
 			c->oq_head = fresh;
 		c->oq_tail = fresh;
 	}
+	c->oq_bytes += need;
 	return 0;
 }
 
@@ -156,6 +159,9 @@ int ferry__tcp_conn_flush(struct tcp_tp *t, struct tcp_conn *c)
 				ret = -errno;
 			break;
 		}
+		c->oq_bytes -= (size_t)n < c->oq_bytes ? (size_t)n : c->oq_bytes;
+		if (c->oq_bytes < FERRY_TP_SENDQ_MAX / 2)
+			pthread_cond_broadcast(&c->oq_drained);
 		while (n > 0) {
 			ch = c->oq_head;
 			if ((size_t)n < ch->len - c->oq_off) {
@@ -222,6 +228,37 @@ static int tcp_self_send(struct tcp_tp *t, const struct iovec *iov, int iovcnt, 
  * -ENOTCONN before connect() succeeded; -FERRY_E_PEER when @dst failed;
  * -ENOMEM.
  */
+/*
+ * Back-pressure (transport.h, FERRY_TP_SENDQ_MAX): a sender other than the
+ * progress thread waits while the peer's queue is full, until it drained to
+ * half, bounded by the node's timeout. Call with c->lock held; returns with
+ * it held. Return: 0, -EAGAIN (the peer did not read in time) or
+ * -FERRY_E_PEER (it failed meanwhile).
+ */
+static int tcp_wait_room(struct tcp_tp *t, struct tcp_conn *c)
+{
+	int timeout_ms = t->base.cfg.timeout_ms > 0 ? t->base.cfg.timeout_ms : 30000;
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	ts.tv_sec += timeout_ms / 1000;
+	ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+	if (ts.tv_nsec >= 1000000000L) {
+		ts.tv_sec++;
+		ts.tv_nsec -= 1000000000L;
+	}
+	while (c->state == TCP_CONN_UP && c->oq_bytes > FERRY_TP_SENDQ_MAX / 2)
+		if (pthread_cond_timedwait(&c->oq_drained, &c->lock, &ts) == ETIMEDOUT &&
+		    c->oq_bytes > FERRY_TP_SENDQ_MAX / 2) {
+			ferry_err("tcp: rank %u: rank %u has not read the %zu bytes queued for it "
+				  "within %d ms; the send fails with -EAGAIN (a stopped or slow "
+				  "peer: check it, or retry later)",
+				  t->base.cfg.rank, c->rank, c->oq_bytes, timeout_ms);
+			return -EAGAIN;
+		}
+	return c->state == TCP_CONN_UP ? 0 : -FERRY_E_PEER;
+}
+
 int ferry__tcp_send(struct ferry_tp *tp, uint32_t dst, const struct iovec *iov, int iovcnt)
 {
 	struct tcp_tp *t = to_tcp(tp);
@@ -243,6 +280,11 @@ int ferry__tcp_send(struct ferry_tp *tp, uint32_t dst, const struct iovec *iov, 
 	if (c->state != TCP_CONN_UP) {
 		ret = c->state == TCP_CONN_IDLE ? -ENOTCONN : -FERRY_E_PEER;
 		goto out_unlock;
+	}
+	if (c->oq_bytes > FERRY_TP_SENDQ_MAX && !pthread_equal(pthread_self(), t->thread)) {
+		ret = tcp_wait_room(t, c);
+		if (ret)
+			goto out_unlock;
 	}
 	if (!c->oq_head) {
 		do {

@@ -30,6 +30,7 @@ static void tcp_conns_fini(struct tcp_tp *t, uint32_t n)
 			close(c->fd);
 		ferry__tcp_oq_free(c);
 		free(c->rbuf);
+		pthread_cond_destroy(&c->oq_drained);
 		pthread_mutex_destroy(&c->lock);
 	}
 	free(t->conns);
@@ -74,9 +75,20 @@ static int tcp_init(struct ferry_tp *tp, const struct ferry_tp_config *cfg)
 		goto err_close_listen;
 	}
 	for (r = 0; r < cfg->world; r++) {
+		pthread_condattr_t ca;
+
 		ret = -pthread_mutex_init(&t->conns[r].lock, NULL);
 		if (ret)
 			goto err_free_conns;
+		/* the back-pressure wait is bounded on the monotonic clock */
+		pthread_condattr_init(&ca);
+		pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+		ret = -pthread_cond_init(&t->conns[r].oq_drained, &ca);
+		pthread_condattr_destroy(&ca);
+		if (ret) {
+			pthread_mutex_destroy(&t->conns[r].lock);
+			goto err_free_conns;
+		}
 		t->conns[r].fd = -1;
 		t->conns[r].rank = r;
 	}

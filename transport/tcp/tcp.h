@@ -86,6 +86,8 @@ struct tcp_conn {
 	struct tcp_chunk *oq_head;
 	struct tcp_chunk *oq_tail;
 	size_t oq_off;
+	size_t oq_bytes;	   /* queued, not yet written (lock) */
+	pthread_cond_t oq_drained; /* oq_bytes fell below FERRY_TP_SENDQ_MAX / 2 */
 
 	/* set in init, read-only afterwards */
 	uint32_t rank;
