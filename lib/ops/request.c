@@ -29,6 +29,7 @@
 #include <string.h>
 
 #include "lib/ops/internal.h"
+#include "transport/base/cpu.h"
 
 static int ops_check(struct ferry_worker *w, struct ferry_table *t, const uint64_t *keys, size_t n,
 		     const void *vals, int need_vals, const char *what)
@@ -378,8 +379,8 @@ static int ops_wait_req(struct ferry_worker *w, struct ferry_req *r, int block)
 		}
 		/* on a machine with few cores the progress threads need the CPU we
 		 * would burn: spin briefly, then yield while still polling */
-		if (iter < 256)
-			__builtin_ia32_pause();
+		if (iter < FERRY_SPIN_RELAX)
+			ferry__cpu_relax();
 		else
 			sched_yield();
 	}
