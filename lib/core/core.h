@@ -14,6 +14,9 @@
  *   table.pend             keys on their way here: table.pend.lock (+ RCU)
  *   table.inbox            landing entries (free list, busy marks): table.pend.lock
  *   worker.reqs[]          the worker's thread; replies under worker.lock
+ *   req.dsts               the worker's thread (sends and waits)
+ *   node.failed[], failures  atomics, written once per rank by the progress thread
+ *   node.barrier_*, table_*  node.lock (application threads and progress thread)
  */
 #ifndef FERRY_LIB_CORE_H
 #define FERRY_LIB_CORE_H
