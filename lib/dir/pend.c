@@ -78,6 +78,17 @@ void ferry__pend_fini(struct ferry_pend_table *pt, void (*each)(void *arg, struc
 	pthread_mutex_destroy(&pt->lock);
 }
 
+void ferry__pend_for_each(struct ferry_pend_table *pt, void (*fn)(void *arg, struct ferry_pend *e),
+			  void *arg)
+{
+	struct cds_lfht_node *node;
+	struct cds_lfht_iter it;
+
+	for (cds_lfht_first(pt->ht, &it); (node = cds_lfht_iter_get_node(&it));
+	     cds_lfht_next(pt->ht, &it))
+		fn(arg, caa_container_of(node, struct ferry_pend, node));
+}
+
 struct ferry_pend *ferry__pend_find(struct ferry_pend_table *pt, uint64_t key)
 {
 	struct cds_lfht_iter it;
@@ -113,6 +124,7 @@ void ferry__pend_del(struct ferry_pend_table *pt, struct ferry_pend *e)
 
 void ferry__pend_append(struct ferry_pend *e, struct ferry_pend_item *it)
 {
+	e->nqueued++;
 	it->next = NULL;
 	if (e->tail)
 		e->tail->next = it;
@@ -133,6 +145,12 @@ int ferry__pend_queue_op(struct ferry_pend_table *pt, const struct ferry_msg_op 
 	if (!e) {
 		pthread_mutex_unlock(&pt->lock);
 		return 0;
+	}
+	if (e->stuck || e->nqueued >= FERRY_PEND_QUEUE_MAX) {
+		int rc = e->stuck ? e->stuck : -EAGAIN;
+
+		pthread_mutex_unlock(&pt->lock);
+		return rc;
 	}
 	it = malloc(sizeof(*it) + nv * sizeof(float));
 	if (!it) {

@@ -60,9 +60,15 @@ struct ferry_pend {
 	uint32_t landing;		     /* landing entry reserved, or FERRY_LANDING_NONE */
 	struct ferry_pend_item *head, *tail; /* arrived early, in order */
 	struct ferry_pend_waiter *waiters;   /* localize requests to wake */
+	uint32_t nqueued;		     /* items at head..tail: at most FERRY_PEND_QUEUE_MAX */
+	int stuck;			     /* the move cannot end (its home failed): 0 or why */
 	struct cds_lfht_node node;
 	struct rcu_head rcu;
 };
+
+/* operations queued behind one key's move, at most: more are refused with
+ * -EAGAIN (a move that takes long must not queue without bound) */
+#define FERRY_PEND_QUEUE_MAX 4096u
 
 struct ferry_pend_table {
 	pthread_mutex_t lock;
@@ -87,6 +93,10 @@ struct ferry_pend *ferry__pend_add(struct ferry_pend_table *pt, uint64_t key, ui
 				   uint32_t landing);
 /* unlink @e; it is the caller's to replay and free */
 void ferry__pend_del(struct ferry_pend_table *pt, struct ferry_pend *e);
+/* call @fn on every entry; pt->lock and rcu_read_lock held (@fn must not
+ * add or remove entries) */
+void ferry__pend_for_each(struct ferry_pend_table *pt, void (*fn)(void *arg, struct ferry_pend *e),
+			  void *arg);
 /* free an unlinked entry, its queue and its waiters */
 void ferry__pend_free(struct ferry_pend *e);
 /* queue @it behind what arrived for @e before */
@@ -94,7 +104,9 @@ void ferry__pend_append(struct ferry_pend *e, struct ferry_pend_item *it);
 /*
  * ferry__pend_queue_op - queue an arriving operation on a key on its way here
  * Takes and releases pt->lock itself (rcu_read_lock held by the caller).
- * Return: 1 queued, 0 the key is not expected here, -ENOMEM (not queued).
+ * Return: 1 queued, 0 the key is not expected here, or (not queued) -ENOMEM,
+ * -EAGAIN (FERRY_PEND_QUEUE_MAX queued already), or the entry's stuck status
+ * (its move cannot end).
  */
 int ferry__pend_queue_op(struct ferry_pend_table *pt, const struct ferry_msg_op *op,
 			 const struct ferry_msg_key *k, const float *vals);

@@ -508,9 +508,10 @@ static void ops_on_op(struct ferry *fy, struct ferry_table *t, uint32_t src,
 		}
 		ops_reply_drop(&rb, vlen);
 		if ((queued = ferry__pend_queue_op(&t->pend, op, k, kin)) < 0) {
-			ferry_err("ops: out of memory queueing an operation on key %llu",
-				  (unsigned long long)k->key);
-			ferry__ops_send_reply(fy, t, op, -ENOMEM, &k->idx, 1, NULL, 0);
+			if (queued == -ENOMEM)
+				ferry_err("ops: out of memory queueing an operation on key %llu",
+					  (unsigned long long)k->key);
+			ferry__ops_send_reply(fy, t, op, queued, &k->idx, 1, NULL, 0);
 		} else if (!queued) {
 			home = ferry__home(t, k->key);
 			dst = home == fy->rank ? t->dir.owner[k->key] : home;

@@ -7,7 +7,8 @@
  * then rank 2 is killed. Checked, with a node timeout of 20 s:
  *
  * - the pull in flight to rank 2 ends with -FERRY_E_PEER within 2 s of the
- *   kill, not after the timeout;
+ *   kill, not after the timeout; so does rank 1's localize of a key homed at
+ *   rank 2, and a second localize of that key fails at once;
  * - every key homed and owned on a live node is read and written at once,
  *   with its value intact, from both live nodes; a key homed at rank 2 and
  *   owned by rank 1 stays usable at its owner;
@@ -32,10 +33,11 @@
 #define DEAD 2
 
 struct death {
-	volatile int ready;    /* nodes past the first barrier */
-	volatile int stopped;  /* the parent stopped rank 2 */
-	volatile int inflight; /* rank 0 started its pull of a key of rank 2 */
-	volatile int killed;   /* the parent killed rank 2 */
+	volatile int ready;	/* nodes past the first barrier */
+	volatile int stopped;	/* the parent stopped rank 2 */
+	volatile int inflight;	/* rank 0 started its pull of a key of rank 2 */
+	volatile int inflight1; /* rank 1 started its localize of a key homed at rank 2 */
+	volatile int killed;	/* the parent killed rank 2 */
 	volatile int64_t kill_ns;
 	volatile int finished; /* live nodes done checking (the barrier is broken) */
 	volatile int failures;
@@ -154,6 +156,34 @@ static int child(int rank, struct ferry_params *p, struct death *d)
 			return 1;
 		}
 	}
+	if (rank == 1) {
+		uint64_t key = 2 * PER + 70; /* homed and owned at rank 2 */
+		uint64_t ticket;
+
+		wait_flag(&d->stopped);
+		rc = ferry_localize_start(w, t, &key, 1, &ticket);
+		if (rc)
+			return fail(d, rank, "localize_start", rc);
+		d->inflight1 = 1;
+		rc = ferry_wait(w, ticket);
+		t0 = now_ns();
+		if (rc != -FERRY_E_PEER)
+			return fail(d, rank, "the localize whose home died should fail", rc);
+		if (!d->killed || t0 - d->kill_ns > 2000000000ll) {
+			snprintf(d->why, sizeof(d->why),
+				 "rank 1: the localize ended %.0f ms after the kill",
+				 (double)(t0 - d->kill_ns) / 1e6);
+			d->failures++;
+			return 1;
+		}
+		/* the move stays on record (a hand-over could still come), and a
+		 * new localize of the key fails at once instead of queueing */
+		t0 = now_ns();
+		rc = ferry_localize(w, t, &key, 1);
+		if (rc != -FERRY_E_PEER || now_ns() - t0 > 2000000000ll)
+			return fail(d, rank, "a new localize of a stuck key should fail at once",
+				    rc);
+	}
 	wait_flag(&d->killed);
 	/* a few keys change, from both live nodes, after the death */
 	for (uint64_t key = 7 * (uint64_t)rank; key < 2 * PER; key += 14) {
@@ -223,7 +253,8 @@ Test(death, a_killed_node_fails_waits_at_once_and_live_keys_stay_usable, .timeou
 	kill(pids[DEAD], SIGSTOP);
 	d->stopped = 1;
 	wait_flag(&d->inflight);
-	usleep(200000); /* the pull is queued at the stopped node */
+	wait_flag(&d->inflight1);
+	usleep(200000); /* the pull and the localize are queued at the stopped node */
 	d->kill_ns = now_ns();
 	kill(pids[DEAD], SIGKILL);
 	d->killed = 1;
