@@ -563,6 +563,9 @@ report() { # name rc centiseconds log show-output
 	if [ "$5" = all ] || [ "$VERBOSE" = 1 ]; then
 		sed 's/^/  | /' "$4"
 	elif [ "$st" != PASS ]; then
+		# the failed cases first (their lines scroll away behind the log), then the tail
+		grep -h -A4 -e '\[FAIL\]' -e 'Assertion Failed' -e 'CRASH' "$4" | head -n 60 |
+			sed 's/^/  | failed: /'
 		tail -n 40 "$4" | sed 's/^/  | /'
 	else
 		# Criterion's one-line count shows that the tests ran, not only started.

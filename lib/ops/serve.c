@@ -200,7 +200,7 @@ static void ops_reply_flush(struct ferry *fy, struct ferry_table *t, struct ops_
 	void *p;
 
 	if (!rb->count)
-		return;
+		goto out; /* every key added was dropped again: only the buffers go */
 	if (rb->idx.len == SIZE_MAX || rb->slots.len == SIZE_MAX || rb->vals.len == SIZE_MAX) {
 		/* the parts could not be built: the origin still gets an answer */
 		ferry_err("ops: out of memory building a reply of %u keys for rank %u", rb->count,

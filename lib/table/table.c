@@ -716,10 +716,10 @@ static void table_fence_start(struct ferry *fy, struct ferry_table *t)
 		memset(&msg, 0, sizeof(msg));
 		ferry__proto_hdr_init(&msg.h, FERRY_MSG_TABLE_FREE, sizeof(msg), fy->rank, t->id);
 		if (ferry__send(fy, 0, &msg, sizeof(msg)))
-			ferry_warn(
-				"table %u: cannot tell rank 0 it was destroyed here; it is freed "
-				"when this node closes",
-				t->id);
+			/* rank 0 left or failed: nobody can fence any more */
+			ferry_info("table %u: rank 0 cannot be told it was destroyed here (it "
+				   "left); it is freed when this node closes",
+				   t->id);
 	}
 }
 
