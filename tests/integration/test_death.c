@@ -3,10 +3,10 @@
  * Integration: a node dies (SIGKILL) while the others run. 3 nodes as
  * forked processes, range placement (rank r is home of keys [100 r, 100 r +
  * 100)); rank 1 owns a few keys homed at rank 0 and at rank 2 (localized
- * before). Rank 2 is stopped, rank 0 starts a pull of a key rank 2 owns,
+ * before). Rank 2 is stopped, rank 0 starts a push to a key rank 2 owns,
  * then rank 2 is killed. Checked, with a node timeout of 20 s:
  *
- * - the pull in flight to rank 2 ends with -FERRY_E_PEER within 2 s of the
+ * - the push in flight to rank 2 ends with -FERRY_E_PEER within 2 s of the
  *   kill, not after the timeout; so does rank 1's localize of a key homed at
  *   rank 2, and a second localize of that key fails at once;
  * - every key homed and owned on a live node is read and written at once,
@@ -35,7 +35,7 @@
 struct death {
 	volatile int ready;	/* nodes past the first barrier */
 	volatile int stopped;	/* the parent stopped rank 2 */
-	volatile int inflight;	/* rank 0 started its pull of a key of rank 2 */
+	volatile int inflight;	/* rank 0 started its push to a key of rank 2 */
 	volatile int inflight1; /* rank 1 started its localize of a key homed at rank 2 */
 	volatile int killed;	/* the parent killed rank 2 */
 	volatile int64_t kill_ns;
@@ -140,17 +140,21 @@ static int child(int rank, struct ferry_params *p, struct death *d)
 		uint64_t ticket;
 
 		wait_flag(&d->stopped);
-		rc = ferry_pull_start(w, t, &key, 1, v, &ticket);
+		/* a push: it needs the owner's CPU on every transport (a pull may be
+		 * one RDMA READ, which the stopped owner's NIC still serves) */
+		for (uint32_t j = 0; j < VLEN; j++)
+			v[j] = 1.0f;
+		rc = ferry_push_start(w, t, &key, 1, v, &ticket);
 		if (rc)
-			return fail(d, rank, "pull_start", rc);
+			return fail(d, rank, "push_start", rc);
 		d->inflight = 1;
 		rc = ferry_wait(w, ticket);
 		t0 = now_ns();
 		if (rc != -FERRY_E_PEER)
-			return fail(d, rank, "the pull in flight to the dead rank should fail", rc);
+			return fail(d, rank, "the push in flight to the dead rank should fail", rc);
 		if (!d->killed || t0 - d->kill_ns > 2000000000ll) {
 			snprintf(d->why, sizeof(d->why),
-				 "rank 0: the pull in flight ended %.0f ms after the kill",
+				 "rank 0: the push in flight ended %.0f ms after the kill",
 				 (double)(t0 - d->kill_ns) / 1e6);
 			d->failures++;
 			return 1;
@@ -254,7 +258,7 @@ Test(death, a_killed_node_fails_waits_at_once_and_live_keys_stay_usable, .timeou
 	d->stopped = 1;
 	wait_flag(&d->inflight);
 	wait_flag(&d->inflight1);
-	usleep(200000); /* the pull and the localize are queued at the stopped node */
+	usleep(200000); /* the push and the localize are queued at the stopped node */
 	d->kill_ns = now_ns();
 	kill(pids[DEAD], SIGKILL);
 	d->killed = 1;
