@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "transport/transport.h"
 
@@ -75,4 +76,18 @@ void ferry__tp_send_bye(struct ferry_tp *tp)
 	for (uint32_t r = 0; r < tp->cfg.world; r++)
 		if (r != tp->cfg.rank)
 			tp->ops->send(tp, r, &iov, 1);
+}
+
+int ferry__tp_deadline(const struct ferry_tp *tp, struct timespec *ts)
+{
+	int timeout_ms = tp->cfg.timeout_ms > 0 ? tp->cfg.timeout_ms : 30000;
+
+	clock_gettime(CLOCK_MONOTONIC, ts);
+	ts->tv_sec += timeout_ms / 1000;
+	ts->tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+	if (ts->tv_nsec >= 1000000000L) {
+		ts->tv_sec++;
+		ts->tv_nsec -= 1000000000L;
+	}
+	return timeout_ms;
 }

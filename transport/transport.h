@@ -199,6 +199,10 @@ int ferry__tp_check_frame(const struct ferry_tp *tp, uint32_t dst, const struct 
  * purpose (a FERRY_MSG_BYE frame), so it logs a departure, not a failure */
 void ferry__tp_send_bye(struct ferry_tp *tp);
 
+/* a CLOCK_MONOTONIC deadline cfg.timeout_ms from now (30 s if unset), for
+ * waits on condition variables made with that clock; Return: the ms used */
+int ferry__tp_deadline(const struct ferry_tp *tp, struct timespec *ts);
+
 /* the transports that exist */
 extern const struct ferry_tp_ops ferry__tcp_ops;
 extern const struct ferry_tp_ops ferry__rdma_ops;

@@ -198,16 +198,9 @@ int ferry__rdma_post_op(struct rdma_tp *t, struct rdma_peer *p, struct rdma_op *
  */
 int ferry__rdma_wait_room(struct rdma_tp *t, struct rdma_peer *p)
 {
-	int timeout_ms = t->base.cfg.timeout_ms > 0 ? t->base.cfg.timeout_ms : 30000;
 	struct timespec ts;
+	int timeout_ms = ferry__tp_deadline(&t->base, &ts);
 
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	ts.tv_sec += timeout_ms / 1000;
-	ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-	if (ts.tv_nsec >= 1000000000L) {
-		ts.tv_sec++;
-		ts.tv_nsec -= 1000000000L;
-	}
 	while (p->state == RDMA_PEER_UP && p->q_bytes > FERRY_TP_SENDQ_MAX / 2)
 		if (pthread_cond_timedwait(&p->q_drained, &p->lock, &ts) == ETIMEDOUT &&
 		    p->q_bytes > FERRY_TP_SENDQ_MAX / 2) {

@@ -237,16 +237,9 @@ static int tcp_self_send(struct tcp_tp *t, const struct iovec *iov, int iovcnt, 
  */
 static int tcp_wait_room(struct tcp_tp *t, struct tcp_conn *c)
 {
-	int timeout_ms = t->base.cfg.timeout_ms > 0 ? t->base.cfg.timeout_ms : 30000;
 	struct timespec ts;
+	int timeout_ms = ferry__tp_deadline(&t->base, &ts);
 
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	ts.tv_sec += timeout_ms / 1000;
-	ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-	if (ts.tv_nsec >= 1000000000L) {
-		ts.tv_sec++;
-		ts.tv_nsec -= 1000000000L;
-	}
 	while (c->state == TCP_CONN_UP && c->oq_bytes > FERRY_TP_SENDQ_MAX / 2)
 		if (pthread_cond_timedwait(&c->oq_drained, &c->lock, &ts) == ETIMEDOUT &&
 		    c->oq_bytes > FERRY_TP_SENDQ_MAX / 2) {
