@@ -30,6 +30,13 @@ XXH64_hash_t XXH3_64bits_dispatch(const void *input, size_t len);
 #include "lib/store/store.h"
 #include "transport/base/log.h"
 
+/* a deferred free's record: one per slot, so call_rcu never needs malloc */
+struct arena_deferred {
+	struct rcu_head rcu;
+	struct ferry_arena *arena;
+	uint32_t idx;
+};
+
 /* the value's half of a seal */
 static uint64_t slot_seal_val(const float *val, uint32_t len)
 {
@@ -72,7 +79,14 @@ int ferry__arena_init(struct ferry_arena *a, uint32_t capacity, uint32_t max_len
 		return -ENOMEM;
 	}
 	a->free_stack = malloc(sizeof(uint32_t) * (capacity ? capacity : 1));
-	if (!a->free_stack) {
+	/* calloc: large ones are fresh zero pages, touched only by slots that leave */
+	a->deferred = calloc(capacity ? capacity : 1, sizeof(*a->deferred));
+	if (!a->free_stack || !a->deferred) {
+		ferry_err("store: out of memory for the free list of %u slots; lower the "
+			  "table's capacity",
+			  capacity);
+		free(a->free_stack);
+		free(a->deferred);
 		munmap(a->base, a->bytes);
 		a->base = NULL;
 		return -ENOMEM;
@@ -87,6 +101,7 @@ void ferry__arena_fini(struct ferry_arena *a)
 		return;
 	munmap(a->base, a->bytes);
 	free(a->free_stack);
+	free(a->deferred);
 	pthread_mutex_destroy(&a->lock);
 	a->base = NULL;
 }
@@ -259,31 +274,20 @@ void ferry__arena_free(struct ferry_arena *a, uint32_t idx)
 	pthread_mutex_unlock(&a->lock);
 }
 
-struct arena_deferred {
-	struct rcu_head rcu;
-	struct ferry_arena *arena;
-	uint32_t idx;
-};
-
 static void arena_free_rcu(struct rcu_head *head)
 {
 	struct arena_deferred *d = caa_container_of(head, struct arena_deferred, rcu);
+	struct ferry_arena *a = d->arena;
 
-	__atomic_fetch_sub(&d->arena->ndeferred, 1, __ATOMIC_RELAXED);
-	ferry__arena_free(d->arena, d->idx);
-	free(d);
+	ferry__arena_free(a, d->idx);
+	__atomic_fetch_sub(&a->ndeferred, 1, __ATOMIC_RELEASE);
 }
 
 void ferry__arena_free_deferred(struct ferry_arena *a, uint32_t idx)
 {
-	struct arena_deferred *d = malloc(sizeof(*d));
+	/* the slot's own record: a slot waits for one grace period at a time */
+	struct arena_deferred *d = &a->deferred[idx];
 
-	if (!d) {
-		/* cannot defer: waiting for the grace period here is correct too */
-		urcu_memb_synchronize_rcu();
-		ferry__arena_free(a, idx);
-		return;
-	}
 	d->arena = a;
 	d->idx = idx;
 	__atomic_fetch_add(&a->ndeferred, 1, __ATOMIC_RELAXED);
@@ -300,8 +304,11 @@ uint32_t ferry__arena_avail(struct ferry_arena *a)
 	return n;
 }
 
-void ferry__arena_reclaim(struct ferry_arena *a)
+int ferry__arena_reclaim(struct ferry_arena *a)
 {
-	if (__atomic_load_n(&a->ndeferred, __ATOMIC_RELAXED))
+	if (urcu_memb_read_ongoing())
+		return -EAGAIN; /* rcu_barrier here would wait for this very section */
+	if (__atomic_load_n(&a->ndeferred, __ATOMIC_ACQUIRE))
 		urcu_memb_barrier();
+	return 0;
 }

@@ -75,6 +75,8 @@ struct ferry_slot {
 
 #define FERRY_SLOT_HDR ((size_t)sizeof(struct ferry_slot))
 
+struct arena_deferred;
+
 struct ferry_arena {
 	uint8_t *base;
 	size_t bytes;
@@ -84,9 +86,10 @@ struct ferry_arena {
 	pthread_mutex_t lock; /* the free list only */
 	uint32_t *free_stack;
 	uint32_t nfree;
-	uint32_t next_fresh;	/* slots never used yet: [next_fresh, capacity) */
-	uint32_t ndeferred;	/* freed, waiting for a grace period (atomic) */
-	struct ferry_tp_mr *mr; /* NULL when the transport needs no registration */
+	uint32_t next_fresh;		 /* slots never used yet: [next_fresh, capacity) */
+	uint32_t ndeferred;		 /* freed, waiting for a grace period (atomic) */
+	struct arena_deferred *deferred; /* one record per slot: a deferred free never allocates */
+	struct ferry_tp_mr *mr;		 /* NULL when the transport needs no registration */
 };
 
 int ferry__arena_init(struct ferry_arena *a, uint32_t capacity, uint32_t max_len);
@@ -102,22 +105,37 @@ static inline uint32_t ferry__arena_idx(const struct ferry_arena *a, const struc
 	return (uint32_t)(((const uint8_t *)s - a->base) / a->stride);
 }
 
-/* Reserve a slot: state INCOMING, under the slot's lock (a new version and
- * seal). Any thread. Return: 0 or -ENOSPC. */
+/*
+ * ferry__arena_alloc - reserve a slot: state INCOMING, under the slot's lock
+ * (a new version and seal). Any thread, inside or outside an RCU read-side
+ * section: it never waits for a grace period. Return: 0 or -ENOSPC.
+ */
 int ferry__arena_alloc(struct ferry_arena *a, uint32_t *idx_p);
 /* Give a slot back at once, with a new epoch and state FREE (under the
  * slot's lock): only for a slot no reader can have seen (never published);
  * otherwise use ferry__arena_free_deferred(). Any thread. */
 void ferry__arena_free(struct ferry_arena *a, uint32_t idx);
 /* Give a slot back after an RCU grace period (call_rcu); it returns with a
- * new epoch. Any RCU-registered thread; the slot is unpublished already. */
+ * new epoch. Any RCU-registered thread, the progress thread and handlers
+ * inside their read-side section included: it never waits and never
+ * allocates. The slot is unpublished already. */
 void ferry__arena_free_deferred(struct ferry_arena *a, uint32_t idx);
 
 /* slots free now (a snapshot); any thread */
 uint32_t ferry__arena_avail(struct ferry_arena *a);
-/* make slots waiting for a grace period free now: call outside any RCU
- * read-side section and without locks the callbacks take */
-void ferry__arena_reclaim(struct ferry_arena *a);
+/*
+ * ferry__arena_reclaim - make slots waiting for a grace period free now
+ *
+ * Waits for the grace periods (rcu_barrier), so: a registered thread outside
+ * any RCU read-side section, holding no lock the callbacks take - a worker's
+ * thread starting a localize. Inside a read-side section (the progress
+ * thread's handlers run in one) the wait would be for itself: liburcu 0.13's
+ * rcu_barrier refuses with an error line, synchronize_rcu hangs. There it
+ * waits for nothing and returns -EAGAIN; the caller then finds the arena as
+ * full as it is and fails with -ENOSPC.
+ * Return: 0, or -EAGAIN (called inside a read-side section: nothing done).
+ */
+int ferry__arena_reclaim(struct ferry_arena *a);
 
 /* the seal word of a slot, or of a copy of one that is @stride bytes long */
 static inline uint64_t *ferry__slot_seal_p(const struct ferry_slot *s, size_t stride)

@@ -8,7 +8,8 @@
  * gives it a new version and seal; a slot that moved away or holds another
  * key says -EAGAIN on both paths; a freed slot comes back only after a grace
  * period and with a new epoch, so a reader still holding the old pointer
- * notices.
+ * notices; nothing that may run inside an RCU read-side section waits for a
+ * grace period.
  */
 #include <criterion/criterion.h>
 #include <errno.h>
@@ -1028,3 +1029,33 @@ Test(store, failed_updates_leave_the_slot_clean, .timeout = 60)
 	}
 }
 #undef LINE
+
+/* ---- nothing inside a read-side section waits for a grace period ------------ */
+
+#define CAP 8
+Test(store, reclaim_inside_a_read_side_section_returns_without_waiting, .timeout = 20)
+{
+	struct ferry_arena a;
+	uint32_t idx[CAP];
+
+	urcu_memb_register_thread();
+	cr_assert_eq(ferry__arena_init(&a, CAP, 2), 0);
+	for (int i = 0; i < CAP; i++)
+		cr_assert_eq(ferry__arena_alloc(&a, &idx[i]), 0);
+	/* what a handler on the progress thread may do: free, then ask for room */
+	urcu_memb_read_lock();
+	for (int i = 0; i < CAP; i++)
+		ferry__arena_free_deferred(&a, idx[i]);
+	/* a wait here would be for this very section (liburcu's rcu_barrier
+	 * refuses with an error line; synchronize_rcu would hang) */
+	cr_assert_eq(ferry__arena_reclaim(&a), -EAGAIN);
+	cr_assert_eq(ferry__arena_alloc(&a, &idx[0]), -ENOSPC,
+		     "a slot came back inside the read-side section that may still see it");
+	urcu_memb_read_unlock();
+	/* outside: it waits, and every slot is back */
+	cr_assert_eq(ferry__arena_reclaim(&a), 0);
+	cr_assert_eq(ferry__arena_avail(&a), CAP);
+	ferry__arena_fini(&a);
+	urcu_memb_unregister_thread();
+}
+#undef CAP
