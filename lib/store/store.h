@@ -300,11 +300,13 @@ static inline int ferry__slot_read(const struct ferry_slot *s, uint64_t key, flo
 			__builtin_ia32_pause();
 			continue;
 		}
+		ferry__slot_get(out, s, len);
+		/* the header after the value: nothing to keep across the copy, and
+		 * still between the two loads of the version */
 		h.key = __atomic_load_n(&s->key, __ATOMIC_RELAXED);
 		h.epoch = 0;
 		h.state = __atomic_load_n(&s->state, __ATOMIC_RELAXED);
 		h.len = __atomic_load_n(&s->len, __ATOMIC_RELAXED);
-		ferry__slot_get(out, s, len);
 		__atomic_thread_fence(__ATOMIC_ACQUIRE);
 		v2 = __atomic_load_n(&s->version, __ATOMIC_RELAXED);
 		rc = ferry__slot_check(&h, out, len, v2, FERRY_SLOT_BY_VERSION, key,
