@@ -33,7 +33,8 @@
  *   FERRY_LOOP_ADVERSARIAL=1   every read() copies the remote range's 64-byte
  *                              lines in a random order (the 8-byte words of
  *                              a line in order), pausing between lines (a
- *                              spin of 50-400 ns; one sched_yield), while
+ *                              spin of 50-400 ns; in one read of 8, one
+ *                              sched_yield), while
  *                              the owner's writers keep running: what an
  *                              RDMA READ split into packets and PCIe reads
  *                              that the hardware serves in any order may
@@ -307,8 +308,8 @@ static void loop_pause(int yield)
 /*
  * FERRY_LOOP_ADVERSARIAL: the 64-byte lines of [src, src + len) (cut at the
  * remote address's line boundaries) in a random order, a pause between two:
- * a spin, and at one random gap per read a sched_yield (one, not one per
- * line: under load a yield may cost a time slice).
+ * a spin, and in one read of 8 a sched_yield at one random gap (rarely: on a
+ * loaded machine a yield may cost a whole time slice).
  */
 static void loop_copy_shuffled(void *dst, const void *src, size_t len)
 {
@@ -330,7 +331,8 @@ static void loop_copy_shuffled(void *dst, const void *src, size_t len)
 		order[i] = order[j];
 		order[j] = x;
 	}
-	yield_at = n > 1 ? 1 + loop_rand() % (n - 1) : 0;
+	/* one read in 8 yields once, at a random gap */
+	yield_at = n > 1 && loop_rand() % 8 == 0 ? 1 + loop_rand() % (n - 1) : 0;
 	for (size_t i = 0; i < n; i++) {
 		uintptr_t lo = (first + order[i]) * LOOP_LINE, hi = lo + LOOP_LINE;
 
