@@ -91,9 +91,10 @@ int ferry__ops_apply_slot(struct ferry_table *t, uint8_t op, uint64_t key, const
 /*
  * A pull of a key whose owner and slot the hint names is one READ of the
  * whole slot into a landing area of the worker's. The image is accepted when
- * head and tail versions are equal and even and key, epoch and state match;
- * a torn image (a write overlapped) is read again, a few times; a slot that
- * moved or was reused sends the pull by message, through the home.
+ * its seal matches (in whatever order its bytes came) and key, epoch and
+ * state match; a torn image (a write overlapped) is read again, a few times;
+ * a slot that moved or was reused sends the pull by message, through the
+ * home.
  */
 #define OPS_RD_POOL 64
 #define OPS_RD_TRIES 16

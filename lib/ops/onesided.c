@@ -3,10 +3,13 @@
  * onesided.c - one-sided pulls.
  *
  * A pull of a key whose owner and slot the hint names is one READ of the
- * whole slot into a landing area of the worker's. The image is accepted when
- * head and tail versions are equal and even and key, epoch and state match;
- * a torn image (a write overlapped) is read again, a few times; a slot that
- * moved or was reused sends the pull by message, through the home.
+ * whole slot into a landing area of the worker's. A READ may fetch the
+ * slot's bytes in any order, so the image is accepted only when its seal
+ * matches its own header and value (ferry__slot_check, lib/store/store.h
+ * says why that rejects every mix of before and after a write) and key,
+ * epoch and state match; a torn image (a write overlapped) is read again, a
+ * few times; a slot that moved or was reused sends the pull by message,
+ * through the home.
  *
  * Context: the worker posts; completions run on the progress thread or on
  * the worker inside ferry__node_poll(), rcu_read_lock held.
@@ -171,18 +174,19 @@ static void ops_rd_done(struct ferry *fy, void *ctx, int status)
 				    .idx = rd->idx,
 				    .len = ferry__value_len(t, rd->key) };
 	if (!status) {
-		uint64_t head = img->version;
-		uint64_t tail = *(const uint64_t *)(rd->buf + p->stride - sizeof(uint64_t));
+		/* the READ's bytes may have come in any order: the seal decides */
+		int rc = ferry__slot_check(img, img->val, t->arena.max_len,
+					   *ferry__slot_seal_p(img, p->stride), FERRY_SLOT_BY_SEAL,
+					   rd->key, rd->epoch16, k.len);
 
-		if ((head & 1) || head != tail) {
+		if (rc == -EBUSY) {
 			/* a write overlapped the read: read again */
 			if (rd->tries++ < OPS_RD_TRIES && !ops_rd_post(fy, rd)) {
 				atomic_fetch_add_explicit(&fy->onesided_retries, 1,
 							  memory_order_relaxed);
 				return;
 			}
-		} else if (img->key == rd->key && img->state == FERRY_SLOT_LIVE &&
-			   (img->epoch & 0xffff) == rd->epoch16 && img->len == k.len) {
+		} else if (!rc) {
 			ferry__ops_complete(fy, p->worker, rd->ticket, &rd->idx, 1, 0, img->val,
 					    k.len);
 			ops_rd_put(rd);

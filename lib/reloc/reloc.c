@@ -435,7 +435,7 @@ static void reloc_take(struct ferry *fy, struct ferry_table *t, struct ferry_slo
 {
 	uint64_t ver = ferry__slot_lock(&t->arena, s);
 
-	s->state = FERRY_SLOT_MOVED;
+	ferry__slot_set_state(s, FERRY_SLOT_MOVED);
 	ferry__slot_unlock(&t->arena, s, ver);
 	if (published)
 		rcu_assign_pointer(t->dir.own[key], NULL);
@@ -464,7 +464,7 @@ static void reloc_restore(struct ferry *fy, struct ferry_table *t, struct ferry_
 {
 	uint64_t ver = ferry__slot_lock(&t->arena, s);
 
-	s->state = FERRY_SLOT_LIVE;
+	ferry__slot_set_state(s, FERRY_SLOT_LIVE);
 	ferry__slot_unlock(&t->arena, s, ver);
 	rcu_assign_pointer(t->dir.own[key], s);
 	ferry__loc_set(t, key, fy->rank);
@@ -664,7 +664,9 @@ static void reloc_wake(struct ferry *fy, struct ferry_pend *e, int status)
 }
 
 /* install one arrived value (from a message or a landing entry) and replay
- * what queued; pend_lock held */
+ * what queued; pend_lock held. The slot is written only under its lock
+ * (ferry__slot_install, ferry__slot_update), so every change bumps its
+ * version and seal: a one-sided reader with an old hint may read it now. */
 static void reloc_install(struct ferry *fy, struct ferry_table *t, struct ferry_pend *e,
 			  const float *val, uint32_t len)
 {
@@ -672,10 +674,7 @@ static void reloc_install(struct ferry *fy, struct ferry_table *t, struct ferry_
 	struct ferry_pend_item *it;
 	int owned = 1;
 
-	s->key = e->key;
-	s->len = len;
-	memcpy(s->val, val, len * sizeof(float));
-	__atomic_store_n(&s->state, FERRY_SLOT_LIVE, __ATOMIC_RELEASE);
+	ferry__slot_install(&t->arena, s, e->key, val, len);
 	atomic_fetch_add_explicit(&fy->reloc_in, 1, memory_order_relaxed);
 
 	while ((it = e->head)) {
@@ -691,17 +690,12 @@ static void reloc_install(struct ferry *fy, struct ferry_table *t, struct ferry_
 			if (it->op.op == FERRY_OP_PULL && !out) {
 				rc = -ENOMEM;
 			} else if (it->op.op == FERRY_OP_PULL) {
-				memcpy(out, s->val, len * sizeof(float));
-				rc = 0;
+				/* a seqlock read: a local writer may hold the slot */
+				rc = ferry__slot_read(s, e->key, out, len);
 			} else {
-				uint64_t ver = ferry__slot_lock(&t->arena, s);
-
-				for (uint32_t j = 0; j < len; j++)
-					s->val[j] = it->op.op == FERRY_OP_PUSH ?
-							    s->val[j] + it->vals[j] :
-							    it->vals[j];
-				ferry__slot_unlock(&t->arena, s, ver);
-				rc = 0;
+				/* under the slot's lock, as every write */
+				rc = ferry__slot_update(&t->arena, s, e->key, it->vals, len,
+							it->op.op == FERRY_OP_PUSH);
 			}
 			ferry__ops_send_reply(fy, t, &it->op, rc, &it->key.idx, 1, out,
 					      out ? len : 0);

@@ -357,9 +357,7 @@ static int table_build(struct ferry *fy, const struct ferry_table_params *p, str
 			return rc;
 		}
 		s = ferry__arena_slot(&t->arena, idx);
-		s->key = k;
-		s->len = ferry__value_len(t, k);
-		s->state = FERRY_SLOT_LIVE;
+		ferry__slot_install(&t->arena, s, k, NULL, ferry__value_len(t, k));
 		t->dir.own[k] = s;
 	}
 	free(next_slot);

@@ -1,19 +1,30 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * One-sided pulls: a remote pull of a key whose slot is known is one read of
- * the slot, checked with its versions, key, epoch and state. Runs on the
+ * the slot, checked with its seal, key, epoch and state. Runs on the
  * transport FERRY_TRANSPORT names when it can read one-sided (rdma in the
  * SoftRoCE VM), else on the loop transport (one-sided access emulated in
- * this process, in address order, as a NIC does).
+ * this process). The adversarial cases always run on the loop transport with
+ * FERRY_LOOP_ADVERSARIAL=1: each READ's cache lines in a random order.
  */
 #include <criterion/criterion.h>
+#include <errno.h>
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/cluster.h"
+#include "common/torn.h"
+#include "lib/core/core.h"
 
 #define VLEN 64
+
+/* ThreadSanitizer runs (ci/test.sh's tsan stage) are 5-15x slower: fewer reads */
+#ifdef __SANITIZE_THREAD__
+#define SCALE 20
+#else
+#define SCALE 1
+#endif
 
 static void use_onesided_transport(void)
 {
@@ -25,7 +36,7 @@ static void use_onesided_transport(void)
 
 struct torn_arg {
 	struct tc *c;
-	volatile int stop;
+	int stop; /* atomic */
 	long writes;
 	int rc;
 };
@@ -41,7 +52,7 @@ static void *writer_thread(void *p)
 	a->rc = ferry_worker_create(a->c->fy[0], &w);
 	if (a->rc)
 		return NULL;
-	while (!a->stop) {
+	while (!__atomic_load_n(&a->stop, __ATOMIC_RELAXED)) {
 		uint64_t key = (uint64_t)(c % 4);
 
 		c++;
@@ -101,7 +112,7 @@ Test(onesided, remote_pulls_never_see_a_torn_value, .timeout = 300)
 			last = v[0];
 		}
 	}
-	a.stop = 1;
+	__atomic_store_n(&a.stop, 1, __ATOMIC_RELAXED);
 	pthread_join(th, NULL);
 	cr_assert_eq(a.rc, 0, "writer: %s", ferry_strerror(a.rc));
 	ferry_stats(c.fy[1], &after);
@@ -205,6 +216,196 @@ Test(onesided, a_hand_over_completes_after_the_readers_stopped_polling, .timeout
 		cr_assert_eq(v[i], 1.0f, "value %d: %g after the move", i, v[i]);
 	ferry_stats(c.fy[1], &s1);
 	cr_assert_geq(s1.relocations_in, 4);
+	ferry_worker_destroy(w0);
+	ferry_worker_destroy(w1);
+	tc_close(&c);
+}
+
+/* ---- adversarial READs: any line order -------------------------------------- */
+
+static void use_adversarial_loop(void)
+{
+	setenv("FERRY_TRANSPORT", "loop", 1);
+	setenv("FERRY_LOOP_ADVERSARIAL", "1", 1);
+}
+
+/*
+ * Writers on node 0 keep setting whole values (every float the same number)
+ * while node 1 pulls them one-sided, and the loop transport serves each READ
+ * line by line in a random order with pauses between lines. An image whose
+ * lines straddle a write must be read again, never returned: 0 torn values
+ * in 10^6 READs, over values of one line, of 5 and of 65 (4 KiB). And the
+ * adversary must have torn images for the check to reject (retries), or the
+ * run proves nothing. bench/torn (ferry-torn) runs the same for 10^8 READs.
+ */
+Test(onesided, adversarial_reads_never_return_a_torn_value, .timeout = 300)
+{
+	/* many-line values first, each bounded in time; then one-line values
+	 * make up the 10^6 READs (cheap: millions a second, even under load) */
+	struct torn_cfg cfgs[] = {
+		{ .value_len = 1024,
+		  .keys = 8,
+		  .writers = 2,
+		  .batch = 4,
+		  .reads = 200000 / SCALE,
+		  .max_seconds = 20,
+		  .pause_ns = 20000 },
+		{ .value_len = 64,
+		  .keys = 16,
+		  .writers = 2,
+		  .batch = 8,
+		  .reads = 200000 / SCALE,
+		  .max_seconds = 15,
+		  .pause_ns = 4000 },
+		{ .value_len = 2,
+		  .keys = 16,
+		  .writers = 2,
+		  .batch = 8,
+		  .reads = 600000 / SCALE,
+		  .max_seconds = 60,
+		  .pause_ns = 2000 },
+	};
+	/* what a loaded machine must still manage of the many-line ones */
+	const long least[] = { 10000 / SCALE, 20000 / SCALE, 0 };
+	const long want = 1000000 / SCALE;
+	uint64_t reads = 0, retries = 0;
+	long torn = 0;
+
+	use_adversarial_loop();
+	for (size_t i = 0; i < sizeof(cfgs) / sizeof(cfgs[0]); i++) {
+		struct torn_result r;
+		int rc;
+
+		if (cfgs[i].value_len == 2 && (long)reads + cfgs[i].reads < want)
+			cfgs[i].reads = want - (long)reads;
+		rc = torn_run(&cfgs[i], &r);
+		cr_log_info("%4u floats: %llu one-sided READs, %llu retries (torn images caught), "
+			    "%llu fallbacks; %ld values read, %ld torn, %ld changes seen, %ld "
+			    "writes; %.1f s",
+			    cfgs[i].value_len, (unsigned long long)r.onesided_reads,
+			    (unsigned long long)r.retries, (unsigned long long)r.fallbacks,
+			    r.values, r.torn, r.changes, r.writes, r.seconds);
+		cr_assert_eq(rc, 0, "%u floats: %s (%s)", cfgs[i].value_len, ferry_strerror(rc),
+			     r.why);
+		cr_assert_eq(r.torn, 0, "%u floats: %ld torn values in %ld: %s", cfgs[i].value_len,
+			     r.torn, r.values, r.why);
+		cr_assert_geq((long)r.onesided_reads, least[i],
+			      "%u floats: only %llu READs in %.0f s", cfgs[i].value_len,
+			      (unsigned long long)r.onesided_reads, cfgs[i].max_seconds);
+		cr_assert_gt(r.changes, 100,
+			     "%u floats: the reader saw the writers' work %ld times",
+			     cfgs[i].value_len, r.changes);
+		cr_assert_lt(r.fallbacks, (uint64_t)r.values / 2,
+			     "%u floats: most pulls went by message", cfgs[i].value_len);
+		if (cfgs[i].value_len > 2)
+			cr_assert_gt(r.retries, 0,
+				     "%u floats: no READ straddled a write: the run proves nothing",
+				     cfgs[i].value_len);
+		reads += r.onesided_reads;
+		retries += r.retries;
+		torn += r.torn;
+	}
+	cr_log_info("in all: %llu one-sided READs, %llu torn images rejected, %ld torn values",
+		    (unsigned long long)reads, (unsigned long long)retries, torn);
+	cr_assert_geq(reads, (uint64_t)want, "only %llu READs in the time given",
+		      (unsigned long long)reads);
+}
+
+struct refuse_arg {
+	struct ferry_table *t;
+	uint64_t key;
+	uint32_t len;
+	int stop; /* atomic */
+	long refused;
+	int bad;
+};
+
+/* updates of a slot that does not hold their key live: all refused */
+static void *refuse_thread(void *p)
+{
+	struct refuse_arg *a = p;
+	float *v = calloc(a->len, sizeof(float));
+	struct ferry_slot *s = NULL;
+
+	urcu_memb_register_thread();
+	urcu_memb_read_lock();
+	s = rcu_dereference(a->t->dir.own[a->key]);
+	urcu_memb_read_unlock();
+	while (v && s && !__atomic_load_n(&a->stop, __ATOMIC_RELAXED)) {
+		/* wrong keys, as a set and as a push */
+		if (ferry__slot_update(&a->t->arena, s, a->key + 1 + (a->refused & 1), v, a->len,
+				       (int)(a->refused & 2)) != -EAGAIN)
+			a->bad++;
+		if ((++a->refused & 63) == 0)
+			sched_yield(); /* two cores: let the reader run too */
+	}
+	if (!v || !s)
+		a->bad++;
+	urcu_memb_unregister_thread();
+	free(v);
+	return NULL;
+}
+
+/*
+ * Updates refused on a slot (wrong key) interleaved with one-sided reads of
+ * it. Before seals, a refused update restored the head version but left the
+ * trailing one odd: every one-sided read of the slot looked torn, 16 times,
+ * then went by message, until the next write. Now the refusal changes
+ * nothing, and afterwards a pull is one READ, accepted at once.
+ */
+Test(onesided, refused_updates_leave_the_slot_readable_one_sided, .timeout = 120)
+{
+	struct ferry_table_params tp = { .num_keys = 8, .value_len = VLEN };
+	struct refuse_arg a[2];
+	struct ferry_worker *w0, *w1;
+	struct ferry_stats s0, s1;
+	float v[VLEN], seven[VLEN];
+	uint64_t key = 2; /* range placement: node 0 */
+	pthread_t th[2];
+	struct tc c;
+	long pulls = 0;
+
+	use_adversarial_loop();
+	cr_assert_eq(tc_open(&c, 2, &tp, 20000), 0);
+	cr_assert_eq(ferry_worker_create(c.fy[0], &w0), 0);
+	cr_assert_eq(ferry_worker_create(c.fy[1], &w1), 0);
+	for (int i = 0; i < VLEN; i++)
+		seven[i] = 7;
+	cr_assert_eq(ferry_set(w0, c.t[0], &key, 1, seven), 0);
+	for (int i = 0; i < 2; i++) {
+		a[i] = (struct refuse_arg){ .t = c.t[0], .key = key, .len = VLEN };
+		cr_assert_eq(pthread_create(&th[i], NULL, refuse_thread, &a[i]), 0);
+	}
+	ferry_stats(c.fy[1], &s0);
+	for (; pulls < 20000 / SCALE; pulls++) {
+		cr_assert_eq(ferry_pull(w1, c.t[1], &key, 1, v), 0);
+		cr_assert_arr_eq(v, seven, sizeof(seven), "pull %ld: a refused update wrote",
+				 pulls);
+	}
+	ferry_stats(c.fy[1], &s1);
+	for (int i = 0; i < 2; i++) {
+		__atomic_store_n(&a[i].stop, 1, __ATOMIC_RELAXED);
+		pthread_join(th[i], NULL);
+		cr_assert_eq(a[i].bad, 0, "thread %d: an update of a wrong key was not refused", i);
+	}
+	cr_log_info("%ld pulls under %ld refused updates: %llu READs, %llu retries, %llu "
+		    "fallbacks",
+		    pulls, a[0].refused + a[1].refused,
+		    (unsigned long long)(s1.onesided_reads - s0.onesided_reads),
+		    (unsigned long long)(s1.onesided_retries - s0.onesided_retries),
+		    (unsigned long long)(s1.onesided_fallbacks - s0.onesided_fallbacks));
+	cr_assert_gt(a[0].refused + a[1].refused, 1000);
+	/* afterwards: whole at once, one READ each, no retry, no message */
+	for (int i = 0; i < 100; i++) {
+		ferry_stats(c.fy[1], &s0);
+		cr_assert_eq(ferry_pull(w1, c.t[1], &key, 1, v), 0);
+		ferry_stats(c.fy[1], &s1);
+		cr_assert_arr_eq(v, seven, sizeof(seven));
+		cr_assert_eq(s1.onesided_reads - s0.onesided_reads, 1,
+			     "the slot reads torn after refused updates (%llu READs for one pull)",
+			     (unsigned long long)(s1.onesided_reads - s0.onesided_reads));
+		cr_assert_eq(s1.onesided_fallbacks, s0.onesided_fallbacks);
+	}
 	ferry_worker_destroy(w0);
 	ferry_worker_destroy(w1);
 	tc_close(&c);

@@ -6,9 +6,10 @@
  * RDMA hardware. Nodes must be threads of one process (ferry_local_cluster_open);
  * connect refuses otherwise. Selected with FERRY_TRANSPORT=loop.
  *
- * Like a NIC, a read copies the remote bytes in address order, 8 bytes at a
- * time, while the owner may be writing them; completion is reported inline,
- * on the thread that posted (the handler contract allows it for this
+ * By default a read copies the remote bytes in address order, 8 bytes at a
+ * time, while the owner may be writing them (as a simple NIC would; a real
+ * one need not: see FERRY_LOOP_ADVERSARIAL below); completion is reported
+ * inline, on the thread that posted (the handler contract allows it for this
  * transport: the core's on_rdma_done handler works from any registered
  * thread).
  *
@@ -29,11 +30,23 @@
  *                              failing link may leave part of its data;
  *                              the connection stays up (unlike rdma, where
  *                              a failed work request ends it)
+ *   FERRY_LOOP_ADVERSARIAL=1   every read() copies the remote range's 64-byte
+ *                              lines in a random order (the 8-byte words of
+ *                              a line in order), pausing between lines (a
+ *                              spin of 50-400 ns; in one read of 8, one
+ *                              sched_yield), while
+ *                              the owner's writers keep running: what an
+ *                              RDMA READ split into packets and PCIe reads
+ *                              that the hardware serves in any order may
+ *                              return. A reader that trusts the order of a
+ *                              READ accepts torn images under it.
  */
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "transport/transport.h"
@@ -44,6 +57,7 @@ struct loop_tp {
 	pid_t pid;
 	uint64_t fail_writes; /* FERRY_LOOP_FAIL_WRITES, 0: off */
 	uint64_t nwrites;     /* write() calls (atomic) */
+	int adversarial;      /* FERRY_LOOP_ADVERSARIAL */
 };
 
 struct loop_mr {
@@ -94,6 +108,21 @@ static int loop_init(struct ferry_tp *tp, const struct ferry_tp_config *cfg)
 			ferry_warn("loop: rank %u fails every %llu-th one-sided write "
 				   "(FERRY_LOOP_FAIL_WRITES)",
 				   cfg->rank, n);
+	}
+	{
+		const char *f = getenv("FERRY_LOOP_ADVERSARIAL");
+
+		if (f && strcmp(f, "0") && strcmp(f, "1")) {
+			ferry_err("loop: FERRY_LOOP_ADVERSARIAL=%s is neither 0 nor 1; set it to 1 "
+				  "to serve reads in a random line order, or unset it",
+				  f);
+			return -EINVAL;
+		}
+		l->adversarial = f && !strcmp(f, "1");
+		if (l->adversarial)
+			ferry_warn("loop: rank %u serves one-sided reads line by line in a random "
+				   "order (FERRY_LOOP_ADVERSARIAL)",
+				   cfg->rank);
 	}
 	l->tcp = calloc(1, ferry__tcp_ops.tp_size);
 	if (!l->tcp)
@@ -244,6 +273,86 @@ static void loop_copy(void *dst, const void *src, size_t len)
 	memcpy((uint8_t *)dst + len / 8 * 8, (const uint8_t *)src + len / 8 * 8, len % 8);
 }
 
+/* a per-thread xorshift64*: the order and the pauses of adversarial reads */
+static uint64_t loop_rand(void)
+{
+	static __thread uint64_t x;
+
+	if (!x) {
+		struct timespec ts;
+
+		clock_gettime(CLOCK_MONOTONIC, &ts);
+		x = ((uint64_t)ts.tv_nsec << 20 ^ (uint64_t)(uintptr_t)&ts) | 1;
+	}
+	x ^= x >> 12;
+	x ^= x << 25;
+	x ^= x >> 27;
+	return x * 0x2545f4914f6cdd1dull;
+}
+
+/* a spin of 50-400 ns between two lines, or (@yield) a sched_yield */
+static void loop_pause(int yield)
+{
+	struct timespec t0, t;
+	long ns;
+
+	if (yield) {
+		sched_yield(); /* on a busy machine, let a writer run here */
+		return;
+	}
+	ns = 50 + (long)(loop_rand() % 350);
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	do
+		clock_gettime(CLOCK_MONOTONIC, &t);
+	while ((t.tv_sec - t0.tv_sec) * 1000000000L + (t.tv_nsec - t0.tv_nsec) < ns);
+}
+
+#define LOOP_LINE 64
+#define LOOP_LINES_ON_STACK 256
+
+/*
+ * FERRY_LOOP_ADVERSARIAL: the 64-byte lines of [src, src + len) (cut at the
+ * remote address's line boundaries) in a random order, a pause between two:
+ * a spin, and in one read of 8 a sched_yield at one random gap (rarely: on a
+ * loaded machine a yield may cost a whole time slice).
+ */
+static void loop_copy_shuffled(void *dst, const void *src, size_t len)
+{
+	uintptr_t s0 = (uintptr_t)src, first = s0 / LOOP_LINE;
+	size_t n = (s0 + len - 1) / LOOP_LINE - first + 1;
+	uint32_t on_stack[LOOP_LINES_ON_STACK], *order = on_stack;
+	size_t yield_at;
+
+	if (n > LOOP_LINES_ON_STACK && !(order = malloc(n * sizeof(*order)))) {
+		loop_copy(dst, src, len); /* no memory for the shuffle: in order */
+		return;
+	}
+	for (size_t i = 0; i < n; i++)
+		order[i] = (uint32_t)i;
+	for (size_t i = n - 1; i > 0; i--) { /* Fisher-Yates */
+		size_t j = loop_rand() % (i + 1);
+		uint32_t x = order[i];
+
+		order[i] = order[j];
+		order[j] = x;
+	}
+	/* one read in 8 yields once, at a random gap */
+	yield_at = n > 1 && loop_rand() % 8 == 0 ? 1 + loop_rand() % (n - 1) : 0;
+	for (size_t i = 0; i < n; i++) {
+		uintptr_t lo = (first + order[i]) * LOOP_LINE, hi = lo + LOOP_LINE;
+
+		if (lo < s0)
+			lo = s0;
+		if (hi > s0 + len)
+			hi = s0 + len;
+		if (i)
+			loop_pause(i == yield_at);
+		loop_copy((uint8_t *)dst + (lo - s0), (const void *)lo, hi - lo);
+	}
+	if (order != on_stack)
+		free(order);
+}
+
 static int loop_rw(struct ferry_tp *tp, uint32_t dst, void *local, struct ferry_tp_mr *lmr,
 		   uint64_t raddr, uint64_t rkey, size_t len, void *ctx, int write)
 {
@@ -273,6 +382,8 @@ static int loop_rw(struct ferry_tp *tp, uint32_t dst, void *local, struct ferry_
 		for (size_t i = 0; i < len / 8; i++)
 			__atomic_store_n(&d[i], s[i], __ATOMIC_RELEASE);
 		memcpy((uint8_t *)d + len / 8 * 8, (const uint8_t *)s + len / 8 * 8, len % 8);
+	} else if (l->adversarial) {
+		loop_copy_shuffled(local, (const void *)(uintptr_t)raddr, len);
 	} else {
 		loop_copy(local, (const void *)(uintptr_t)raddr, len);
 	}

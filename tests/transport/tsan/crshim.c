@@ -1,11 +1,12 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * crshim.c - the runner behind criterion.h (TSan runs of the transport suite).
+ * crshim.c - the runner behind criterion.h (TSan runs of the suites).
  *
  * Runs every registered test once per parameter, each in a forked child
  * (the parent stays single-threaded, so fork is safe under TSan), bounded by
  * the test's .timeout. Exit status 77 from a child means skipped.
- * Usage: test_transport_tsan [substring of the test names to run]
+ * Usage: test_xxx [options] [substring of the test names to run]; Criterion's
+ * options (--jobs 1 -S, as ctest passes them) are accepted and ignored.
  */
 #define _GNU_SOURCE
 #include <stdarg.h>
@@ -13,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "criterion/criterion.h"
@@ -53,6 +55,24 @@ void crshim_fail(int fatal, const char *file, int line, const char *expr, const 
 	crshim_failed = 1;
 	if (fatal)
 		_exit(1);
+}
+
+void crshim_log(const char *level, const char *fmt, ...)
+{
+	va_list ap;
+
+	fprintf(stderr, "[%s] ", level);
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputc('\n', stderr);
+}
+
+struct crshim_params crshim_no_params(void)
+{
+	static char one;
+
+	return (struct crshim_params){ .base = &one, .elem = 0, .n = 1 };
 }
 
 void crshim_skip(const char *fmt, ...)
@@ -100,18 +120,32 @@ static int crshim_run(const struct crshim_test *t, void *param)
 int main(int argc, char **argv)
 {
 	int pass = 0, fail = 0, skip = 0;
+	const char *only = NULL;
 
+	for (int i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "--jobs") || !strcmp(argv[i], "-j"))
+			i++; /* and its value */
+		else if (argv[i][0] != '-')
+			only = argv[i];
+	}
 	for (int i = 0; i < crshim_ntests; i++) {
 		const struct crshim_test *t = &crshim_tests[i];
 		struct crshim_params p = t->params();
 
-		if (argc > 1 && !strstr(t->name, argv[1]))
+		if (only && !strstr(t->name, only))
 			continue;
 		for (size_t k = 0; k < p.n; k++) {
-			int rc = crshim_run(t, (char *)p.base + k * p.elem);
+			struct timespec t0, t1;
+			int rc;
 
+			clock_gettime(CLOCK_MONOTONIC, &t0);
+			rc = crshim_run(t, (char *)p.base + k * p.elem);
+			clock_gettime(CLOCK_MONOTONIC, &t1);
 			if (!rc)
-				fprintf(stderr, "[PASS] %s::%s[%zu]\n", t->suite, t->name, k);
+				fprintf(stderr, "[PASS] %s::%s[%zu]: (%.2fs)\n", t->suite, t->name,
+					k,
+					(double)(t1.tv_sec - t0.tv_sec) +
+						(double)(t1.tv_nsec - t0.tv_nsec) / 1e9);
 			pass += rc == 0;
 			skip += rc == 1;
 			fail += rc < 0;

@@ -26,7 +26,7 @@ bin=$build/test_transport_tsan
 # shellcheck disable=SC2046
 gcc -std=gnu11 -g -O1 -fsanitize=thread -I"$here" -I"$top" -I"$top/include" \
 	"$top/tests/transport/test_transport.c" "$here/crshim.c" "$build/libferry.a" \
-	$(pkg-config --libs liburcu-memb liburcu-cds) -lpthread -o "$bin"
+	$(pkg-config --libs liburcu-memb liburcu-cds libxxhash) -lpthread -o "$bin"
 supp=
 [[ -f $top/tests/tsan.supp ]] && supp="suppressions=$top/tests/tsan.supp"
 export TSAN_OPTIONS="halt_on_error=1 exitcode=66 $supp ${TSAN_OPTIONS:-}"
