@@ -58,6 +58,8 @@ struct loop_tp {
 	uint64_t fail_writes; /* FERRY_LOOP_FAIL_WRITES, 0: off */
 	uint64_t nwrites;     /* write() calls (atomic) */
 	int adversarial;      /* FERRY_LOOP_ADVERSARIAL */
+	unsigned late_ms;     /* FERRY_LOOP_LATE_READS_MS: reads complete late, 0: inline */
+	int late_pending;     /* late reads not completed yet (atomic): fini waits */
 };
 
 struct loop_mr {
@@ -123,6 +125,24 @@ static int loop_init(struct ferry_tp *tp, const struct ferry_tp_config *cfg)
 			ferry_warn("loop: rank %u serves one-sided reads line by line in a random "
 				   "order (FERRY_LOOP_ADVERSARIAL)",
 				   cfg->rank);
+	}
+	{
+		const char *f = getenv("FERRY_LOOP_LATE_READS_MS");
+		char *end = NULL;
+		unsigned long n = f ? strtoul(f, &end, 10) : 0;
+
+		if (f && (!*f || *end || n > 60000)) {
+			ferry_err(
+				"loop: FERRY_LOOP_LATE_READS_MS=%s is not 0 .. 60000; set the ms a "
+				"one-sided read takes to complete, or unset it",
+				f);
+			return -EINVAL;
+		}
+		l->late_ms = (unsigned)n;
+		if (n)
+			ferry_warn("loop: rank %u completes one-sided reads %lu ms late "
+				   "(FERRY_LOOP_LATE_READS_MS)",
+				   cfg->rank, n);
 	}
 	l->tcp = calloc(1, ferry__tcp_ops.tp_size);
 	if (!l->tcp)
@@ -353,8 +373,72 @@ static void loop_copy_shuffled(void *dst, const void *src, size_t len)
 		free(order);
 }
 
+static int loop_rw_now(struct ferry_tp *tp, uint32_t dst, void *local, struct ferry_tp_mr *lmr,
+		       uint64_t raddr, uint64_t rkey, size_t len, void *ctx, int write);
+
+/*
+ * FERRY_LOOP_LATE_READS_MS (tests): a read's copy and completion happen on a
+ * thread of their own, that many ms later, as a NIC's may come after its
+ * poster gave up waiting. The thread registers with the core like the
+ * progress thread does; fini waits for every late read.
+ */
+struct loop_late {
+	struct ferry_tp *tp;
+	uint32_t dst;
+	void *local;
+	struct ferry_tp_mr *lmr;
+	uint64_t raddr, rkey;
+	size_t len;
+	void *ctx;
+};
+
+static void *loop_late_thread(void *arg)
+{
+	struct loop_late *r = arg;
+	struct ferry_tp *tp = r->tp;
+	const struct ferry_tp_handler *h = tp->cfg.handler;
+	struct loop_tp *l = to_loop(tp);
+
+	usleep(l->late_ms * 1000u);
+	if (h->on_thread_start)
+		h->on_thread_start(tp->cfg.core);
+	loop_rw_now(tp, r->dst, r->local, r->lmr, r->raddr, r->rkey, r->len, r->ctx, 0);
+	if (h->on_thread_stop)
+		h->on_thread_stop(tp->cfg.core);
+	free(r);
+	__atomic_sub_fetch(&l->late_pending, 1, __ATOMIC_RELEASE);
+	return NULL;
+}
+
 static int loop_rw(struct ferry_tp *tp, uint32_t dst, void *local, struct ferry_tp_mr *lmr,
 		   uint64_t raddr, uint64_t rkey, size_t len, void *ctx, int write)
+{
+	struct loop_tp *l = to_loop(tp);
+
+	if (!write && l->late_ms) {
+		struct loop_late *r = malloc(sizeof(*r));
+		pthread_attr_t a;
+		pthread_t th;
+
+		if (r) {
+			*r = (struct loop_late){ tp, dst, local, lmr, raddr, rkey, len, ctx };
+			__atomic_add_fetch(&l->late_pending, 1, __ATOMIC_ACQ_REL);
+			pthread_attr_init(&a);
+			pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+			if (!pthread_create(&th, &a, loop_late_thread, r)) {
+				pthread_attr_destroy(&a);
+				return 0;
+			}
+			pthread_attr_destroy(&a);
+			__atomic_sub_fetch(&l->late_pending, 1, __ATOMIC_RELEASE);
+			free(r);
+		}
+	}
+	return loop_rw_now(tp, dst, local, lmr, raddr, rkey, len, ctx, write);
+}
+
+static int loop_rw_now(struct ferry_tp *tp, uint32_t dst, void *local, struct ferry_tp_mr *lmr,
+		       uint64_t raddr, uint64_t rkey, size_t len, void *ctx, int write)
 {
 	const struct ferry_tp_handler *h = tp->cfg.handler;
 	unsigned need = write ? FERRY_TP_ACCESS_REMOTE_WRITE : FERRY_TP_ACCESS_REMOTE_READ;
@@ -421,6 +505,10 @@ static int loop_read_v(struct ferry_tp *tp, struct ferry_tp_rd *rds, size_t n)
 static void loop_fini(struct ferry_tp *tp)
 {
 	struct loop_tp *l = to_loop(tp);
+
+	/* no handler runs after fini: late reads complete first */
+	while (__atomic_load_n(&l->late_pending, __ATOMIC_ACQUIRE))
+		usleep(1000);
 	struct loop_mr **pp;
 
 	/* registrations left behind (a table destroyed after its node closed)
