@@ -273,3 +273,160 @@ Test(death, a_killed_node_fails_waits_at_once_and_live_keys_stay_usable, .timeou
 	cr_assert_eq(d->failures, 0, "%s", d->why);
 	munmap(d, sizeof(*d));
 }
+
+/* ---- a death in the middle of a storm ------------------------------------ */
+
+#define STORM_KEYS (2 * PER) /* the live nodes' keys: homed at ranks 0 and 1 */
+
+struct storm {
+	volatile int ready, finished, checked;
+	volatile int64_t kill_ns;
+	volatile long pushed[STORM_KEYS]; /* pushes of +1 that returned 0, per key */
+	volatile long ops_after, slow_after;
+	volatile int64_t worst_after_ns;
+	volatile int failures;
+	char why[512];
+};
+
+static uint64_t storm_rand(uint64_t *s)
+{
+	*s ^= *s << 13;
+	*s ^= *s >> 7;
+	*s ^= *s << 17;
+	return *s;
+}
+
+static int storm_fail(struct storm *st, int rank, const char *what, uint64_t key, int rc)
+{
+	if (!__atomic_fetch_add(&st->failures, 1, __ATOMIC_SEQ_CST))
+		snprintf(st->why, sizeof(st->why), "rank %d: %s of key %llu: %s", rank, what,
+			 (unsigned long long)key, ferry_strerror(rc));
+	return 1;
+}
+
+/*
+ * Ranks 0 and 1 push (+1), pull and localize keys homed at ranks 0 and 1 for
+ * 3 s; rank 2 does the same on its own keys until the parent kills it, 1.5 s
+ * in. Every operation of the live nodes succeeds, before and after the kill,
+ * none waits past 2 s, and every key ends with exactly the pushes that
+ * returned 0.
+ */
+static int storm_child(int rank, struct ferry_params *p, struct storm *st)
+{
+	struct ferry_table_params tp = { .num_keys = NODES * PER,
+					 .value_len = VLEN,
+					 .placement = FERRY_PLACEMENT_RANGE };
+	uint64_t seed = 0x9e3779b97f4a7c15ull * (uint64_t)(rank + 1);
+	const float one[VLEN] = { 1, 1, 1, 1 };
+	struct ferry_worker *w;
+	struct ferry_table *t;
+	struct ferry *fy;
+	float v[VLEN];
+	int64_t end;
+	int rc;
+
+	if (ferry_open(p, &fy))
+		return 10;
+	if (ferry_table_create(fy, &tp, &t) || ferry_worker_create(fy, &w))
+		return 11;
+	if ((rc = ferry_barrier(fy)))
+		return storm_fail(st, rank, "barrier", 0, rc);
+	__atomic_fetch_add(&st->ready, 1, __ATOMIC_SEQ_CST);
+	while (st->ready < NODES)
+		usleep(100);
+	end = now_ns() + 3000000000ll;
+	while (rank == DEAD || now_ns() < end) {
+		uint64_t key = rank == DEAD ? 2 * PER + storm_rand(&seed) % PER :
+					      storm_rand(&seed) % STORM_KEYS;
+		unsigned what = (unsigned)(storm_rand(&seed) % 10);
+		int64_t t0 = now_ns(), dt;
+
+		if (what < 6)
+			rc = ferry_push(w, t, &key, 1, one);
+		else if (what < 9)
+			rc = ferry_pull(w, t, &key, 1, v);
+		else
+			rc = ferry_localize(w, t, &key, 1);
+		if (rank == DEAD)
+			continue;
+		if (rc)
+			return storm_fail(st, rank,
+					  what < 6 ? "push" :
+					  what < 9 ? "pull" :
+						     "localize",
+					  key, rc);
+		if (what < 6)
+			__atomic_fetch_add(&st->pushed[key], 1, __ATOMIC_SEQ_CST);
+		dt = now_ns() - t0;
+		if (st->kill_ns && t0 > st->kill_ns) {
+			__atomic_fetch_add(&st->ops_after, 1, __ATOMIC_RELAXED);
+			if (dt > st->worst_after_ns)
+				st->worst_after_ns = dt;
+			if (dt > 2000000000ll)
+				__atomic_fetch_add(&st->slow_after, 1, __ATOMIC_RELAXED);
+		}
+	}
+	/* both live nodes stopped pushing: check every value */
+	__atomic_fetch_add(&st->finished, 1, __ATOMIC_SEQ_CST);
+	while (st->finished < NODES - 1)
+		usleep(1000);
+	for (uint64_t key = 0; key < STORM_KEYS; key++) {
+		rc = ferry_pull(w, t, &key, 1, v);
+		if (rc)
+			return storm_fail(st, rank, "final pull", key, rc);
+		for (uint32_t j = 0; j < VLEN; j++)
+			if (v[j] != (float)st->pushed[key]) {
+				snprintf(st->why, sizeof(st->why),
+					 "rank %d: key %llu float %u is %g after %ld pushes", rank,
+					 (unsigned long long)key, j, (double)v[j], st->pushed[key]);
+				st->failures++;
+				return 1;
+			}
+	}
+	__atomic_fetch_add(&st->checked, 1, __ATOMIC_SEQ_CST);
+	while (st->checked < NODES - 1)
+		usleep(1000);
+	ferry_worker_destroy(w);
+	ferry_table_destroy(t);
+	ferry_close(fy);
+	return 0;
+}
+
+Test(death, a_node_killed_during_a_storm_leaves_the_live_keys_exact, .timeout = 120)
+{
+	struct storm *st =
+		mmap(NULL, sizeof(*st), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	struct ferry_params p;
+	pid_t pids[NODES];
+	int rc;
+
+	cr_assert_neq(st, MAP_FAILED);
+	ferry_params_init(&p);
+	p.transport = getenv("FERRY_TRANSPORT") ? FERRY_TRANSPORT_AUTO : FERRY_TRANSPORT_TCP;
+	p.timeout_ms = 20000;
+	rc = ferry_local_cluster_fork(NODES, &p, pids);
+	if (rc >= 0 && rc < NODES)
+		_exit(storm_child(rc, &p, st));
+	cr_assert_eq(rc, FERRY_LOCAL_PARENT, "fork: %s", ferry_strerror(rc));
+	for (int64_t until = now_ns() + 30000000000ll; st->ready < NODES && now_ns() < until;)
+		usleep(1000);
+	cr_assert_eq(st->ready, NODES, "the nodes did not start: %s", st->why);
+	usleep(1500 * 1000);
+	st->kill_ns = now_ns();
+	kill(pids[DEAD], SIGKILL);
+	for (int i = 0; i < NODES; i++) {
+		int status;
+
+		cr_assert_eq(waitpid(pids[i], &status, 0), pids[i]);
+		if (i != DEAD)
+			cr_expect(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+				  "node %d failed (status %#x): %s", i, status, st->why);
+	}
+	cr_assert_eq(st->failures, 0, "%s", st->why);
+	cr_log_info("%ld operations after the kill, the slowest %.1f ms", st->ops_after,
+		    (double)st->worst_after_ns / 1e6);
+	cr_assert_gt(st->ops_after, 100, "the storm did not go on after the kill");
+	cr_assert_eq(st->slow_after, 0, "%ld operations waited past 2 s after the kill",
+		     st->slow_after);
+	munmap(st, sizeof(*st));
+}
