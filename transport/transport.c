@@ -82,12 +82,6 @@ int ferry__tp_deadline(const struct ferry_tp *tp, struct timespec *ts)
 {
 	int timeout_ms = tp->cfg.timeout_ms > 0 ? tp->cfg.timeout_ms : 30000;
 
-	clock_gettime(CLOCK_MONOTONIC, ts);
-	ts->tv_sec += timeout_ms / 1000;
-	ts->tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-	if (ts->tv_nsec >= 1000000000L) {
-		ts->tv_sec++;
-		ts->tv_nsec -= 1000000000L;
-	}
+	ferry__deadline_ms(timeout_ms, ts);
 	return timeout_ms;
 }

@@ -43,6 +43,7 @@
 #include <netinet/in.h>
 #include <sys/uio.h>
 
+#include "transport/base/clock.h"
 #include "transport/base/frame.h"
 #include "transport/base/log.h"
 

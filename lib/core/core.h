@@ -35,6 +35,7 @@
 #include "lib/core/config.h"
 #include "lib/core/proto.h"
 #include "lib/store/store.h"
+#include "transport/base/clock.h"
 #include "transport/transport.h"
 
 #define FERRY_MAX_TABLES 256
@@ -248,7 +249,6 @@ void ferry__node_close(struct ferry *fy);
 int ferry__send(struct ferry *fy, uint32_t dst, const void *frame, size_t len);
 void ferry__node_put(struct ferry *fy);
 int ferry__node_poll(struct ferry *fy, unsigned flags);
-int ferry__deadline_ms(int timeout_ms, struct timespec *ts);
 int ferry__cond_wait_until(pthread_cond_t *c, pthread_mutex_t *m, const struct timespec *ts);
 /*
  * ferry__node_peer_failed - mark @rank failed: sends to it fail at once,

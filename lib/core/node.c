@@ -23,32 +23,10 @@
 #include "lib/core/config.h"
 #include "lib/core/core.h"
 
-int ferry__deadline_ms(int timeout_ms, struct timespec *ts)
-{
-	clock_gettime(CLOCK_MONOTONIC, ts);
-	ts->tv_sec += timeout_ms / 1000;
-	ts->tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-	if (ts->tv_nsec >= 1000000000L) {
-		ts->tv_sec++;
-		ts->tv_nsec -= 1000000000L;
-	}
-	return 0;
-}
-
 /* pthread_cond_timedwait on a CLOCK_MONOTONIC condvar; 0 or ETIMEDOUT */
 int ferry__cond_wait_until(pthread_cond_t *c, pthread_mutex_t *m, const struct timespec *ts)
 {
 	return pthread_cond_timedwait(c, m, ts);
-}
-
-static void node_cond_init(pthread_cond_t *c)
-{
-	pthread_condattr_t a;
-
-	pthread_condattr_init(&a);
-	pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
-	pthread_cond_init(c, &a);
-	pthread_condattr_destroy(&a);
 }
 
 int ferry__send(struct ferry *fy, uint32_t dst, const void *frame, size_t len)
@@ -155,7 +133,7 @@ int ferry__node_create(const struct ferry_params *params, struct ferry **fy_p)
 	fy->busy_poll = c->busy_poll;
 	atomic_init(&fy->refs, 1);
 	pthread_mutex_init(&fy->lock, NULL);
-	node_cond_init(&fy->cond);
+	ferry__cond_init_monotonic(&fy->cond);
 	fy->failed = calloc(fy->world, sizeof(*fy->failed));
 	fy->barrier_arrived = calloc(fy->world, sizeof(*fy->barrier_arrived));
 	fy->tp = calloc(1, ops->tp_size);

@@ -99,7 +99,6 @@ void ferry__ops_inflight_del(struct ferry_worker *w, uint64_t key)
 int ferry_worker_create(struct ferry *fy, struct ferry_worker **worker_p)
 {
 	struct ferry_worker *w;
-	pthread_condattr_t ca;
 	int id = -1;
 
 	if (!fy || !worker_p)
@@ -125,10 +124,7 @@ int ferry_worker_create(struct ferry *fy, struct ferry_worker **worker_p)
 	w->fy = fy;
 	w->id = (uint32_t)id;
 	pthread_mutex_init(&w->lock, NULL);
-	pthread_condattr_init(&ca);
-	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-	pthread_cond_init(&w->cond, &ca);
-	pthread_condattr_destroy(&ca);
+	ferry__cond_init_monotonic(&w->cond);
 	for (uint32_t i = 0; i < FERRY_MAX_INFLIGHT; i++)
 		w->free_idx[i] = FERRY_MAX_INFLIGHT - 1 - i;
 	w->nfree = FERRY_MAX_INFLIGHT;

@@ -715,13 +715,7 @@ int ferry__rdma_tp_connect(struct ferry_tp *tp, const void *const *addrs, const 
 		rdma_sa_str((struct sockaddr *)&d->sa, d->where, sizeof(d->where));
 	}
 
-	clock_gettime(CLOCK_MONOTONIC, &dl);
-	dl.tv_sec += timeout_ms / 1000;
-	dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000;
-	if (dl.tv_nsec >= 1000000000) {
-		dl.tv_sec++;
-		dl.tv_nsec -= 1000000000;
-	}
+	ferry__deadline_ms(timeout_ms, &dl);
 	pthread_mutex_lock(&t->setup_lock);
 	rdma_hello_build(t);
 	t->phase = t->missing ? RDMA_PHASE_CONNECTING : RDMA_PHASE_DONE;

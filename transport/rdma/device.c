@@ -633,12 +633,7 @@ int ferry__rdma_peers_init(struct rdma_tp *t)
 		ret = -pthread_mutex_init(&p->lock, NULL);
 		if (!ret) {
 			/* the back-pressure wait is bounded on the monotonic clock */
-			pthread_condattr_t ca;
-
-			pthread_condattr_init(&ca);
-			pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-			ret = -pthread_cond_init(&p->q_drained, &ca);
-			pthread_condattr_destroy(&ca);
+			ret = -ferry__cond_init_monotonic(&p->q_drained);
 			if (ret)
 				pthread_mutex_destroy(&p->lock);
 		}

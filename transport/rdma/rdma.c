@@ -50,7 +50,6 @@ static int rdma_init(struct ferry_tp *tp, const struct ferry_tp_config *cfg)
 	struct rdma_tp *t = to_rdma(tp);
 	const char *bind_addr = cfg->bind_addr ? cfg->bind_addr : "";
 	const char *why = NULL;
-	pthread_condattr_t ca;
 	int ret;
 
 	if (!cfg->world || cfg->rank >= cfg->world || !cfg->handler || !cfg->handler->on_msg) {
@@ -111,10 +110,7 @@ static int rdma_init(struct ferry_tp *tp, const struct ferry_tp_config *cfg)
 	pthread_mutex_init(&t->mr_lock, NULL);
 	pthread_mutex_init(&t->setup_lock, NULL);
 	pthread_mutex_init(&t->cq_lock, NULL);
-	pthread_condattr_init(&ca);
-	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-	pthread_cond_init(&t->setup_cond, &ca);
-	pthread_condattr_destroy(&ca);
+	ferry__cond_init_monotonic(&t->setup_cond);
 
 	t->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 	if (t->wake_fd < 0) {

@@ -75,16 +75,11 @@ static int tcp_init(struct ferry_tp *tp, const struct ferry_tp_config *cfg)
 		goto err_close_listen;
 	}
 	for (r = 0; r < cfg->world; r++) {
-		pthread_condattr_t ca;
-
 		ret = -pthread_mutex_init(&t->conns[r].lock, NULL);
 		if (ret)
 			goto err_free_conns;
 		/* the back-pressure wait is bounded on the monotonic clock */
-		pthread_condattr_init(&ca);
-		pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-		ret = -pthread_cond_init(&t->conns[r].oq_drained, &ca);
-		pthread_condattr_destroy(&ca);
+		ret = -ferry__cond_init_monotonic(&t->conns[r].oq_drained);
 		if (ret) {
 			pthread_mutex_destroy(&t->conns[r].lock);
 			goto err_free_conns;
