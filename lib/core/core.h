@@ -251,15 +251,14 @@ void ferry__node_put(struct ferry *fy);
 int ferry__node_poll(struct ferry *fy, unsigned flags);
 int ferry__cond_wait_until(pthread_cond_t *c, pthread_mutex_t *m, const struct timespec *ts);
 /*
- * ferry__node_peer_failed - mark @rank failed: sends to it fail at once,
+ * ferry__node_peer_failed - mark @rank failed (its connection broke, or it
+ * broke the protocol, which the caller logged): sends to it fail at once,
  * waiters wake, the transport forgets it (a peer dropped for a protocol
  * error learns it from the closed connection), and the listeners run. Once
  * per rank. Context: the progress thread (a handler, or the transport's
  * on_peer_failed).
  */
 void ferry__node_peer_failed(struct ferry *fy, uint32_t rank);
-/* a peer broke the protocol (logged by the caller): ferry__node_peer_failed */
-void ferry__node_drop_peer(struct ferry *fy, uint32_t src);
 /* run @fn(fy, rank) on the progress thread when a peer fails; before start.
  * Return: 0 or -ENOSPC */
 int ferry__node_on_peer_failed(struct ferry *fy, void (*fn)(struct ferry *fy, uint32_t rank));

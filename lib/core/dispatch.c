@@ -76,7 +76,7 @@ static void dispatch_proto_error(struct ferry *fy, uint32_t src, uint8_t type, c
 {
 	ferry_err("proto: rank %u sent a malformed message (type %u): %s; dropping rank %u", src,
 		  type, why, src);
-	ferry__node_drop_peer(fy, src);
+	ferry__node_peer_failed(fy, src);
 }
 
 static void dispatch_on_msg(void *core, uint32_t src, const void *buf, size_t len)

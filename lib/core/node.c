@@ -247,11 +247,6 @@ void ferry__node_peer_failed(struct ferry *fy, uint32_t rank)
 	pthread_mutex_unlock(&fy->lock);
 }
 
-void ferry__node_drop_peer(struct ferry *fy, uint32_t src)
-{
-	ferry__node_peer_failed(fy, src);
-}
-
 int ferry__node_on_peer_failed(struct ferry *fy, void (*fn)(struct ferry *fy, uint32_t rank))
 {
 	for (size_t i = 0; i < sizeof(fy->peer_failed_fns) / sizeof(fy->peer_failed_fns[0]); i++)

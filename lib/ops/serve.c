@@ -151,7 +151,7 @@ bad:
 	ferry_err("proto: rank %u sent a reply that does not match any request of this node "
 		  "(worker %u); dropping rank %u",
 		  src, rep->worker, src);
-	ferry__node_drop_peer(fy, src);
+	ferry__node_peer_failed(fy, src);
 }
 
 /* ---- replies ---------------------------------------------------------- */
@@ -475,7 +475,7 @@ static void ops_on_op(struct ferry *fy, struct ferry_table *t, uint32_t src,
 		ferry_err("proto: rank %u sent an operation for worker %u of rank %u (hops %u); "
 			  "dropping rank %u",
 			  src, op->worker, op->origin, op->hops, src);
-		ferry__node_drop_peer(fy, src);
+		ferry__node_peer_failed(fy, src);
 		free(fwd);
 		return;
 	}

@@ -392,7 +392,7 @@ static void reloc_on_localize(struct ferry *fy, struct ferry_table *t, uint32_t 
 	if (m->requester != src) {
 		ferry_err("proto: rank %u asked to localize keys for rank %u; dropping rank %u",
 			  src, m->requester, src);
-		ferry__node_drop_peer(fy, src);
+		ferry__node_peer_failed(fy, src);
 		free(to);
 		return;
 	}
@@ -566,7 +566,7 @@ static void reloc_on_handover_req(struct ferry *fy, struct ferry_table *t, uint3
 		ferry_err("proto: rank %u named rank %u as a requester in a world of %u; dropping "
 			  "rank %u",
 			  src, m->requester, fy->world, src);
-		ferry__node_drop_peer(fy, src);
+		ferry__node_peer_failed(fy, src);
 		return;
 	}
 	reloc_batch_init(&b, FERRY_MSG_HANDOVER, m->requester, m->requester);
@@ -653,7 +653,7 @@ static bool reloc_not_for_me(struct ferry *fy, uint32_t src, const struct ferry_
 		return false;
 	ferry_err("proto: rank %u %s keys for rank %u to rank %u; dropping rank %u", src, what,
 		  m->requester, fy->rank, src);
-	ferry__node_drop_peer(fy, src);
+	ferry__node_peer_failed(fy, src);
 	return true;
 }
 
