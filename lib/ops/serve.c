@@ -196,16 +196,28 @@ static void ops_reply_flush(struct ferry *fy, struct ferry_table *t, struct ops_
 	const struct ferry_msg_op *op = rb->op;
 	struct ferry_msg_reply *rep;
 	struct ferry_frame f;
-	int rc = -ENOMEM;
 	void *p;
+	int rc;
 
 	if (!rb->count)
 		goto out; /* every key added was dropped again: only the buffers go */
-	if (rb->idx.len == SIZE_MAX || rb->slots.len == SIZE_MAX || rb->vals.len == SIZE_MAX) {
-		/* the parts could not be built: the origin still gets an answer */
-		ferry_err("ops: out of memory building a reply of %u keys for rank %u", rb->count,
-			  op->origin);
-		goto fail;
+	if (rb->idx.len == SIZE_MAX) {
+		/* not even the indices: the origin's wait is bounded by its timeout */
+		ferry_err("ops: out of memory building a reply of %u keys for rank %u; its "
+			  "operation times out",
+			  rb->count, op->origin);
+		goto out;
+	}
+	if (rb->slots.len == SIZE_MAX || rb->vals.len == SIZE_MAX) {
+		/* no room for values or hints: the same keys answered with an error,
+		 * which needs the indices only */
+		ferry_err("ops: out of memory building a reply of %u keys for rank %u; they "
+			  "fail with -ENOMEM",
+			  rb->count, op->origin);
+		ferry__frame_free(&rb->slots);
+		ferry__frame_free(&rb->vals);
+		rb->status = -ENOMEM;
+		rb->with_slots = false;
 	}
 	if (op->origin == fy->rank) {
 		/* our own operation: no message needed */
@@ -248,20 +260,6 @@ static void ops_reply_flush(struct ferry *fy, struct ferry_table *t, struct ops_
 	if (rc)
 		ferry_err("ops: cannot send a reply of %u keys to rank %u: %s", rb->count,
 			  op->origin, ferry_strerror(rc));
-	goto out;
-fail:
-	/* a plain error reply needs no buffer: send it key by key if need be */
-	if (rb->idx.len != SIZE_MAX && !rb->status) {
-		struct ops_reply err;
-
-		ops_reply_init(&err, op, rc, false);
-		for (uint32_t i = 0; i < rb->count; i++) {
-			err.idx.buf = (uint8_t *)&((uint32_t *)rb->idx.buf)[i];
-			err.idx.len = sizeof(uint32_t);
-			err.count = 1;
-			ops_reply_flush(fy, t, &err);
-		}
-	}
 out:
 	ferry__frame_free(&rb->idx);
 	ferry__frame_free(&rb->slots);
