@@ -112,7 +112,8 @@ struct ferry_rd {
 struct ferry_rd_pool {
 	struct ferry *fy;
 	uint32_t worker; /* the worker's index; never a pointer: see orphan */
-	bool orphan;	 /* the worker is gone; the last completion frees the pool (lock) */
+	bool orphan;	 /* the worker is gone; the last completion frees the pool (set
+			  * under lock, read atomically) */
 	struct ferry_table *t;
 	struct ferry_tp_mr *mr;
 	uint8_t *mem;

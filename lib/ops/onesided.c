@@ -94,16 +94,13 @@ static void ops_rd_put(struct ferry_rd *rd)
 		ops_rd_pool_free(p);
 }
 
+/* the completion path reads the flag without the pool's lock: it is set once,
+ * under the lock, before the worker goes, and a stale "no" is harmless (the
+ * pool lives until its last completion either way) */
 static bool ops_rd_orphan(struct ferry_rd_pool *p)
 {
-	bool o;
-
-	pthread_mutex_lock(&p->lock);
-	o = p->orphan;
-	pthread_mutex_unlock(&p->lock);
-	return o;
+	return __atomic_load_n(&p->orphan, __ATOMIC_ACQUIRE);
 }
-
 static int ops_rd_post(struct ferry *fy, struct ferry_rd *rd)
 {
 	struct ferry_rd_pool *p = rd->pool;
@@ -279,7 +276,7 @@ void ferry__ops_rd_fini(struct ferry_worker *w)
 		if (p->inflight) {
 			/* a late completion may still come (a retry, a shutdown): it
 			 * frees the pool, which names the worker by index only */
-			p->orphan = true;
+			__atomic_store_n(&p->orphan, true, __ATOMIC_RELEASE);
 			ferry_warn("worker %u: %u one-sided reads still in flight; their landing "
 				   "area is freed when the last completes",
 				   w->id, p->inflight);
