@@ -25,15 +25,16 @@
  * socket or queue pair cannot take now is queued and flushed by the progress
  * thread, so two nodes sending to each other can never deadlock.
  *
- * Frames are whole Ferry protocol messages (transport/base/frame.h): the first 16 bytes
- * are a struct ferry_msg_hdr whose len field gives the frame's total length.
- * A transport reads that header to frame a byte stream and checks
- * magic, version and length with ferry__proto_check_hdr() before it trusts
- * len; a frame that fails is a protocol error: the transport logs it,
- * (Frame lengths are multiples of FERRY_MSG_ALIGN = 8; on_msg() must get
- * each frame at an 8-byte-aligned address: keep receive buffers aligned.)
- * drops that connection and calls on_peer_failed(). The core checks
- * everything else.
+ * Frames are whole Ferry protocol messages (transport/base/frame.h): the
+ * first 16 bytes are a struct ferry_msg_hdr whose len field gives the
+ * frame's total length. A transport reads that header to frame a byte
+ * stream, checks magic, version and length with ferry__proto_check_hdr()
+ * before it trusts len, and checks that src is the rank of the connection
+ * (on_msg's @src is then the header's; the core does not check it again).
+ * A frame that fails is a protocol error: the transport logs it, drops that
+ * connection and calls on_peer_failed(). The core checks everything else.
+ * Frame lengths are multiples of FERRY_MSG_ALIGN = 8; on_msg() must get each
+ * frame at an 8-byte-aligned address: keep receive buffers aligned.
  */
 #ifndef FERRY_TRANSPORT_H
 #define FERRY_TRANSPORT_H

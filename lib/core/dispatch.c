@@ -95,11 +95,6 @@ static void dispatch_on_msg(void *core, uint32_t src, const void *buf, size_t le
 	atomic_fetch_add_explicit(&fy->msgs_recv, 1, memory_order_relaxed);
 	atomic_fetch_add_explicit(&fy->bytes_recv, len, memory_order_relaxed);
 
-	if (len >= sizeof(*hdr) && hdr->src != src) {
-		/* a frame speaks for the connection it came on, and no other */
-		dispatch_proto_error(fy, src, type, "its header names another rank as sender");
-		return;
-	}
 	if (type && type < FERRY_MSG_TYPE_MAX)
 		h = &fy->handlers[type];
 	if (!h || !h->fn) {

@@ -358,8 +358,7 @@ Test(badinput, a_header_that_names_another_sender_drops_the_connection)
 	log_reset();
 	cr_assert_eq(c.fy[1]->tp->ops->send(c.fy[1]->tp, 0, &(struct iovec){ f.buf, f.len }, 1), 0);
 	ferry__frame_free(&f);
-	/* the transport checks the header against the connection (the
-	 * dispatcher checks again, for transports that do not) */
+	/* the transport checks the header against the connection */
 	for (i = 0; i < 200 && !atomic_load(&c.fy[0]->failed[1]); i++)
 		usleep(10000);
 	cr_assert(atomic_load(&c.fy[0]->failed[1]), "rank 1 was not dropped");
