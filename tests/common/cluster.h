@@ -4,6 +4,7 @@
 #define FERRY_TEST_CLUSTER_H
 
 #include <pthread.h>
+#include <sys/types.h>
 
 #include "ferry/ferry.h"
 
@@ -21,6 +22,10 @@ void tc_close(struct tc *c);
 
 /* run fn(c, rank, arg) on one thread per node; returns the first nonzero result */
 int tc_run(struct tc *c, int (*fn)(struct tc *c, int rank, void *arg), void *arg);
+
+/* reap the @n forked nodes of ferry_local_cluster_fork(); asserts that each
+ * but @skip (-1: none; a node the test killed) exited 0, naming @why */
+void tc_wait_procs(const pid_t *pids, int n, int skip, const char *why);
 
 /* messages sent by every node together */
 unsigned long long tc_msgs(struct tc *c);

@@ -19,6 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/cluster.h"
 #include "ferry/ferry.h"
 
 #define VLEN (256 * 1024) /* floats: 1 MiB */
@@ -147,13 +148,7 @@ Test(backpressure, a_peer_that_stops_reading_bounds_the_flooders_memory, .timeou
 	for (int i = 0; i < 60000 && !b->done; i++)
 		usleep(1000);
 	kill(pids[1], SIGCONT);
-	for (int i = 0; i < 2; i++) {
-		int status;
-
-		cr_assert_eq(waitpid(pids[i], &status, 0), pids[i]);
-		cr_expect(WIFEXITED(status) && WEXITSTATUS(status) == 0, "node %d: status %#x", i,
-			  status);
-	}
+	tc_wait_procs(pids, 2, -1, b->why);
 	cr_assert_eq(b->failures, 0, "%s", b->why);
 	cr_log_info("started %d pushes of 1 MiB in 3 s; rank 0 grew by %ld MiB; %d refused",
 		    b->started, b->grow_mib, b->refused);

@@ -25,6 +25,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/cluster.h"
 #include "ferry/ferry.h"
 
 #define NODES 3
@@ -262,14 +263,7 @@ Test(death, a_killed_node_fails_waits_at_once_and_live_keys_stay_usable, .timeou
 	d->kill_ns = now_ns();
 	kill(pids[DEAD], SIGKILL);
 	d->killed = 1;
-	for (int i = 0; i < NODES; i++) {
-		int status;
-
-		cr_assert_eq(waitpid(pids[i], &status, 0), pids[i]);
-		if (i != DEAD)
-			cr_expect(WIFEXITED(status) && WEXITSTATUS(status) == 0,
-				  "node %d failed (status %#x): %s", i, status, d->why);
-	}
+	tc_wait_procs(pids, NODES, DEAD, d->why);
 	cr_assert_eq(d->failures, 0, "%s", d->why);
 	munmap(d, sizeof(*d));
 }
@@ -414,14 +408,7 @@ Test(death, a_node_killed_during_a_storm_leaves_the_live_keys_exact, .timeout = 
 	usleep(1500 * 1000);
 	st->kill_ns = now_ns();
 	kill(pids[DEAD], SIGKILL);
-	for (int i = 0; i < NODES; i++) {
-		int status;
-
-		cr_assert_eq(waitpid(pids[i], &status, 0), pids[i]);
-		if (i != DEAD)
-			cr_expect(WIFEXITED(status) && WEXITSTATUS(status) == 0,
-				  "node %d failed (status %#x): %s", i, status, st->why);
-	}
+	tc_wait_procs(pids, NODES, DEAD, st->why);
 	cr_assert_eq(st->failures, 0, "%s", st->why);
 	cr_log_info("%ld operations after the kill, the slowest %.1f ms", st->ops_after,
 		    (double)st->worst_after_ns / 1e6);

@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "common/cluster.h"
 #include "common/scenarios.h"
 
 #define NODES 4
@@ -68,13 +69,7 @@ static void run_procs(int which, enum ferry_mode mode)
 	if (rc >= 0 && rc < NODES)
 		_exit(child(which, &p, sh, mode));
 	cr_assert_eq(rc, FERRY_LOCAL_PARENT, "fork: %s", ferry_strerror(rc));
-	for (int i = 0; i < NODES; i++) {
-		int status;
-
-		cr_assert_eq(waitpid(pids[i], &status, 0), pids[i]);
-		cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0,
-			  "node %d failed (status %#x): %s", i, status, sh->why);
-	}
+	tc_wait_procs(pids, NODES, -1, sh->why);
 	cr_assert_eq(sh->failures, 0, "%s", sh->why);
 	if (which == 2) {
 		char why[512];
