@@ -27,6 +27,9 @@ int tc_run(struct tc *c, int (*fn)(struct tc *c, int rank, void *arg), void *arg
  * but @skip (-1: none; a node the test killed) exited 0, naming @why */
 void tc_wait_procs(const pid_t *pids, int n, int skip, const char *why);
 
+/* stop a forked node (SIGSTOP) and return once all its threads stopped */
+void tc_stop_proc(pid_t pid);
+
 /* messages sent by every node together */
 unsigned long long tc_msgs(struct tc *c);
 

@@ -143,7 +143,7 @@ Test(backpressure, a_peer_that_stops_reading_bounds_the_flooders_memory, .timeou
 	for (int i = 0; i < 30000 && b->ready < 2; i++)
 		usleep(1000);
 	cr_assert_eq(b->ready, 2, "the nodes did not start");
-	kill(pids[1], SIGSTOP);
+	tc_stop_proc(pids[1]);
 	b->stopped = 1;
 	for (int i = 0; i < 60000 && !b->done; i++)
 		usleep(1000);

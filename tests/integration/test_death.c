@@ -255,7 +255,7 @@ Test(death, a_killed_node_fails_waits_at_once_and_live_keys_stay_usable, .timeou
 	for (int64_t until = now_ns() + 30000000000ll; d->ready < NODES && now_ns() < until;)
 		usleep(1000);
 	cr_assert_eq(d->ready, NODES, "the nodes did not start: %s", d->why);
-	kill(pids[DEAD], SIGSTOP);
+	tc_stop_proc(pids[DEAD]);
 	d->stopped = 1;
 	wait_flag(&d->inflight);
 	wait_flag(&d->inflight1);
