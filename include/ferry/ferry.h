@@ -161,15 +161,36 @@ enum ferry_mode {
 	FERRY_MODE_CLASSIC,	/* static placement: localize does nothing */
 };
 
+/* the values a key has before its first write (see ferry_table_params) */
+enum ferry_init {
+	FERRY_INIT_ZERO = 0, /* every float 0 */
+	FERRY_INIT_UNIFORM,  /* uniform in [init_a, init_b) */
+	FERRY_INIT_NORMAL,   /* normal, mean init_a, standard deviation init_b */
+};
+
 struct ferry_table_params {
-	uint64_t num_keys;	    /* keys are 0 .. num_keys-1 */
+	uint64_t num_keys;	    /* keys are 0 .. num_keys-1; 0 with sparse */
 	uint32_t value_len;	    /* floats per value, when value_lens is NULL */
 	const uint32_t *value_lens; /* optional: floats per key, num_keys entries */
 	enum ferry_placement placement;
 	uint32_t vnodes; /* hash ring: virtual nodes per node; 0: 1024 */
 	enum ferry_mode mode;
 	int no_local_fast_path; /* 1: even local keys go through messages */
-	uint64_t capacity;	/* slots per node; 0: every key + 64 */
+	uint64_t capacity;	/* slots per node; 0: every key + 64 (sparse: 2^20) */
+	/*
+	 * sparse = 1: keys are any uint64_t (num_keys 0, one value_len). A key
+	 * comes into being at its home when it is first used; until then it
+	 * reads as its initial value, and no node spends memory on it.
+	 */
+	int sparse;
+	/* initial values, computed from (init_seed, key, index) alone, so every
+	 * node and every run agrees without a message */
+	enum ferry_init init;
+	float init_a, init_b;
+	uint64_t init_seed;
+	/* location hints this node keeps for keys it does not own (16 bytes
+	 * each; a power of two); 0: 65536. Need not agree across nodes. */
+	uint64_t loc_cache;
 };
 
 /**
@@ -178,8 +199,9 @@ struct ferry_table_params {
  * @params: must be equal on every node
  * @table_p: receives the table
  *
- * Every node calls it, in the same order. Values start at zero. Returns once
- * every node has created the table, so any node may use it at once.
+ * Every node calls it, in the same order. Values start at their initial
+ * value (params->init: zeros by default). Returns once every node has
+ * created the table, so any node may use it at once.
  *
  * Return: 0; -EINVAL for bad parameters; -FERRY_E_MISMATCH when nodes passed
  * different parameters (the log names the field); -ETIMEDOUT.
@@ -203,6 +225,19 @@ FERRY_API int ferry_table_create(struct ferry *fy, const struct ferry_table_para
  * ticket on it); never blocks.
  */
 FERRY_API void ferry_table_destroy(struct ferry_table *table);
+
+/* what one node holds for a table: memory follows what it owns */
+struct ferry_table_stats {
+	uint64_t keys_owned;	   /* keys live on this node */
+	uint64_t keys_away;	   /* keys homed here that live on another node */
+	uint64_t dir_bytes;	   /* directory: owned keys, owner records, location cache */
+	uint64_t slots;		   /* slots of the arena */
+	uint64_t slot_bytes;	   /* bytes per slot (header, value, seal) */
+	uint64_t registered_bytes; /* registered with the transport (pinned on RDMA) */
+};
+
+/** ferry_table_stats - this node's share of @table. Return: 0 or -EINVAL. */
+FERRY_API int ferry_table_stats(struct ferry_table *table, struct ferry_table_stats *stats_p);
 
 /** ferry_table_home - the home node of @key, or a negative errno */
 FERRY_API int ferry_table_home(const struct ferry_table *table, uint64_t key);

@@ -7,10 +7,10 @@
  * threads, each with its own worker. Who touches what:
  *
  *   node.tables[]          written at create/destroy; read by all (RCU)
- *   table.dir.own[]        published by the progress thread, read by workers
- *                          and the progress thread under rcu_read_lock
- *   table.dir.loc[]        location hints; relaxed atomics, any thread
- *   table.dir.owner[]      authoritative owner at the home: progress thread only
+ *   table.dir.own          keys live here: written under dir.own_lock, read
+ *                          under rcu_read_lock (lib/dir/dir.h)
+ *   table.dir.loc          location hints; relaxed atomics, any thread
+ *   table.dir.owners       authoritative owner at the home: progress thread only
  *   table.pend             keys on their way here: table.pend.lock (+ RCU)
  *   table.inbox            landing entries (free list, busy marks): table.pend.lock
  *   worker.reqs[]          the worker's thread; replies under worker.lock
@@ -31,17 +31,20 @@
 #include "ferry/ferry.h"
 #include "transport/base/log.h"
 #include "lib/dir/pend.h"
+#include "lib/dir/dir.h"
 #include "lib/dir/placement.h"
 #include "lib/core/config.h"
 #include "lib/core/proto.h"
+#include "lib/store/init.h"
 #include "lib/store/store.h"
 #include "transport/base/clock.h"
 #include "transport/transport.h"
 
 #define FERRY_MAX_TABLES 256
 #define FERRY_MAX_WORKERS 1024
-#define FERRY_MAX_INFLIGHT 1024 /* tickets per worker */
-#define FERRY_MAX_HOPS 32	/* forwards before an operation is given up */
+#define FERRY_SPARSE_CAPACITY (1u << 20) /* slots per node of a sparse table by default */
+#define FERRY_MAX_INFLIGHT 1024		 /* tickets per worker */
+#define FERRY_MAX_HOPS 32		 /* forwards before an operation is given up */
 
 struct ferry;
 struct ferry_table;
@@ -100,12 +103,6 @@ struct ferry_inbox {
 	atomic_bool bad_index_logged;	      /* old owner: a landing index out of range */
 };
 
-struct ferry_dir {
-	struct ferry_slot **own; /* key -> live slot here, or NULL (RCU) */
-	uint64_t *loc;		 /* key -> owner hint (atomic) */
-	uint32_t *owner;	 /* key -> owner, meaningful at the key's home */
-};
-
 struct ferry_table {
 	struct ferry *fy;
 	uint32_t id;
@@ -113,6 +110,7 @@ struct ferry_table {
 	uint32_t *value_lens; /* copy, or NULL */
 	uint64_t *value_offs; /* prefix sums of value_lens, or NULL */
 	uint32_t max_len;
+	struct ferry_init_spec init; /* values before the first write */
 	struct ferry_placement_map place;
 	struct ferry_proto_limits lim;
 	struct ferry_dir dir;
@@ -126,6 +124,7 @@ struct ferry_table {
 
 	struct ferry_pend_table pend; /* keys on their way here (lib/dir/pend.h) */
 	bool dying; /* destroyed here, served until every node destroyed it (fy->lock) */
+	atomic_bool full_logged; /* a new sparse key found the arena full (logged once) */
 
 	/* table create handshake (rank 0 collects; everyone waits for the ack) */
 	struct ferry_msg_table wire;
@@ -188,6 +187,7 @@ struct ferry_worker {
 };
 
 struct ferry {
+	struct ferry_fastrd *fastrd; /* the workers' fast-path sections (lib/dir/fastrd.h) */
 	uint32_t rank, world;
 	struct ferry_msg_handler handlers[FERRY_MSG_TYPE_MAX]; /* written before start */
 	struct ferry_config *cfg; /* between ferry__node_create and _start only */
@@ -287,44 +287,69 @@ static inline uint32_t ferry__value_len(const struct ferry_table *t, uint64_t ke
 	return t->value_lens ? t->value_lens[key] : t->params.value_len;
 }
 
+/* a key of the table: any key of a sparse table, 0 .. num_keys-1 else */
+static inline bool ferry__key_ok(const struct ferry_table *t, uint64_t key)
+{
+	return t->params.sparse || key < t->params.num_keys;
+}
+
 static inline uint32_t ferry__home(const struct ferry_table *t, uint64_t key)
 {
 	return ferry__placement_home(&t->place, key);
 }
 
+/* the live slot of @key here, or NULL; rcu_read_lock held */
+static inline struct ferry_slot *ferry__own(const struct ferry_table *t, uint64_t key)
+{
+	return (struct ferry_slot *)ferry__dir_own(&t->dir, key);
+}
+
+/* the owner of @key at its home (this node); progress thread */
+static inline uint32_t ferry__owner(const struct ferry_table *t, uint64_t key)
+{
+	return ferry__dir_owner(&t->dir, key);
+}
+
 /*
- * A location hint is one word: bits 0-15 the owner's rank, 16-31 the low
- * bits of its slot's epoch, 32-63 the slot index + 1 (0: slot unknown). It
- * is only a hint: a one-sided reader checks key, epoch and state in the slot.
+ * Location hints (lib/dir/dir.h: a bounded cache). Only hints: a one-sided
+ * reader checks key, epoch and state in the slot, and a node that does not
+ * own a key forwards to its home. No hint: the home.
  */
 static inline uint32_t ferry__loc_get(const struct ferry_table *t, uint64_t key)
 {
-	return (uint32_t)(__atomic_load_n(&t->dir.loc[key], __ATOMIC_RELAXED) & 0xffff);
+	uint64_t w = ferry__dir_loc(&t->dir, key);
+	uint32_t rank = (uint32_t)(w & 0xffff);
+
+	return rank && rank <= t->fy->world ? rank - 1 : ferry__home(t, key);
 }
 
 static inline void ferry__loc_set(struct ferry_table *t, uint64_t key, uint32_t rank)
 {
-	__atomic_store_n(&t->dir.loc[key], (uint64_t)rank, __ATOMIC_RELAXED);
+	ferry__dir_loc_put(&t->dir, key, (uint64_t)rank + 1);
 }
 
 static inline void ferry__loc_set_slot(struct ferry_table *t, uint64_t key, uint32_t rank,
 				       uint32_t slot, uint32_t epoch)
 {
-	uint64_t w = (uint64_t)rank | (uint64_t)(epoch & 0xffff) << 16 | (uint64_t)(slot + 1) << 32;
+	uint64_t w = (uint64_t)(rank + 1) | (uint64_t)(epoch & 0xffff) << 16 |
+		     (uint64_t)(slot + 1) << 32;
 
-	__atomic_store_n(&t->dir.loc[key], w, __ATOMIC_RELAXED);
+	ferry__dir_loc_put(&t->dir, key, w);
 }
 
 /* 1 with rank, slot and epoch (low 16 bits) when the slot is known */
 static inline int ferry__loc_slot(const struct ferry_table *t, uint64_t key, uint32_t *rank,
 				  uint32_t *slot, uint32_t *epoch16)
 {
-	uint64_t w = __atomic_load_n(&t->dir.loc[key], __ATOMIC_RELAXED);
+	uint64_t w = ferry__dir_loc(&t->dir, key);
+	uint32_t r = (uint32_t)(w & 0xffff);
 
-	*rank = (uint32_t)(w & 0xffff);
+	if (!r || r > t->fy->world || !(w >> 32))
+		return 0;
+	*rank = r - 1;
 	*epoch16 = (uint32_t)(w >> 16) & 0xffff;
 	*slot = (uint32_t)(w >> 32) - 1;
-	return (w >> 32) != 0;
+	return 1;
 }
 
 #endif /* FERRY_LIB_CORE_H */

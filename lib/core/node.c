@@ -83,6 +83,7 @@ static void node_free(struct ferry *fy)
 	free(fy->tp);
 	free(fy->failed);
 	free(fy->barrier_arrived);
+	free(fy->fastrd);
 	for (int i = 0; i < FERRY_MAX_TABLES; i++) {
 		free(fy->table_seen[i]);
 		free(fy->table_arenas[i]);
@@ -137,7 +138,12 @@ int ferry__node_create(const struct ferry_params *params, struct ferry **fy_p)
 	fy->failed = calloc(fy->world, sizeof(*fy->failed));
 	fy->barrier_arrived = calloc(fy->world, sizeof(*fy->barrier_arrived));
 	fy->tp = calloc(1, ops->tp_size);
-	if (!fy->failed || !fy->barrier_arrived || !fy->tp) {
+	fy->fastrd = aligned_alloc(64, sizeof(*fy->fastrd)); /* 64 KiB: one line per worker */
+	if (fy->fastrd) {
+		memset(fy->fastrd, 0, sizeof(*fy->fastrd));
+		ferry__fastrd_init(fy->fastrd);
+	}
+	if (!fy->failed || !fy->barrier_arrived || !fy->tp || !fy->fastrd) {
 		free(fy->tp);
 		fy->tp = NULL;
 		node_free(fy);

@@ -127,7 +127,7 @@ static int proto_parse_op(const uint8_t *p, size_t left, const struct ferry_prot
 	for (uint32_t i = 0; i < op->count; i++) {
 		const struct ferry_msg_key *k = &v->keys[i];
 
-		if (k->key >= lim->num_keys)
+		if (lim->num_keys && k->key >= lim->num_keys)
 			PROTO_FAIL("op: key out of range");
 		if (k->len != ferry__proto_value_len(lim, k->key))
 			PROTO_FAIL("op: value length differs from the table's");
@@ -162,7 +162,7 @@ static int proto_parse_move(uint8_t type, const uint8_t *p, size_t left,
 	for (uint32_t i = 0; i < mv->count; i++) {
 		const struct ferry_msg_mv *m = &v->mvs[i];
 
-		if (m->key >= lim->num_keys)
+		if (lim->num_keys && m->key >= lim->num_keys)
 			PROTO_FAIL("move: key out of range");
 		if (m->pad)
 			PROTO_FAIL("move: padding not zero");
@@ -292,6 +292,10 @@ int ferry__proto_parse(const void *buf, size_t len, const struct ferry_proto_lim
 
 		if (bad)
 			PROTO_FAIL(bad);
+		if (m->init > 2)
+			PROTO_FAIL("table: unknown initializer");
+		if (m->sparse > 1)
+			PROTO_FAIL("table: sparse is neither 0 nor 1");
 		if (hdr->type == FERRY_MSG_TABLE) {
 			if (!proto_pad_ok(left, 0))
 				PROTO_FAIL("trailing bytes after the body");

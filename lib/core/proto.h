@@ -119,6 +119,11 @@ struct ferry_msg_table {
 	uint32_t inbox_entries; /* 1 .. FERRY_INBOX_MAX_ENTRIES */
 	uint32_t inbox_stride;	/* bytes per entry: a multiple of 64, at most
 				 * FERRY_INBOX_MAX_STRIDE */
+	/* TABLE (version 4): initial values, which must agree */
+	uint32_t init; /* enum ferry_init */
+	float init_a, init_b;
+	uint32_t sparse;
+	uint64_t init_seed;
 };
 
 /* TABLE_ACK (one-sided transports): world entries after the body, rank order:
@@ -141,12 +146,14 @@ enum ferry_table_field {
 	FERRY_TF_VNODES,
 	FERRY_TF_MODE,
 	FERRY_TF_FAST_PATH,
+	FERRY_TF_INIT,
+	FERRY_TF_SPARSE,
 };
 
 /* what a frame's keys are checked against */
 struct ferry_proto_limits {
 	uint32_t world;
-	uint64_t num_keys;
+	uint64_t num_keys;	    /* 0: any key (a sparse table) */
 	uint32_t value_len;	    /* when value_lens is NULL */
 	const uint32_t *value_lens; /* per key, or NULL */
 };
@@ -182,7 +189,7 @@ int ferry__proto_parse(const void *buf, size_t len, const struct ferry_proto_lim
 /** ferry__proto_value_len - floats for @key under @lim (0 when out of range) */
 static inline uint32_t ferry__proto_value_len(const struct ferry_proto_limits *lim, uint64_t key)
 {
-	if (key >= lim->num_keys)
+	if (lim->num_keys && key >= lim->num_keys)
 		return 0;
 	return lim->value_lens ? lim->value_lens[key] : lim->value_len;
 }

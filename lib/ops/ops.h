@@ -54,4 +54,18 @@ void ferry__ops_forward_one(struct ferry *fy, struct ferry_table *t, const struc
  * rcu_read_lock held */
 int ferry__ops_apply(struct ferry_table *t, uint8_t op, uint64_t key, const float *in, float *out);
 
+/*
+ * ferry__ops_materialize - a sparse key homed and owned here that has no
+ * slot yet gets one, with its initial value, published (lib/ops/sparse.c).
+ * Return: 0 with *@s_p its live slot (made now, or there already);
+ * -EAGAIN: not such a key (not sparse, not homed here, owned elsewhere, or
+ * a move to here is under way); -ENOSPC: the table is full here (logged
+ * once); -ENOMEM. Context: the progress thread (the home's owner records
+ * are its own), rcu_read_lock held. _locked: t->pend.lock held, and the
+ * owner is not checked: for the home that hands the key over itself (it
+ * recorded the requester as owner already).
+ */
+int ferry__ops_materialize(struct ferry_table *t, uint64_t key, struct ferry_slot **s_p);
+int ferry__ops_materialize_locked(struct ferry_table *t, uint64_t key, struct ferry_slot **s_p);
+
 #endif /* FERRY_LIB_OPS_H */

@@ -53,7 +53,7 @@ static int ops_check(struct ferry_worker *w, struct ferry_table *t, const uint64
 		return -EINVAL;
 	}
 	for (size_t i = 0; i < n; i++)
-		if (keys[i] >= t->params.num_keys) {
+		if (!ferry__key_ok(t, keys[i])) {
 			ferry_err("%s: key %llu is out of range (table %u has %llu keys)", what,
 				  (unsigned long long)keys[i], t->id,
 				  (unsigned long long)t->params.num_keys);
@@ -425,14 +425,16 @@ collect:
  * The fast path of a synchronous operation: serve keys that live here in
  * place, with no request, ticket or allocation, for as long as they do.
  *
- * It takes no RCU read-side section (that cost half of a local pull: two
- * calls into liburcu with a TLS lookup each). It needs none, for the reason
- * a one-sided reader needs none: a slot's memory lives as long as the
- * table's arena, and every access is validated inside the slot. A reader
- * with a stale own[] pointer finds the slot MOVED (the value left), FREE, or
- * holding another key, and goes the slow way; if the slot was reused for the
- * same key, it is that key's live copy. State LIVE is stored after the value
- * when a key arrives, and MOVED under the write lock before it leaves.
+ * One fast-path section (lib/dir/fastrd.h: no call into liburcu) covers
+ * the whole batch: the directory's array may be rebuilt, and the old one is
+ * freed only after every section open at that time ended. The slots
+ * need none, for the reason a one-sided reader needs none: a slot's memory
+ * lives as long as the table's arena, and every access is validated inside
+ * the slot. A reader with a stale slot pointer finds the slot MOVED (the
+ * value left), FREE, or holding another key, and goes the slow way; if the
+ * slot was reused for the same key, it is that key's live copy. State LIVE
+ * is stored after the value when a key arrives, and MOVED under the write
+ * lock before it leaves.
  *
  * Return: how many leading keys were served; the caller hands the rest to
  * the request path. Context: the worker's thread.
@@ -440,21 +442,23 @@ collect:
 static size_t ops_fast(struct ferry_worker *w, struct ferry_table *t, uint8_t op,
 		       const uint64_t *keys, size_t n, const float *in, float *out)
 {
-	uint64_t num_keys = t->params.num_keys;
+	struct ferry_fastrd_cell *cell;
 	struct ferry_slot *s;
 	size_t i, off = 0;
 
 	if (t->params.no_local_fast_path || w->held_head || w->inflight_n ||
 	    (op == FERRY_OP_PULL ? !out : !in))
 		return 0;
+	cell = &t->fy->fastrd->cell[w->id];
+	ferry__fastrd_enter(cell);
 	for (i = 0; i < n; i++) {
 		uint64_t key = keys[i];
 		uint32_t len;
 
-		if (key >= num_keys)
+		if (!ferry__key_ok(t, key))
 			break; /* the request path reports it */
 		len = ferry__value_len(t, key);
-		s = rcu_dereference(t->dir.own[key]);
+		s = ferry__own(t, key);
 		if (!s)
 			break;
 		if (op == FERRY_OP_PULL) {
@@ -466,6 +470,7 @@ static size_t ops_fast(struct ferry_worker *w, struct ferry_table *t, uint8_t op
 		}
 		off += len;
 	}
+	ferry__fastrd_leave(cell);
 	ferry__ops_count(&w->local_ops, i);
 	return i;
 }
@@ -481,7 +486,7 @@ int ferry__ops_sync(struct ferry_worker *w, struct ferry_table *t, uint8_t op, c
 		/* a batch is checked whole before any of it is applied: the fast
 		 * path would apply the keys before a bad one */
 		for (size_t i = 0; i < n; i++)
-			if (keys[i] >= t->params.num_keys)
+			if (!ferry__key_ok(t, keys[i]))
 				return ops_check(w, t, keys, n, in, 1, ferry__ops_name(op));
 	}
 	if (op != FERRY_REQ_LOCALIZE && w && t && keys && t->fy == w->fy &&

@@ -30,7 +30,7 @@ int ferry__ops_apply(struct ferry_table *t, uint8_t op, uint64_t key, const floa
 int ferry__ops_apply_slot(struct ferry_table *t, uint8_t op, uint64_t key, const float *in,
 			  float *out, uint64_t *hint)
 {
-	struct ferry_slot *s = rcu_dereference(t->dir.own[key]);
+	struct ferry_slot *s = ferry__own(t, key);
 	uint32_t len = ferry__value_len(t, key);
 
 	if (!s)
@@ -438,7 +438,7 @@ void ferry__ops_forward_one(struct ferry *fy, struct ferry_table *t, const struc
 	uint32_t home = ferry__home(t, k->key), dst;
 	struct ops_out o = { .used = 0 };
 
-	dst = home == fy->rank ? t->dir.owner[k->key] : home;
+	dst = home == fy->rank ? ferry__owner(t, k->key) : home;
 	if (op->hops >= FERRY_MAX_HOPS || dst == fy->rank) {
 		ferry_err("ops: key %llu of table %u cannot be routed (%s); failing the operation",
 			  (unsigned long long)k->key, t->id,
@@ -511,9 +511,26 @@ static void ops_on_op(struct ferry *fy, struct ferry_table *t, uint32_t src,
 					  (unsigned long long)k->key);
 			ferry__ops_send_reply(fy, t, op, queued, &k->idx, 1, NULL, 0);
 		} else if (!queued) {
+			struct ferry_slot *s;
+			int rc;
+
 			home = ferry__home(t, k->key);
-			dst = home == fy->rank ? t->dir.owner[k->key] : home;
-			if (op->hops >= FERRY_MAX_HOPS || dst == fy->rank) {
+			dst = home == fy->rank ? ferry__owner(t, k->key) : home;
+			if (dst == fy->rank &&
+			    (rc = ferry__ops_materialize(t, k->key, &s)) != -EAGAIN) {
+				/* a sparse key's first use, here at its home */
+				float *o = rc || !vlen ? NULL :
+							 malloc((size_t)vlen * sizeof(float));
+
+				if (!rc && vlen && !o)
+					rc = -ENOMEM;
+				if (!rc)
+					rc = ferry__ops_apply(t, op->op, k->key, kin, o);
+				ferry__ops_send_reply(fy, t, op, rc, &k->idx, 1, rc ? NULL : o,
+						      rc || !o ? 0 : vlen);
+				free(o);
+				nserved += !rc;
+			} else if (op->hops >= FERRY_MAX_HOPS || dst == fy->rank) {
 				ferry__ops_forward_one(fy, t, op, k, kin); /* fails it, logged */
 			} else {
 				ferry__ops_out_add(fy, t, &fwd[dst], &tmpl, dst, k, kin);

@@ -265,7 +265,7 @@ static int reloc_start(struct ferry_worker *w, struct ferry_table *t, struct fer
 		uint32_t slot;
 
 		/* own[] is published under pend.lock: either it is here, or pending */
-		if (rcu_dereference(t->dir.own[key])) {
+		if (ferry__own(t, key)) {
 			done_idx[ndone++] = (uint32_t)i;
 			continue;
 		}
@@ -409,18 +409,36 @@ static void reloc_on_localize(struct ferry *fy, struct ferry_table *t, uint32_t 
 				  src, (unsigned long long)mv->key, fy->rank);
 			continue;
 		}
-		cur = t->dir.owner[mv->key];
+		cur = ferry__owner(t, mv->key);
 		if (cur == src) {
 			reloc_batch_add(fy, t, &ack, mv->key, mv->slot, mv->landing, NULL, 0);
 			continue;
 		}
-		t->dir.owner[mv->key] = src;
+		if (ferry__dir_owner_set(&t->dir, mv->key, src)) {
+			/* the record could not grow: the key stays where it is, and
+			 * the requester's wait ends with its timeout */
+			ferry_err("localize: out of memory recording rank %u as owner of key %llu "
+				  "of table %u; the key stays at rank %u",
+				  src, (unsigned long long)mv->key, t->id, cur);
+			continue;
+		}
 		reloc_batch_add(fy, t, &to[cur], mv->key, mv->slot, mv->landing, NULL, 0);
 	}
 	reloc_batch_end(fy, t, &ack);
 	for (uint32_t d = 0; d < fy->world; d++)
 		reloc_batch_end(fy, t, &to[d]);
 	free(to);
+}
+
+/* make @s the live slot of @key here. On -ENOMEM (the directory could not
+ * grow, with its last free buckets used up) the value stays in its slot,
+ * but no lookup finds it: logged as the loss of access it is */
+static void reloc_publish(struct ferry_table *t, uint64_t key, struct ferry_slot *s)
+{
+	if (ferry__dir_own_set(&t->dir, key, s))
+		ferry_err("reloc: out of memory publishing key %llu of table %u on rank %u; "
+			  "its value is kept but not reachable: free memory on this node",
+			  (unsigned long long)key, t->id, t->fy->rank);
 }
 
 /* ---- old owner: hand the value over ----------------------------------- */
@@ -438,7 +456,7 @@ static void reloc_take(struct ferry *fy, struct ferry_table *t, struct ferry_slo
 	ferry__slot_set_state(s, FERRY_SLOT_MOVED);
 	ferry__slot_unlock(&t->arena, s, ver);
 	if (published)
-		rcu_assign_pointer(t->dir.own[key], NULL);
+		ferry__dir_own_set(&t->dir, key, NULL);
 	ferry__loc_set(t, key, new_owner);
 	atomic_fetch_add_explicit(&fy->reloc_out, 1, memory_order_relaxed);
 }
@@ -466,7 +484,7 @@ static void reloc_restore(struct ferry *fy, struct ferry_table *t, struct ferry_
 
 	ferry__slot_set_state(s, FERRY_SLOT_LIVE);
 	ferry__slot_unlock(&t->arena, s, ver);
-	rcu_assign_pointer(t->dir.own[key], s);
+	reloc_publish(t, key, s);
 	ferry__loc_set(t, key, fy->rank);
 	atomic_fetch_sub_explicit(&fy->reloc_out, 1, memory_order_relaxed);
 }
@@ -602,7 +620,13 @@ static void reloc_on_handover_req(struct ferry *fy, struct ferry_table *t, uint3
 			onesided = false;
 		}
 		pthread_mutex_lock(&t->pend.lock);
-		s = rcu_dereference(t->dir.own[mv->key]);
+		s = ferry__own(t, mv->key);
+		if (!s && src == fy->rank) {
+			/* a sparse key this home never made: made now, then handed
+			 * over like any other (-ENOSPC: logged; the requester's
+			 * wait ends with the timeout, as for a lost peer) */
+			(void)ferry__ops_materialize_locked(t, mv->key, &s);
+		}
 		if (s) {
 			pthread_mutex_unlock(&t->pend.lock);
 			if (onesided) {
@@ -663,8 +687,8 @@ static void reloc_wake(struct ferry *fy, struct ferry_pend *e, int status)
 		ferry__ops_complete(fy, wt->worker, wt->ticket, &wt->idx, 1, status, NULL, 0);
 }
 
-/* install one arrived value (from a message or a landing entry) and replay
- * what queued; pend_lock held. The slot is written only under its lock
+/* install one arrived value (from a message or a landing entry; NULL: a
+ * sparse key's initial value) and replay what queued; pend_lock held. The slot is written only under its lock
  * (ferry__slot_install, ferry__slot_update), so every change bumps its
  * version and seal: a one-sided reader with an old hint may read it now. */
 static void reloc_install(struct ferry *fy, struct ferry_table *t, struct ferry_pend *e,
@@ -674,7 +698,10 @@ static void reloc_install(struct ferry *fy, struct ferry_table *t, struct ferry_
 	struct ferry_pend_item *it;
 	int owned = 1;
 
-	ferry__slot_install(&t->arena, s, e->key, val, len);
+	if (val)
+		ferry__slot_install(&t->arena, s, e->key, val, len);
+	else
+		ferry__slot_install_init(&t->arena, s, e->key, &t->init, len);
 	atomic_fetch_add_explicit(&fy->reloc_in, 1, memory_order_relaxed);
 
 	while ((it = e->head)) {
@@ -716,7 +743,7 @@ static void reloc_install(struct ferry *fy, struct ferry_table *t, struct ferry_
 	e->tail = NULL;
 	if (owned) {
 		ferry__loc_set(t, e->key, fy->rank);
-		rcu_assign_pointer(t->dir.own[e->key], s);
+		reloc_publish(t, e->key, s);
 	}
 }
 
@@ -791,6 +818,15 @@ static void reloc_on_ack(struct ferry *fy, struct ferry_table *t, uint32_t src,
 			/* nobody was asked to write it */
 			ferry__inbox_put(t, e->landing);
 			e->landing = FERRY_LANDING_NONE;
+			if (!ferry__own(t, mv->key) && t->params.sparse && src == fy->rank) {
+				/* the home localized a sparse key it never made: the
+				 * reserved slot takes its initial value */
+				reloc_install(fy, t, e, NULL, ferry__value_len(t, mv->key));
+				pthread_mutex_unlock(&t->pend.lock);
+				reloc_wake(fy, e, 0);
+				ferry__pend_free(e);
+				continue;
+			}
 		} else {
 			e = NULL;
 		}

@@ -27,6 +27,7 @@ XXH64_hash_t XXH3_64bits_dispatch(const void *input, size_t len);
 #define FERRY_XXH_LONG XXH3_64bits
 #endif
 
+#include "lib/store/init.h"
 #include "lib/store/store.h"
 #include "transport/base/log.h"
 
@@ -225,6 +226,36 @@ void ferry__slot_install(const struct ferry_arena *a, struct ferry_slot *s, uint
 		slot_put(s, val, len);
 	else
 		slot_zero(s, len);
+	ferry__slot_set_state(s, FERRY_SLOT_LIVE);
+	ferry__slot_unlock(a, s, v);
+}
+
+void ferry__slot_install_init(const struct ferry_arena *a, struct ferry_slot *s, uint64_t key,
+			      const struct ferry_init_spec *spec, uint32_t len)
+{
+	uint64_t v;
+
+	if (spec->kind == FERRY_INIT_ZERO) {
+		ferry__slot_install(a, s, key, NULL, len);
+		return;
+	}
+	v = ferry__slot_lock(a, s);
+	assert(s->state == FERRY_SLOT_INCOMING && len <= a->max_len);
+	__atomic_store_n(&s->key, key, __ATOMIC_RELAXED);
+	__atomic_store_n(&s->len, len, __ATOMIC_RELAXED);
+	for (uint32_t off = 0; off < len; off += 64) {
+		float buf[64];
+		uint32_t n = len - off < 64 ? len - off : 64;
+		uint32_t *dst = (uint32_t *)&s->val[off];
+
+		ferry__init_value(spec, key, off, buf, n);
+		for (uint32_t i = 0; i < n; i++) {
+			uint32_t w;
+
+			memcpy(&w, &buf[i], 4);
+			__atomic_store_n(&dst[i], w, __ATOMIC_RELAXED);
+		}
+	}
 	ferry__slot_set_state(s, FERRY_SLOT_LIVE);
 	ferry__slot_unlock(a, s, v);
 }

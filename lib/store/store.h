@@ -205,6 +205,13 @@ static inline void ferry__slot_set_state(struct ferry_slot *s, enum ferry_slot_s
 void ferry__slot_install(const struct ferry_arena *a, struct ferry_slot *s, uint64_t key,
 			 const float *val, uint32_t len);
 
+struct ferry_init_spec;
+
+/* ferry__slot_install with the table's initial value of @key, computed
+ * into the slot (no buffer: never fails). Context: as ferry__slot_install. */
+void ferry__slot_install_init(const struct ferry_arena *a, struct ferry_slot *s, uint64_t key,
+			      const struct ferry_init_spec *spec, uint32_t len);
+
 /* ---- readers ----------------------------------------------------------- */
 
 #define FERRY_SLOT_ANY_EPOCH UINT32_MAX

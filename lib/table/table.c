@@ -7,6 +7,7 @@
  * so when create returns anywhere, every node already serves the table.
  */
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -22,6 +23,8 @@ static const char *const table_field_names[] = {
 	[FERRY_TF_VNODES] = "vnodes",
 	[FERRY_TF_MODE] = "mode",
 	[FERRY_TF_FAST_PATH] = "no_local_fast_path",
+	[FERRY_TF_INIT] = "init/init_a/init_b/init_seed",
+	[FERRY_TF_SPARSE] = "sparse",
 };
 
 static uint32_t table_diff(const struct ferry_msg_table *a, const struct ferry_msg_table *b)
@@ -38,6 +41,12 @@ static uint32_t table_diff(const struct ferry_msg_table *a, const struct ferry_m
 		return FERRY_TF_VNODES;
 	if (a->mode != b->mode)
 		return FERRY_TF_MODE;
+	if (a->sparse != b->sparse)
+		return FERRY_TF_SPARSE;
+	if (a->init != b->init || a->init_seed != b->init_seed ||
+	    memcmp(&a->init_a, &b->init_a, sizeof(float)) ||
+	    memcmp(&a->init_b, &b->init_b, sizeof(float)))
+		return FERRY_TF_INIT;
 	if (a->no_local_fast_path != b->no_local_fast_path)
 		return FERRY_TF_FAST_PATH;
 	return FERRY_TF_NONE;
@@ -202,8 +211,40 @@ static void table_on_msg(struct ferry *fy, struct ferry_table *unused, uint32_t 
 
 static int table_check_params(const struct ferry_table_params *p)
 {
-	if (!p->num_keys) {
-		ferry_err("table: num_keys is 0; a table needs at least one key");
+	if (p->sparse != 0 && p->sparse != 1) {
+		ferry_err("table: sparse is %d; use 0 (keys 0 .. num_keys-1) or 1 (any key)",
+			  p->sparse);
+		return -EINVAL;
+	}
+	if (p->sparse && (p->num_keys || p->value_lens)) {
+		ferry_err("table: a sparse table takes any 64-bit key and one value_len; set "
+			  "num_keys to 0 and value_lens to NULL");
+		return -EINVAL;
+	}
+	if (!p->sparse && !p->num_keys) {
+		ferry_err("table: num_keys is 0; a table needs at least one key (or set sparse = 1 "
+			  "for keys from the whole 64-bit space)");
+		return -EINVAL;
+	}
+	if (p->init != FERRY_INIT_ZERO && p->init != FERRY_INIT_UNIFORM &&
+	    p->init != FERRY_INIT_NORMAL) {
+		ferry_err("table: initializer %d is unknown; use FERRY_INIT_ZERO, _UNIFORM or "
+			  "_NORMAL",
+			  p->init);
+		return -EINVAL;
+	}
+	if (p->init != FERRY_INIT_ZERO &&
+	    (!isfinite(p->init_a) || !isfinite(p->init_b) ||
+	     (p->init == FERRY_INIT_UNIFORM ? p->init_b < p->init_a : p->init_b < 0))) {
+		ferry_err("table: initializer bounds %g, %g are not finite, or %s",
+			  (double)p->init_a, (double)p->init_b,
+			  p->init == FERRY_INIT_UNIFORM ? "init_b < init_a" :
+							  "the standard deviation init_b < 0");
+		return -EINVAL;
+	}
+	if (p->loc_cache > FERRY_LOC_CACHE_MAX) {
+		ferry_err("table: loc_cache %llu entries is above the limit of %u",
+			  (unsigned long long)p->loc_cache, FERRY_LOC_CACHE_MAX);
 		return -EINVAL;
 	}
 	if (p->num_keys > (1ull << 40)) {
@@ -252,20 +293,42 @@ static void table_free(struct ferry_table *t)
 	free(t->arena.mr);
 	ferry__arena_fini(&t->arena);
 	ferry__placement_fini(&t->place);
-	free(t->dir.own);
-	free(t->dir.loc);
-	free(t->dir.owner);
+	ferry__dir_fini(&t->dir);
 	free(t->value_lens);
 	free(t->value_offs);
 	free(t->peer_arena);
 	free(t);
 }
 
+/* the keys this node is home of, live in its arena from the start */
+static int table_fill_home(struct ferry *fy, struct ferry_table *t, uint64_t n, uint64_t cap)
+{
+	int rc = 0;
+
+	for (uint64_t k = 0; k < n && !rc; k++) {
+		uint32_t idx;
+		struct ferry_slot *s;
+
+		if (ferry__home(t, k) != fy->rank)
+			continue;
+		rc = ferry__arena_alloc(&t->arena, &idx);
+		if (rc) {
+			ferry_err("table: capacity %llu slots is less than the %s keys this node "
+				  "is home of; raise the table's capacity",
+				  (unsigned long long)cap, "initial");
+			break;
+		}
+		s = ferry__arena_slot(&t->arena, idx);
+		ferry__slot_install_init(&t->arena, s, k, &t->init, ferry__value_len(t, k));
+		rc = ferry__dir_own_set(&t->dir, k, s);
+	}
+	return rc;
+}
+
 /* this node's side: placement, directory, arena with its home keys live */
 static int table_build(struct ferry *fy, const struct ferry_table_params *p, struct ferry_table *t)
 {
 	uint64_t n = p->num_keys, lens_hash = 0, cap;
-	uint32_t *next_slot;
 	int rc;
 
 	t->fy = fy;
@@ -300,15 +363,24 @@ static int table_build(struct ferry *fy, const struct ferry_table_params *p, str
 	if (rc)
 		return rc;
 
-	t->dir.own = calloc(n, sizeof(*t->dir.own));
-	t->dir.loc = malloc(n * sizeof(*t->dir.loc));
-	t->dir.owner = malloc(n * sizeof(*t->dir.owner));
-	if (!t->dir.own || !t->dir.loc || !t->dir.owner)
-		return -ENOMEM;
+	t->init = (struct ferry_init_spec){
+		.kind = (uint32_t)p->init, .a = p->init_a, .b = p->init_b, .seed = p->init_seed
+	};
+	rc = ferry__dir_init(&t->dir, fy->rank, p->loc_cache, fy->fastrd);
+	if (!rc && !p->sparse && p->placement == FERRY_PLACEMENT_RANGE) {
+		uint64_t lo, nhome;
+
+		/* the node holds all of these from the start: an array for them */
+		ferry__placement_range_of(&t->place, fy->rank, &lo, &nhome);
+		rc = ferry__dir_home_range(&t->dir, lo, nhome);
+	}
+	if (rc)
+		return rc;
 
 	/* by default a node can own every key, and a few more slots cover keys
-	 * that left and wait for a grace period before their slot is free */
-	cap = p->capacity ? p->capacity : n + 64;
+	 * that left and wait for a grace period before their slot is free; a
+	 * sparse table's keys come into being on use, up to 2^20 per node */
+	cap = p->capacity ? p->capacity : p->sparse ? FERRY_SPARSE_CAPACITY : n + 64;
 	if (p->mode == FERRY_MODE_CLASSIC && !p->capacity) {
 		/* nothing ever moves: the home's keys are all it holds */
 		cap = 0;
@@ -336,31 +408,11 @@ static int table_build(struct ferry *fy, const struct ferry_table_params *p, str
 			return rc;
 	}
 
-	next_slot = calloc(fy->world, sizeof(*next_slot));
-	if (!next_slot)
-		return -ENOMEM;
-	for (uint64_t k = 0; k < n; k++) {
-		uint32_t home = ferry__home(t, k), idx;
-		struct ferry_slot *s;
-
-		/* every home fills its fresh arena in key order, so every node
-		 * knows where each key starts out */
-		ferry__loc_set_slot(t, k, home, next_slot[home]++, 0);
-		t->dir.owner[k] = home;
-		if (home != fy->rank)
-			continue;
-		rc = ferry__arena_alloc(&t->arena, &idx);
-		if (rc) {
-			ferry_err("table: capacity %llu slots is less than the %s keys this node "
-				  "is home of; raise the table's capacity",
-				  (unsigned long long)cap, "initial");
-			return rc;
-		}
-		s = ferry__arena_slot(&t->arena, idx);
-		ferry__slot_install(&t->arena, s, k, NULL, ferry__value_len(t, k));
-		t->dir.own[k] = s;
-	}
-	free(next_slot);
+	ferry__rcu_enter(); /* a directory that grows frees its old array by call_rcu */
+	rc = table_fill_home(fy, t, n, cap);
+	ferry__rcu_leave();
+	if (rc)
+		return rc;
 
 	t->wire = (struct ferry_msg_table){
 		.num_keys = n,
@@ -371,6 +423,11 @@ static int table_build(struct ferry *fy, const struct ferry_table_params *p, str
 		.vnodes = t->params.vnodes,
 		.mode = (uint32_t)p->mode,
 		.no_local_fast_path = (uint32_t) !!p->no_local_fast_path,
+		.init = (uint32_t)p->init,
+		.init_a = p->init_a,
+		.init_b = p->init_b,
+		.sparse = (uint32_t)p->sparse,
+		.init_seed = p->init_seed,
 	};
 	/* one-sided access starts only once every arena is known (create) */
 	if (t->arena.mr && (fy->tp->ops->caps & FERRY_TP_CAP_READ)) {
@@ -799,18 +856,34 @@ void ferry_table_destroy(struct ferry_table *t)
 	table_reap(fy, false, false);
 }
 
+int ferry_table_stats(struct ferry_table *t, struct ferry_table_stats *st)
+{
+	if (!t || !st)
+		return -EINVAL;
+	*st = (struct ferry_table_stats){
+		.keys_owned = ferry__dir_own_count(&t->dir),
+		.keys_away = ferry__dir_away_count(&t->dir),
+		.dir_bytes = ferry__dir_bytes(&t->dir),
+		.slots = t->arena.capacity,
+		.slot_bytes = t->arena.stride,
+		.registered_bytes =
+			(t->arena.mr ? t->arena.bytes : 0) + (t->inbox.mr ? t->inbox.bytes : 0),
+	};
+	return 0;
+}
+
 int ferry_table_home(const struct ferry_table *t, uint64_t key)
 {
 	if (!t)
 		return -EINVAL;
-	if (key >= t->params.num_keys)
+	if (!ferry__key_ok(t, key))
 		return -ERANGE;
 	return (int)ferry__home(t, key);
 }
 
 uint32_t ferry_table_value_len(const struct ferry_table *t, uint64_t key)
 {
-	if (!t || key >= t->params.num_keys)
+	if (!t || !ferry__key_ok(t, key))
 		return 0;
 	return ferry__value_len(t, key);
 }

@@ -149,7 +149,15 @@ Test(onesided, a_moved_key_falls_back_then_reads_one_sided_again, .timeout = 120
 	for (int i = 0; i < VLEN; i++)
 		one[i] = 1;
 	cr_assert_eq(ferry_push(w0, c.t[0], &key, 1, one), 0);
-	/* the initial slot is known everywhere: the first pull is one read */
+	/* node 1 has no hint yet (the directory holds none for keys it never
+	 * saw): the first pull asks the home, whose reply names the slot */
+	ferry_stats(c.fy[1], &s0);
+	cr_assert_eq(ferry_pull(w1, c.t[1], &key, 1, v), 0);
+	ferry_stats(c.fy[1], &s1);
+	cr_assert_eq(v[0], 1.0f);
+	cr_assert_eq(s1.onesided_reads - s0.onesided_reads, 0);
+	cr_assert_neq(s1.msgs_sent, s0.msgs_sent, "a pull with no hint read blindly");
+	/* from then on: one read, no message */
 	ferry_stats(c.fy[1], &s0);
 	cr_assert_eq(ferry_pull(w1, c.t[1], &key, 1, v), 0);
 	ferry_stats(c.fy[1], &s1);
@@ -203,6 +211,7 @@ Test(onesided, a_hand_over_completes_after_the_readers_stopped_polling, .timeout
 	for (int i = 0; i < 4 * VLEN; i++)
 		one[i] = 1;
 	cr_assert_eq(ferry_set(w0, c.t[0], mine, 4, one), 0);
+	cr_assert_eq(ferry_pull(w0, c.t[0], &remote, 1, v), 0); /* learns the slot */
 	ferry_stats(c.fy[0], &s0);
 	for (int i = 0; i < 1000; i++)
 		cr_assert_eq(ferry_pull(w0, c.t[0], &remote, 1, v), 0);
@@ -329,7 +338,7 @@ static void *refuse_thread(void *p)
 
 	urcu_memb_register_thread();
 	urcu_memb_read_lock();
-	s = rcu_dereference(a->t->dir.own[a->key]);
+	s = ferry__own(a->t, a->key);
 	urcu_memb_read_unlock();
 	while (v && s && !__atomic_load_n(&a->stop, __ATOMIC_RELAXED)) {
 		/* wrong keys, as a set and as a push */

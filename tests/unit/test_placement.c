@@ -214,13 +214,10 @@ Test(placement, invalid_arguments_are_einval)
 
 		cr_assert_eq(ferry__placement_init(&m, kind, 100, 0, 256), -EINVAL,
 			     "kind %u: world 0 accepted", kind);
-		cr_assert_null(m.home);
+		cr_assert_null(m.ring);
 		cr_assert_eq(ferry__placement_init(&m, kind, 100, 65536, 256), -EINVAL,
 			     "kind %u: world 65536 accepted", kind);
-		cr_assert_null(m.home);
-		cr_assert_eq(ferry__placement_init(&m, kind, 0, 4, 256), -EINVAL,
-			     "kind %u: num_keys 0 accepted", kind);
-		cr_assert_null(m.home);
+		cr_assert_null(m.ring);
 		/* the largest world is fine */
 		cr_assert_eq(ferry__placement_init(&m, kind, 10, 65535, 1), 0,
 			     "kind %u: world 65535 refused", kind);
@@ -233,11 +230,75 @@ Test(placement, invalid_arguments_are_einval)
 		 * past a zero-length ring); range placement ignores vnodes */
 		cr_assert_eq(ferry__placement_init(&m, FERRY_PLACEMENT_HASH, 100, 4, 0), -EINVAL,
 			     "a hash ring with 0 vnodes was accepted");
-		cr_assert_null(m.home);
+		cr_assert_null(m.ring);
 		cr_assert_eq(ferry__placement_init(&m, FERRY_PLACEMENT_RANGE, 100, 4, 0), 0);
 		ferry__placement_fini(&m);
 		cr_assert_eq(ferry__placement_init(&m, 7, 100, 4, 256), -EINVAL,
 			     "an unknown placement kind was accepted");
-		cr_assert_null(m.home);
+		cr_assert_null(m.ring);
 	}
+}
+
+/* ---- sparse tables: the whole 64-bit space --------------------------------- */
+
+/* num_keys 0: range blocks over 2^64 keys, and the ring, both balanced and
+ * holding nothing per key */
+Test(placement, sparse_keys_spread_over_every_node)
+{
+	static const uint32_t kinds[] = { FERRY_PLACEMENT_RANGE, FERRY_PLACEMENT_HASH };
+	const uint32_t world = 5;
+
+	for (size_t i = 0; i < 2; i++) {
+		struct ferry_placement_map m;
+		uint64_t count[5] = { 0 }, x = 0x243f6a8885a308d3ull;
+
+		cr_assert_eq(ferry__placement_init(&m, kinds[i], 0, world, 256), 0);
+		cr_assert_eq(ferry__placement_home(&m, 0),
+			     kinds[i] == FERRY_PLACEMENT_RANGE ? 0 : ferry__placement_home(&m, 0));
+		if (kinds[i] == FERRY_PLACEMENT_RANGE) {
+			cr_assert_eq(ferry__placement_home(&m, UINT64_MAX), world - 1);
+			cr_assert_eq(ferry__placement_home(&m, UINT64_MAX / world), 0);
+			cr_assert_eq(ferry__placement_home(&m, UINT64_MAX / world + 1), 1);
+		}
+		for (int k = 0; k < 100000; k++) {
+			uint32_t h;
+
+			x ^= x << 13, x ^= x >> 7, x ^= x << 17; /* keys from the whole space */
+			h = ferry__placement_home(&m, x);
+			cr_assert_lt(h, world);
+			count[h]++;
+		}
+		for (uint32_t r = 0; r < world; r++)
+			cr_assert(count[r] > 100000 / world * 7 / 10 &&
+					  count[r] < 100000 / world * 13 / 10,
+				  "kind %u: rank %u is home of %llu of 100000 keys", kinds[i], r,
+				  (unsigned long long)count[r]);
+		ferry__placement_fini(&m);
+	}
+}
+
+/* the ring's index gives the answer of a plain binary search over the ring */
+Test(placement, the_ring_index_agrees_with_a_full_search)
+{
+	struct ferry_placement_map m;
+	uint64_t x = 0x13198a2e03707344ull;
+
+	cr_assert_eq(ferry__placement_init(&m, FERRY_PLACEMENT_HASH, 0, 7, 300), 0);
+	for (int k = 0; k < 200000; k++) {
+		uint64_t key = k < 100000 ? (uint64_t)k : (x ^= x << 13, x ^= x >> 7, x ^= x << 17);
+		uint64_t h = ferry__hash64(key + 0x9e3779b97f4a7c15ull);
+		uint32_t lo = 0, hi = m.npoints;
+
+		while (lo < hi) {
+			uint32_t mid = lo + (hi - lo) / 2;
+
+			if (m.ring[mid] < h)
+				lo = mid + 1;
+			else
+				hi = mid;
+		}
+		cr_assert_eq(ferry__placement_home(&m, key), m.ring_rank[lo == m.npoints ? 0 : lo],
+			     "key %llu", (unsigned long long)key);
+	}
+	ferry__placement_fini(&m);
 }

@@ -224,6 +224,7 @@ static struct fr fixed_frame(uint8_t type, size_t body, size_t extra)
 
 		t->inbox_addr = t->inbox_rkey = 0;
 		t->inbox_entries = t->inbox_stride = 0;
+		t->init = t->sparse = 0;
 	}
 	return fr_take(&f, type, 0, 0);
 }
@@ -527,6 +528,11 @@ Test(proto, fixed_body_frames_round_trip)
 		t->inbox_rkey = 0x1234;
 		t->inbox_entries = 1024;
 		t->inbox_stride = 4096;
+		t->init = FERRY_INIT_NORMAL;
+		t->init_a = 0.5f;
+		t->init_b = 0.25f;
+		t->sparse = 1;
+		t->init_seed = 0xfeedull;
 		x = fr_take(&f, type, 3, 200);
 		expect_ok(&x, NULL, &v, "table");
 		r = v.body;
@@ -542,6 +548,11 @@ Test(proto, fixed_body_frames_round_trip)
 		cr_assert_eq(r->inbox_rkey, 0x1234);
 		cr_assert_eq(r->inbox_entries, 1024);
 		cr_assert_eq(r->inbox_stride, 4096);
+		cr_assert_eq(r->init, FERRY_INIT_NORMAL);
+		cr_assert_eq(r->init_a, 0.5f);
+		cr_assert_eq(r->init_b, 0.25f);
+		cr_assert_eq(r->sparse, 1);
+		cr_assert_eq(r->init_seed, 0xfeedull);
 		cr_assert_eq(v.hdr->table, 200);
 		fr_free(&x);
 	}
@@ -964,6 +975,49 @@ Test(proto, op_value_bytes_short_or_long)
 
 		fr_resize(&x, 8);
 		expect_body_bad(&x, &lim_fixed, "value bytes", "8 trailing zero bytes on a pull");
+		fr_free(&x);
+	}
+}
+
+/* a sparse table's limits (num_keys 0) take any key; a TABLE frame with an
+ * unknown initializer or a sparse flag other than 0/1 is refused */
+Test(proto, sparse_keys_and_table_initializers)
+{
+	const uint64_t big[] = { UINT64_MAX, 1ull << 63, 12345 };
+	struct ferry_proto_limits lim = lim_fixed;
+	struct ferry_proto_view v;
+
+	lim.num_keys = 0;
+	{
+		struct fr x = op_frame(FERRY_OP_PULL, 0, 3, big, NULL, 3, &lim, 0);
+
+		expect_ok(&x, &lim, &v, "pull of keys from the whole space, sparse table");
+		cr_assert_eq(v.keys[0].key, UINT64_MAX);
+		fr_free(&x);
+	}
+	{
+		struct fr x = op_frame(FERRY_OP_PULL, 0, 3, big, NULL, 3, &lim, 0);
+
+		expect_body_bad(&x, &lim_fixed, "key", "the same keys, dense table");
+		fr_free(&x);
+	}
+	for (int c = 0; c < 2; c++) {
+		struct ferry_frame f;
+		struct ferry_msg_table *t;
+		struct fr x;
+
+		ferry__frame_begin(&f);
+		t = ferry__frame_put(&f, sizeof(*t));
+		memset(t, 0, sizeof(*t));
+		t->num_keys = 10;
+		t->value_len = 1;
+		if (c == 0)
+			t->init = 3;
+		else
+			t->sparse = 2;
+		x = fr_take(&f, FERRY_MSG_TABLE, 0, 0);
+		expect_body_bad(&x, NULL, c == 0 ? "initializer" : "sparse",
+				c == 0 ? "init 3" : "sparse 2");
 		fr_free(&x);
 	}
 }

@@ -32,8 +32,9 @@
 
 #define FERRY_MSG_MAGIC 0x5946u /* "FY" on the wire */
 /* 2: landing inboxes (table trailer, move entries); 3: barrier releases carry a
- * status (a failed rank breaks the barrier); older peers are refused */
-#define FERRY_PROTO_VERSION 3
+ * status (a failed rank breaks the barrier); 4: sparse tables (any 64-bit
+ * key) and initial values in TABLE; older peers are refused */
+#define FERRY_PROTO_VERSION 4
 #define FERRY_MSG_MAX (64u << 20) /* largest frame, header included */
 #define FERRY_MSG_ALIGN 8u	  /* every frame's len is a multiple: frames stay aligned */
 

@@ -1,0 +1,230 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * keymap.c - the directory's open-addressing map (see keymap.h for the
+ * contract, the reader/writer protocol and the size bound).
+ */
+#include <errno.h>
+#include <sched.h>
+#include <stdlib.h>
+
+#include "lib/dir/fastrd.h"
+#include "lib/dir/keymap.h"
+
+/* an old array on its way out, with the fast-path sections that may hold it */
+struct keymap_retired {
+	struct rcu_head rcu;
+	struct ferry_keymap_arr *arr;
+	const struct ferry_fastrd *fast;
+	uint32_t n;
+	struct {
+		uint32_t cell;
+		uint64_t seq;
+	} open[]; /* cells inside a section when the array was replaced */
+};
+
+static struct ferry_keymap_arr *keymap_arr_new(uint64_t buckets)
+{
+	struct ferry_keymap_arr *a =
+		calloc(1, sizeof(*a) + buckets * sizeof(struct ferry_keymap_ent));
+
+	if (a)
+		a->mask = buckets - 1;
+	return a;
+}
+
+/* buckets for @n live keys: at most half full, a power of two (a map that
+ * grows at 3/4 doubles) */
+static uint64_t keymap_buckets_for(uint64_t n)
+{
+	uint64_t b = FERRY_KEYMAP_MIN;
+
+	while (b / 2 < n)
+		b *= 2;
+	return b;
+}
+
+static uint64_t keymap_arr_bytes(const struct ferry_keymap_arr *a)
+{
+	return sizeof(*a) + (a->mask + 1) * sizeof(struct ferry_keymap_ent);
+}
+
+int ferry__keymap_init(struct ferry_keymap *m, const struct ferry_fastrd *fast)
+{
+	m->fast = fast;
+	m->arr = keymap_arr_new(FERRY_KEYMAP_MIN);
+	m->n = 0;
+	m->used = 0;
+	m->bytes = m->arr ? keymap_arr_bytes(m->arr) : 0;
+	return m->arr ? 0 : -ENOMEM;
+}
+
+void ferry__keymap_fini(struct ferry_keymap *m)
+{
+	free(m->arr);
+	m->arr = NULL;
+}
+
+static void keymap_arr_free_rcu(struct rcu_head *head)
+{
+	free(caa_container_of(head, struct ferry_keymap_arr, rcu));
+}
+
+/* after a grace period: wait for the fast-path sections that were open at
+ * the replacement (each is one batch of local operations), then free */
+static void keymap_retired_free_rcu(struct rcu_head *head)
+{
+	struct keymap_retired *r = caa_container_of(head, struct keymap_retired, rcu);
+
+	for (uint32_t i = 0; i < r->n; i++)
+		while (__atomic_load_n(&r->fast->cell[r->open[i].cell].seq, __ATOMIC_ACQUIRE) ==
+		       r->open[i].seq)
+			sched_yield();
+	free(r->arr);
+	free(r);
+}
+
+/* the old array, replaced already: free it once no reader can hold it */
+static void keymap_retire(struct ferry_keymap *m, struct ferry_keymap_arr *old)
+{
+	struct keymap_retired *r;
+	uint32_t n = 0;
+
+	if (!m->fast) {
+		urcu_memb_call_rcu(&old->rcu, keymap_arr_free_rcu);
+		return;
+	}
+	r = malloc(sizeof(*r) + FERRY_FASTRD_MAX * sizeof(r->open[0]));
+	ferry__fastrd_sync(); /* a reader of the old array shows an odd counter */
+	if (!r) {
+		/* no record to wait with: wait here, the sections are short */
+		for (uint32_t c = 0; c < FERRY_FASTRD_MAX; c++) {
+			uint64_t seq = __atomic_load_n(&m->fast->cell[c].seq, __ATOMIC_ACQUIRE);
+
+			while ((seq & 1) &&
+			       __atomic_load_n(&m->fast->cell[c].seq, __ATOMIC_ACQUIRE) == seq)
+				sched_yield();
+		}
+		urcu_memb_call_rcu(&old->rcu, keymap_arr_free_rcu);
+		return;
+	}
+	for (uint32_t c = 0; c < FERRY_FASTRD_MAX; c++) {
+		uint64_t seq = __atomic_load_n(&m->fast->cell[c].seq, __ATOMIC_ACQUIRE);
+
+		if (seq & 1) {
+			r->open[n].cell = c;
+			r->open[n].seq = seq;
+			n++;
+		}
+	}
+	r->arr = old;
+	r->fast = m->fast;
+	r->n = n;
+	urcu_memb_call_rcu(&r->rcu, keymap_retired_free_rcu);
+}
+
+/* into an unpublished array: no reader yet, plain stores */
+static void keymap_fill(struct ferry_keymap_arr *a, uint64_t key, uint64_t val)
+{
+	uint64_t i = ferry__keymap_hash(key) & a->mask;
+
+	while (a->e[i].val)
+		i = (i + 1) & a->mask;
+	a->e[i].key = key;
+	a->e[i].val = val;
+}
+
+/* a new array for the live keys; Return: 0 or -ENOMEM (nothing changed) */
+static int keymap_rebuild(struct ferry_keymap *m, uint64_t buckets)
+{
+	struct ferry_keymap_arr *old = m->arr, *a = keymap_arr_new(buckets);
+
+	if (!a)
+		return -ENOMEM;
+	for (uint64_t i = 0; i <= old->mask; i++)
+		if (old->e[i].val && old->e[i].val != FERRY_KEYMAP_TOMB)
+			keymap_fill(a, old->e[i].key, old->e[i].val);
+	rcu_assign_pointer(m->arr, a);
+	__atomic_store_n(&m->bytes, keymap_arr_bytes(a), __ATOMIC_RELAXED);
+	m->used = m->n;
+	keymap_retire(m, old);
+	return 0;
+}
+
+int ferry__keymap_put(struct ferry_keymap *m, uint64_t key, uint64_t val)
+{
+	struct ferry_keymap_arr *a = m->arr;
+	uint64_t i = ferry__keymap_hash(key) & a->mask;
+
+	for (;;) {
+		struct ferry_keymap_ent *e = &a->e[i];
+
+		if (!e->val)
+			break;
+		if (e->key == key) {
+			/* live or this key's own tombstone: readers see old or new */
+			if (e->val == FERRY_KEYMAP_TOMB)
+				__atomic_store_n(&m->n, m->n + 1, __ATOMIC_RELAXED);
+			__atomic_store_n(&e->val, val, __ATOMIC_RELEASE);
+			return 0;
+		}
+		i = (i + 1) & a->mask;
+	}
+	if ((m->used + 1) * 4 > (a->mask + 1) * 3) {
+		if (!keymap_rebuild(m, keymap_buckets_for(m->n + 1))) {
+			a = m->arr;
+			i = ferry__keymap_hash(key) & a->mask;
+			while (a->e[i].val)
+				i = (i + 1) & a->mask;
+		} else if (m->used + 2 > a->mask + 1) {
+			/* a reader's probe needs an empty bucket to stop at */
+			return -ENOMEM;
+		}
+	}
+	__atomic_store_n(&a->e[i].key, key, __ATOMIC_RELAXED);
+	__atomic_store_n(&a->e[i].val, val, __ATOMIC_RELEASE);
+	__atomic_store_n(&m->n, m->n + 1, __ATOMIC_RELAXED);
+	m->used++;
+	return 0;
+}
+
+void ferry__keymap_del(struct ferry_keymap *m, uint64_t key)
+{
+	struct ferry_keymap_arr *a = m->arr;
+	uint64_t i = ferry__keymap_hash(key) & a->mask;
+
+	for (;; i = (i + 1) & a->mask) {
+		struct ferry_keymap_ent *e = &a->e[i];
+
+		if (!e->val)
+			return;
+		if (e->key != key)
+			continue;
+		if (e->val == FERRY_KEYMAP_TOMB)
+			return;
+		__atomic_store_n(&e->val, FERRY_KEYMAP_TOMB, __ATOMIC_RELEASE);
+		__atomic_store_n(&m->n, m->n - 1, __ATOMIC_RELAXED);
+		break;
+	}
+	if (a->mask + 1 > FERRY_KEYMAP_MIN && m->n < (a->mask + 1) / 8)
+		(void)keymap_rebuild(m, keymap_buckets_for(m->n)); /* no memory: stay big */
+}
+
+uint64_t ferry__keymap_bytes(const struct ferry_keymap *m)
+{
+	return __atomic_load_n(&m->bytes, __ATOMIC_RELAXED);
+}
+
+uint64_t ferry__keymap_count(const struct ferry_keymap *m)
+{
+	return __atomic_load_n(&m->n, __ATOMIC_RELAXED);
+}
+
+void ferry__keymap_each(const struct ferry_keymap *m,
+			void (*fn)(void *arg, uint64_t key, uint64_t val), void *arg)
+{
+	const struct ferry_keymap_arr *a = m->arr;
+
+	for (uint64_t i = 0; a && i <= a->mask; i++)
+		if (a->e[i].val && a->e[i].val != FERRY_KEYMAP_TOMB)
+			fn(arg, a->e[i].key, a->e[i].val);
+}

@@ -1,0 +1,118 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * keymap.h - a map from 64-bit keys to nonzero 64-bit words, read without a
+ * lock, written by one thread at a time: the directory's tables (which
+ * slot holds a key here; who owns a key that left its home).
+ *
+ * Open addressing with linear probing over a power-of-two array of
+ * {key, val} pairs, the whole 64-bit key space allowed. val 0 marks a bucket
+ * never used (a probe stops there), FERRY_KEYMAP_TOMB one whose key was
+ * deleted (a probe goes on). A writer fills a bucket key first, then val
+ * (release); a reader loads val (acquire), then key, so a val it sees
+ * belongs to the key it sees. A tombstone is reused only by the key it
+ * held, so a reader can never pair one key with another key's val.
+ *
+ * Why not liburcu's cds_lfht (which lib/dir/pend.c uses): a lookup here is
+ * a hash and usually one cache line, with no pointer chase per node and no
+ * allocation per key, and it costs 16 bytes per bucket instead of a node of
+ * 48 bytes plus the bucket index; the directory's local reads sit on the
+ * path of a local pull, which ferry-bench measures against a memory copy.
+ *
+ * Size: a rebuild (into a new array; it drops every tombstone) comes when
+ * live keys and tombstones would pass 3/4 of the buckets, or live keys fall
+ * under 1/8 of them, and makes the live keys about 3/8 of the new array
+ * (never under FERRY_KEYMAP_MIN buckets). So a map that grows spends 21 to
+ * 43 bytes per live key, and one that shrank at most 128, plus the old
+ * array for one RCU grace period after a rebuild. The old array is freed by
+ * call_rcu: readers either hold rcu_read_lock (memb flavor), are inside a
+ * fast-path section of a cell of @fast (fastrd.h), or are the writer.
+ *
+ * Writers: the caller serializes them (one thread, or a lock of its own).
+ * Readers: any RCU-registered thread inside a read-side section, or the
+ * writer itself.
+ */
+#ifndef FERRY_LIB_DIR_KEYMAP_H
+#define FERRY_LIB_DIR_KEYMAP_H
+
+#include <stdint.h>
+
+#include <urcu/urcu-memb.h>
+
+#define FERRY_KEYMAP_TOMB UINT64_MAX
+#define FERRY_KEYMAP_MIN 64u
+
+struct ferry_keymap_ent {
+	uint64_t key;
+	uint64_t val; /* 0: never used; FERRY_KEYMAP_TOMB: deleted */
+};
+
+struct ferry_keymap_arr {
+	uint64_t mask; /* buckets - 1 */
+	struct rcu_head rcu;
+	struct ferry_keymap_ent e[];
+};
+
+struct ferry_fastrd;
+
+struct ferry_keymap {
+	struct ferry_keymap_arr *arr;	 /* RCU-published */
+	const struct ferry_fastrd *fast; /* fast-path readers too, or NULL */
+	uint64_t n;			 /* live keys (writer; atomic stores) */
+	uint64_t bytes;			 /* of the current array (atomic) */
+	uint64_t used;			 /* live keys + tombstones (writer) */
+};
+
+/* @fast: the node's fast-path reader cells when such readers use the map
+ * (lib/dir/fastrd.h), else NULL. Return: 0 or -ENOMEM. Context: setup. */
+int ferry__keymap_init(struct ferry_keymap *m, const struct ferry_fastrd *fast);
+/* free at once: no reader may be left. Context: teardown. */
+void ferry__keymap_fini(struct ferry_keymap *m);
+
+/* the key's home bucket (a 64-bit mixer: keys may be sequential) */
+static inline uint64_t ferry__keymap_hash(uint64_t key)
+{
+	key ^= key >> 33;
+	key *= 0xff51afd7ed558ccdull;
+	key ^= key >> 33;
+	return key;
+}
+
+/* @key's val, or 0. Context: see above. */
+static inline uint64_t ferry__keymap_get(const struct ferry_keymap *m, uint64_t key)
+{
+	const struct ferry_keymap_arr *a = rcu_dereference(m->arr);
+	uint64_t i = ferry__keymap_hash(key) & a->mask;
+
+	for (;;) {
+		const struct ferry_keymap_ent *e = &a->e[i];
+		uint64_t v = __atomic_load_n(&e->val, __ATOMIC_ACQUIRE);
+
+		if (!v)
+			return 0;
+		if (__atomic_load_n(&e->key, __ATOMIC_RELAXED) == key)
+			return v == FERRY_KEYMAP_TOMB ? 0 : v;
+		i = (i + 1) & a->mask;
+	}
+}
+
+/*
+ * ferry__keymap_put - map @key to @val (nonzero, not FERRY_KEYMAP_TOMB),
+ * replacing what it had. Return: 0, or -ENOMEM (a rebuild could not get
+ * memory while the array is full; the map is as it was). Context: the
+ * writer, RCU-registered.
+ */
+int ferry__keymap_put(struct ferry_keymap *m, uint64_t key, uint64_t val);
+/* forget @key (nothing when absent); may shrink the array. Never fails:
+ * a shrink that gets no memory keeps the bigger array. Context: the writer. */
+void ferry__keymap_del(struct ferry_keymap *m, uint64_t key);
+
+/* bytes of the current array, and live keys: snapshots, any thread */
+uint64_t ferry__keymap_bytes(const struct ferry_keymap *m);
+uint64_t ferry__keymap_count(const struct ferry_keymap *m);
+
+/* call @fn(arg, key, val) for every live key. Context: the writer, or
+ * with no writer left. */
+void ferry__keymap_each(const struct ferry_keymap *m,
+			void (*fn)(void *arg, uint64_t key, uint64_t val), void *arg);
+
+#endif /* FERRY_LIB_DIR_KEYMAP_H */
