@@ -143,7 +143,7 @@ static int keymap_rebuild(struct ferry_keymap *m, uint64_t buckets)
 	for (uint64_t i = 0; i <= old->mask; i++)
 		if (old->e[i].val && old->e[i].val != FERRY_KEYMAP_TOMB)
 			keymap_fill(a, old->e[i].key, old->e[i].val);
-	rcu_assign_pointer(m->arr, a);
+	__atomic_store_n(&m->arr, a, __ATOMIC_RELEASE); /* rcu_assign_pointer */
 	__atomic_store_n(&m->bytes, keymap_arr_bytes(a), __ATOMIC_RELAXED);
 	m->used = m->n;
 	keymap_retire(m, old);

@@ -80,7 +80,9 @@ static inline uint64_t ferry__keymap_hash(uint64_t key)
 /* @key's val, or 0. Context: see above. */
 static inline uint64_t ferry__keymap_get(const struct ferry_keymap *m, uint64_t key)
 {
-	const struct ferry_keymap_arr *a = rcu_dereference(m->arr);
+	/* acquire: what rcu_dereference is, inline (liburcu's is a call, and
+	 * one TSan cannot see into) */
+	const struct ferry_keymap_arr *a = __atomic_load_n(&m->arr, __ATOMIC_ACQUIRE);
 	uint64_t i = ferry__keymap_hash(key) & a->mask;
 
 	for (;;) {
