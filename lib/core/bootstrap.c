@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "lib/core/bootstrap.h"
+#include "lib/core/pmix.h"
 #include "transport/base/log.h"
 
 #define BS_MAGIC 0x46594253u /* "FYBS" */
@@ -443,6 +444,10 @@ int ferry__bootstrap(const struct ferry_config *c, const struct ferry_addr *mine
 			*cluster_id_p = (uint64_t)bs_now_ms();
 		return 0;
 	}
+#ifdef FERRY_HAVE_PMIX
+	if (c->use_pmix)
+		return ferry__pmix_bootstrap(c, mine, addrs, cluster_id_p);
+#endif
 	if (c->rank == 0)
 		return bs_serve(c, mine, addrs, cluster_id_p);
 	return bs_join(c, mine, addrs, cluster_id_p);
