@@ -50,7 +50,10 @@ pids=()
 cleanup()
 {
 	local p i
-	for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+	# each rank leads its own process group (timeout(1) makes one): end the group, rank included
+	for p in "${pids[@]}"; do kill -TERM -- "-$p" 2>/dev/null || true; done
+	[[ ${#pids[@]} -eq 0 ]] || sleep 0.5
+	for p in "${pids[@]}"; do kill -KILL -- "-$p" 2>/dev/null || true; done
 	for ((i = 0; i < N; i++)); do
 		ip netns del "${ns[$i]}" 2>/dev/null || true
 		ip link del "fyh$tag-$i" 2>/dev/null || true
