@@ -304,15 +304,24 @@ static void log_expand(char *buf, size_t len, const char *fmt, const char *allow
 	}
 }
 
-/* the descriptor to write a line to: the log file (opened or reopened as its
- * name says), or stderr when there is none or it cannot be opened */
-static int log_out_fd(void)
+/*
+ * log_write - one line to the log file (opened, or reopened as its name
+ * says), or to stderr when there is none or it cannot be opened. The file's
+ * lock is held across the write: a descriptor closed by a reopen could
+ * otherwise be reused (by a socket) before a late write reached it.
+ */
+static void log_write(const char *line, size_t n)
 {
 	char name[sizeof(log_file_name)];
+	ssize_t w;
 	int fd;
 
-	if (!log_path[0])
-		return STDERR_FILENO;
+	if (!log_path[0]) {
+		/* a short write (a full disk, a closed terminal) loses the rest of the line */
+		w = write(STDERR_FILENO, line, n);
+		(void)w;
+		return;
+	}
 	log_expand(name, sizeof(name), log_path, "hpr%", FERRY_LOG_NONE, "", "");
 	pthread_mutex_lock(&log_file_lock);
 	if (log_fd < 0 || strcmp(name, log_file_name)) {
@@ -327,9 +336,9 @@ static int log_out_fd(void)
 		log_fd = fd;
 		snprintf(log_file_name, sizeof(log_file_name), "%s", name);
 	}
-	fd = log_fd >= 0 ? log_fd : STDERR_FILENO;
+	w = write(log_fd >= 0 ? log_fd : STDERR_FILENO, line, n);
+	(void)w;
 	pthread_mutex_unlock(&log_file_lock);
-	return fd;
 }
 
 void ferry__log(enum ferry_log_level level, const char *fmt, ...)
@@ -338,7 +347,6 @@ void ferry__log(enum ferry_log_level level, const char *fmt, ...)
 	char msg[1024], line[1400], subsys[24];
 	size_t n;
 	va_list ap;
-	int fd;
 
 	pthread_once(&log_once, log_init);
 	va_start(ap, fmt);
@@ -354,10 +362,7 @@ void ferry__log(enum ferry_log_level level, const char *fmt, ...)
 	log_expand(line, sizeof(line) - 1, log_fmt, "tDhprlsm%", level, subsys, msg);
 	n = strlen(line);
 	line[n++] = '\n';
-	fd = log_out_fd();
-	/* one write per line; a short write (a full disk) loses the rest of it */
-	if (write(fd, line, n) < 0)
-		return;
+	log_write(line, n);
 }
 
 const char *ferry_strerror(int err)
