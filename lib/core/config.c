@@ -19,7 +19,7 @@
 const struct ferry_option ferry__options[] = {
 	{ "FERRY_RANK", "rank", "launcher's", "this node's rank, 0 .. world-1" },
 	{ "FERRY_WORLD", "world", "launcher's, else 1", "number of nodes" },
-	{ "FERRY_RENDEZVOUS", "rendezvous", "MASTER_ADDR:MASTER_PORT+1",
+	{ "FERRY_RENDEZVOUS", "rendezvous", "MASTER_ADDR:MASTER_PORT+1, else PMIx",
 	  "host:port where rank 0 gathers the nodes' addresses" },
 	{ "FERRY_BIND_ADDR", "bind_addr", "the route's address",
 	  "address this node listens on; 0.0.0.0: every interface, peers told the route's" },
