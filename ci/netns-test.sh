@@ -9,7 +9,10 @@
 # Runs, each bounded:
 #   plain  push, pull and localize across the three ranks; every rank's log must show it listens
 #          on its own namespace's address (the route to the rendezvous), not loopback
-#   loss   the same for longer, while the third namespace loses every packet for 3 s: with tc
+#   rules  the other two ways to choose the address: rank 1 with FERRY_SOCKET_IFNAME==eth0, rank 2
+#          with FERRY_BIND_ADDR=0.0.0.0, which must tell its peers its namespace's address, never
+#          the wildcard
+#   loss   the same as plain for longer, while the third namespace loses every packet for 3 s: with tc
 #          netem (loss 100%) when the kernel has sch_netem, else by taking its link to the
 #          bridge down (the packets are dropped the same way: TCP retransmits until it is back).
 #          Every rank must still finish with its values intact, and the slowest round must show
@@ -29,7 +32,7 @@ while [[ $# -gt 0 ]]; do
 	--build-dir) build=$2; shift ;;
 	--no-loss) loss=0 ;;
 	--keep-logs) keep=1 ;;
-	-h | --help) sed -n '2,20s/^# \{0,1\}//p' "$0"; exit 0 ;;
+	-h | --help) sed -n '2,23s/^# \{0,1\}//p' "$0"; exit 0 ;;
 	*) echo "netns-test: unknown option '$1'" >&2; exit 2 ;;
 	esac
 	shift
@@ -76,14 +79,16 @@ for ((i = 0; i < N; i++)); do
 done
 # no wait for the links: the bootstrap and the transport retry their connects until the deadline
 
-# start_ranks NAME ARGS...: one rank per namespace, torchrun's variables only
+# start_ranks NAME ARGS...: one rank per namespace, torchrun's variables only (and extra[i])
+extra=("" "" "")
 start_ranks()
 {
 	local run=$1 i
 	shift
 	pids=()
 	for ((i = 0; i < N; i++)); do
-		ip netns exec "${ns[$i]}" env -i PATH="$PATH" RANK=$i WORLD_SIZE=$N \
+		# shellcheck disable=SC2086 # extra[i] is empty or one NAME=value
+		ip netns exec "${ns[$i]}" env -i PATH="$PATH" ${extra[$i]} RANK=$i WORLD_SIZE=$N \
 			MASTER_ADDR=$NET.1 MASTER_PORT=$PORT FERRY_TRANSPORT=tcp \
 			FERRY_LOG_LEVEL=info FERRY_LOG_FILE="$tmp/$run.%r.log" FERRY_TIMEOUT_MS=30000 \
 			timeout --kill-after=5 50 "$bin" "$@" >"$tmp/$run.$i.out" 2>&1 &
@@ -91,10 +96,13 @@ start_ranks()
 	done
 }
 
-# check_ranks NAME: every rank exited 0, said ok, and listened on its own namespace's address
+# check_ranks NAME [WHY...]: every rank exited 0, said ok, and listened on its own namespace's
+# address for the reason WHY[i] (default: the route to the rendezvous)
 check_ranks()
 {
-	local run=$1 i rc fail=0
+	local run=$1 i rc fail=0 want whys
+	shift
+	whys=("$@")
 	for ((i = 0; i < N; i++)); do
 		rc=0
 		wait "${pids[$i]}" || rc=$?
@@ -102,8 +110,10 @@ check_ranks()
 			echo "netns-test: $run: rank $i failed (status $rc):"
 			cat "$tmp/$run.$i.out" "$tmp/$run.$i.log" 2>/dev/null | sed 's/^/    /'
 			fail=1
-		elif ! grep -q "listening on $NET.$((i + 1)), peers dial $NET.$((i + 1)) (the local address of the route" "$tmp/$run.$i.log"; then
-			echo "netns-test: $run: rank $i did not listen on $NET.$((i + 1)), its namespace's address:"
+		else
+			want=${whys[$i]:-"listening on $NET.$((i + 1)), peers dial $NET.$((i + 1)) (the local address of the route"}
+			grep -qF "$want" "$tmp/$run.$i.log" && continue
+			echo "netns-test: $run: rank $i's log lacks \"$want\":"
 			grep "config:" "$tmp/$run.$i.log" | sed 's/^/    /'
 			fail=1
 		fi
@@ -121,6 +131,17 @@ if check_ranks plain; then
 else
 	status=1
 fi
+
+t0=$SECONDS
+extra=("" "FERRY_SOCKET_IFNAME==eth0" "FERRY_BIND_ADDR=0.0.0.0")
+start_ranks rules --rounds 2
+if check_ranks rules "" "listening on $NET.2, peers dial $NET.2 (interface eth0, from FERRY_SOCKET_IFNAME==eth0)" \
+	"listening on 0.0.0.0, peers dial $NET.3 (FERRY_BIND_ADDR=0.0.0.0: every interface"; then
+	echo "netns-test: rules: ok in $((SECONDS - t0)) s: FERRY_SOCKET_IFNAME and a wildcard FERRY_BIND_ADDR reach the peers too"
+else
+	status=1
+fi
+extra=("" "" "")
 
 if [[ $loss -eq 1 ]]; then
 	t0=$SECONDS

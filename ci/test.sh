@@ -11,8 +11,8 @@
 #   ctest       ctest --test-dir build --output-on-failure (with mpirun_pmix: 3 ranks under mpirun
 #               meeting through PMIx, when libpmix and mpirun are there)
 #   netns       ci/netns-test.sh: 3 ranks in 3 network namespaces on a bridge, torchrun variables
-#               only, then again while one namespace loses every packet for 3 s (about 15 s; needs
-#               root, skipped otherwise)
+#               only; again with FERRY_SOCKET_IFNAME and FERRY_BIND_ADDR=0.0.0.0; then while one
+#               namespace loses every packet for 3 s (about 10 s; needs root, skipped otherwise)
 #   asan-build  the same into build-asan/ with -DFERRY_SANITIZE=address,undefined
 #   asan-ctest  ctest there, with ASAN_OPTIONS / UBSAN_OPTIONS that abort on the first finding
 #   tsan        the threaded suites (test_store, test_onesided, test_cluster over tcp and loop)
