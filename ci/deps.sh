@@ -4,7 +4,8 @@
 #   bash ci/deps.sh [build|vm|bench|all]...     (default: all)
 #
 # Groups:
-#   build  compile libferry and its Criterion tests, check formatting
+#   build  compile libferry and its Criterion tests, check formatting; run the multi-host tests
+#          (mpirun through PMIx: openmpi-bin, libpmix-dev; network namespaces: iproute2)
 #   vm     run the RDMA suites on SoftRoCE inside QEMU (ci/softroce-vm.sh)
 #   bench  plot benchmark figures
 #
@@ -13,7 +14,7 @@
 # one line per group. Exit status: 0 when every requested package is present afterwards.
 set -euo pipefail
 
-readonly GROUP_BUILD="cmake gcc make pkg-config liburcu-dev libxxhash-dev libcriterion-dev libibverbs-dev librdmacm-dev clang-format"
+readonly GROUP_BUILD="cmake gcc make pkg-config liburcu-dev libxxhash-dev libcriterion-dev libibverbs-dev librdmacm-dev clang-format libpmix-dev openmpi-bin libopenmpi-dev iproute2"
 readonly GROUP_VM="qemu-system-x86 busybox-static rdma-core ibverbs-utils rdmacm-utils perftest ibverbs-providers iproute2 cpio kmod"
 readonly GROUP_BENCH="gnuplot-nox"
 

@@ -8,7 +8,11 @@
 #   build       cmake -S . -B build -DFERRY_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo; build
 #   layers      ci/check-layers.sh: transports include no lib/ header, no file over 1000 lines,
 #               no call upward between layers and no call circle (from the objects, with nm)
-#   ctest       ctest --test-dir build --output-on-failure
+#   ctest       ctest --test-dir build --output-on-failure (with mpirun_pmix: 3 ranks under mpirun
+#               meeting through PMIx, when libpmix and mpirun are there)
+#   netns       ci/netns-test.sh: 3 ranks in 3 network namespaces on a bridge, torchrun variables
+#               only; again with FERRY_SOCKET_IFNAME and FERRY_BIND_ADDR=0.0.0.0; then while one
+#               namespace loses every packet for 3 s (about 10 s; needs root, skipped otherwise)
 #   asan-build  the same into build-asan/ with -DFERRY_SANITIZE=address,undefined
 #   asan-ctest  ctest there, with ASAN_OPTIONS / UBSAN_OPTIONS that abort on the first finding
 #   tsan        the threaded suites (test_store, test_onesided, test_cluster over tcp and loop,
@@ -153,9 +157,15 @@ stage build 900 bash -c 'configure_build build' && build_ok=1
 if [[ $build_ok -eq 1 ]]; then
 	stage layers 120 bash ci/check-layers.sh --build-dir build || true
 	stage ctest 900 ctest --test-dir build --output-on-failure || true
+	if [[ $(id -u) -eq 0 ]]; then
+		stage netns 60 bash ci/netns-test.sh --build-dir build || true
+	else
+		skip netns "needs root for network namespaces"
+	fi
 else
 	skip layers "build failed"
 	skip ctest "build failed"
+	skip netns "build failed"
 fi
 
 if [[ $asan -eq 1 ]]; then

@@ -4,8 +4,10 @@
  * configuration (every option, its value and where it came from), the
  * transports built in and whether each can run, the RDMA devices with their
  * ports, states, MTUs and GIDs, the memlock limit, and the transport "auto"
- * would pick. It changes nothing.
+ * would pick, and the address this node would listen on and why. It changes
+ * nothing. Sections: -c config, -d devices, -v version (all by default).
  */
+#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -100,7 +102,7 @@ static void print_gids(struct ibv_context *ctx, int nports, int port)
 	free(gids);
 }
 
-static void print_devices(void)
+static void print_rdma_devices(void)
 {
 	struct ibv_device **list;
 	int n = 0;
@@ -144,25 +146,43 @@ static void print_devices(void)
 }
 #endif
 
-int main(int argc, char **argv)
-{
-	const struct ferry_tp_ops *tps[] = {
-		&ferry__tcp_ops,
-#ifdef FERRY_HAVE_RDMA
-		&ferry__rdma_ops,
-#endif
-	};
-	struct ferry_config c;
-	struct rlimit rl;
-	const char *pick = "tcp";
-	int rc;
+static const char usage[] =
+	"usage: ferry-info [-c] [-d] [-v] [-h]\n"
+	"\n"
+	"Prints what Ferry sees on this machine; changes nothing. With no option,\n"
+	"every section.\n"
+	"\n"
+	"  -c, --config    the options, their values and the effective configuration:\n"
+	"                  rank, world, rendezvous, and the address this node would\n"
+	"                  listen on and why (FERRY_BIND_ADDR, FERRY_SOCKET_IFNAME or\n"
+	"                  the route to the rendezvous)\n"
+	"  -d, --devices   the transports and whether each can run, the RDMA devices\n"
+	"                  with ports, MTUs and GIDs, and the memlock limit\n"
+	"  -v, --version   Ferry's version, and whether this build has RDMA and PMIx\n"
+	"  -h, --help      this text\n"
+	"\n"
+	"Exit status: 0; 2 on a bad option.\n";
 
-	if (argc > 1) {
-		fprintf(stderr, "usage: %s\n  prints what Ferry sees here; takes no arguments\n",
-			argv[0]);
-		return strcmp(argv[1], "-h") && strcmp(argv[1], "--help") ? 2 : 0;
-	}
-	printf("Ferry %s\n\n", ferry_version());
+static void print_version(void)
+{
+	printf("Ferry %s (rdma: %s, pmix: %s)\n", ferry_version(),
+#ifdef FERRY_HAVE_RDMA
+	       "yes",
+#else
+	       "no",
+#endif
+#ifdef FERRY_HAVE_PMIX
+	       "yes"
+#else
+	       "no"
+#endif
+	);
+}
+
+static void print_config(void)
+{
+	struct ferry_config c;
+	int rc;
 
 	printf("Options (params > FERRY_* > launchers' variables > default):\n");
 	printf("  %-22s %-14s %s\n", "variable", "value", "meaning");
@@ -172,19 +192,36 @@ int main(int argc, char **argv)
 		printf("  %-22s %-14s %s (default: %s)\n", o->env, v ? v : "(unset)", o->what,
 		       o->def);
 	}
+	fflush(stdout);
 	rc = ferry__config_resolve(NULL, &c);
 	if (rc) {
-		printf("\nEffective configuration: invalid (%s; the line above says why)\n",
+		printf("\nEffective configuration: invalid (%s; the log line says why)\n",
 		       ferry_strerror(rc));
-	} else {
-		printf("\nEffective configuration:\n");
-		printf("  rank %d of %d (from %s)\n", c.rank, c.world, c.rank_src);
-		printf("  rendezvous %s:%d (from %s), bind %s\n", c.rdv_host, c.rdv_port, c.rdv_src,
-		       c.bind_addr);
-		printf("  timeout %d ms, busy poll %s\n", c.timeout_ms, c.busy_poll ? "on" : "off");
+		return;
 	}
+	printf("\nEffective configuration:\n");
+	printf("  rank %d of %d (from %s)\n", c.rank, c.world, c.rank_src);
+	if (c.use_pmix)
+		printf("  addresses exchanged through PMIx (no rendezvous given)\n");
+	else
+		printf("  rendezvous %s:%d (from %s)\n", c.rdv_host, c.rdv_port, c.rdv_src);
+	printf("  listen on %s, peers dial %s\n    because: %s\n", c.bind_addr, c.adv_addr,
+	       c.bind_why);
+	printf("  timeout %d ms, busy poll %s\n", c.timeout_ms, c.busy_poll ? "on" : "off");
+}
 
-	printf("\nTransports:\n");
+static void print_devices(void)
+{
+	const struct ferry_tp_ops *tps[] = {
+		&ferry__tcp_ops,
+#ifdef FERRY_HAVE_RDMA
+		&ferry__rdma_ops,
+#endif
+	};
+	const char *pick = "tcp";
+	struct rlimit rl;
+
+	printf("Transports:\n");
 	for (size_t i = 0; i < sizeof(tps) / sizeof(tps[0]); i++) {
 		const char *why = NULL;
 		int ok = tps[i]->probe ? tps[i]->probe(&why) : 0;
@@ -201,7 +238,7 @@ int main(int argc, char **argv)
 
 	printf("\nRDMA devices:\n");
 #ifdef FERRY_HAVE_RDMA
-	print_devices();
+	print_rdma_devices();
 #else
 	printf("  (not built with RDMA)\n");
 #endif
@@ -213,6 +250,56 @@ int main(int argc, char **argv)
 		if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < (64ull << 20))
 			printf("  note: RDMA registers every table's arena; raise the limit with "
 			       "`ulimit -l unlimited` or memlock in /etc/security/limits.conf\n");
+	}
+}
+
+int main(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{ "config", no_argument, NULL, 'c' },
+		{ "devices", no_argument, NULL, 'd' },
+		{ "version", no_argument, NULL, 'v' },
+		{ "help", no_argument, NULL, 'h' },
+		{ NULL, 0, NULL, 0 },
+	};
+	int config = 0, devices = 0, version = 0, o;
+
+	while ((o = getopt_long(argc, argv, "cdvh", opts, NULL)) != -1) {
+		switch (o) {
+		case 'c':
+			config = 1;
+			break;
+		case 'd':
+			devices = 1;
+			break;
+		case 'v':
+			version = 1;
+			break;
+		case 'h':
+			fputs(usage, stdout);
+			return 0;
+		default:
+			fputs(usage, stderr);
+			return 2;
+		}
+	}
+	if (optind < argc) {
+		fprintf(stderr, "ferry-info: unexpected argument '%s'\n%s", argv[optind], usage);
+		return 2;
+	}
+	if (!config && !devices && !version)
+		config = devices = version = 1;
+	if (version)
+		print_version();
+	if (config) {
+		if (version)
+			putchar('\n');
+		print_config();
+	}
+	if (devices) {
+		if (version || config)
+			putchar('\n');
+		print_devices();
 	}
 	return 0;
 }

@@ -106,6 +106,7 @@ struct ferry_tp_config {
 	uint32_t world;
 	uint64_t cluster_id;   /* chosen by rank 0; every connection proves it */
 	const char *bind_addr; /* IPv4 address or host name to listen on */
+	const char *adv_addr;  /* what peers dial when bind_addr is 0.0.0.0; NULL: none */
 	int busy_poll;	       /* spin in the progress thread instead of sleeping */
 	int timeout_ms;	       /* bound on connection setup */
 	const struct ferry_tp_handler *handler;

@@ -72,6 +72,7 @@ static const char usage_text[] =
 	"  -j, --json FILE         also write the context and results as JSON\n"
 	"  -v, --verbose           say what runs\n"
 	"  -h, --help              this text\n"
+	"      --version           Ferry's version and the commit this was built from\n"
 	"\n"
 	"Exit status: 0; 1 when something broke (an operation failed, a lost update);\n"
 	"2 for bad options. Never on speed.\n";
@@ -136,6 +137,7 @@ static const struct option long_opts[] = {
 	{ "json", required_argument, NULL, 'j' },
 	{ "verbose", no_argument, NULL, 'v' },
 	{ "help", no_argument, NULL, 'h' },
+	{ "version", no_argument, NULL, 'V' },
 	{ NULL, 0, NULL, 0 },
 };
 
@@ -428,6 +430,10 @@ static int parse_opts(int argc, char **argv, struct fb_opts *o)
 			break;
 		case 'h':
 			fputs(usage_text, stdout);
+			exit(0);
+		case 'V':
+			printf("ferry-bench (Ferry %s, commit %s)\n", ferry_version(),
+			       FB_GIT_COMMIT);
 			exit(0);
 		default:
 			/* getopt_long already named the option */

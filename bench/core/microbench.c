@@ -366,8 +366,17 @@ int main(int argc, char **argv)
 
 	uint32_t batch = 1;
 
-	while ((opt = getopt(argc, argv, "n:r:l:t:b:Rh")) != -1) {
+	static const struct option longopts[] = {
+		{ "help", no_argument, NULL, 'h' },
+		{ "version", no_argument, NULL, 'V' },
+		{ NULL, 0, NULL, 0 },
+	};
+
+	while ((opt = getopt_long(argc, argv, "n:r:l:t:b:Rh", longopts, NULL)) != -1) {
 		switch (opt) {
+		case 'V':
+			printf("ferry-microbench (Ferry %s)\n", ferry_version());
+			return 0;
 		case 'n':
 			iters = atol(optarg);
 			break;
@@ -401,7 +410,7 @@ int main(int argc, char **argv)
 				"usage: %s [-n local iterations] [-r remote iterations] [-l floats] "
 				"[-t tcp|rdma|loop (remote transport; rdma nodes listen on "
 				"FERRY_BIND_ADDR)] [-b keys per remote pull (1-256)] [-R: remote "
-				"only]\n",
+				"only] [--version]\n",
 				argv[0]);
 			return opt == 'h' ? 0 : 2;
 		}

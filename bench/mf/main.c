@@ -73,6 +73,7 @@ static void usage(FILE *f)
 		"output:\n"
 		"  --json FILE        write the summary and the per-epoch figures as JSON\n"
 		"  --help             this text\n"
+		"  --version          Ferry's version\n"
 		"\n"
 		"example: ferry-mf --synthetic 100000x10000:2000000 --rank 100 --mode both\n",
 		MF_MAX_EPOCHS);
@@ -141,6 +142,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		OPT_TEST_NNZ,
 		OPT_JSON,
 		OPT_HELP,
+		OPT_VERSION,
 	};
 	static const struct option longopts[] = {
 		{ "nodes", required_argument, NULL, OPT_NODES },
@@ -160,6 +162,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		{ "test-nnz", required_argument, NULL, OPT_TEST_NNZ },
 		{ "json", required_argument, NULL, OPT_JSON },
 		{ "help", no_argument, NULL, OPT_HELP },
+		{ "version", no_argument, NULL, OPT_VERSION },
 		{ NULL, 0, NULL, 0 },
 	};
 	struct mf_config *cfg = &o->cfg;
@@ -254,6 +257,9 @@ static int parse_args(int argc, char **argv, struct opts *o)
 			break;
 		case OPT_HELP:
 			usage(stdout);
+			return 1;
+		case OPT_VERSION:
+			printf("ferry-mf (Ferry %s)\n", ferry_version());
 			return 1;
 		default:
 			if (optopt >= OPT_NODES)

@@ -34,7 +34,8 @@ static const char usage_text[] =
 	"      --max-seconds S  bound per size (default 3600)\n"
 	"      --in-order       serve READs in address order (FERRY_LOOP_ADVERSARIAL=0),\n"
 	"                       to compare\n"
-	"  -h, --help           this text\n";
+	"  -h, --help           this text\n"
+	"      --version        Ferry's version\n";
 
 static int parse_list(const char *s, double *out, int max)
 {
@@ -62,6 +63,7 @@ int main(int argc, char **argv)
 		{ "max-seconds", required_argument, NULL, 'm' },
 		{ "in-order", no_argument, NULL, 'o' },
 		{ "help", no_argument, NULL, 'h' },
+		{ "version", no_argument, NULL, 'V' },
 		{ NULL, 0, NULL, 0 },
 	};
 	double sizes[TORN_MAX_SIZES] = { 8, 256, 4096 }, shares[TORN_MAX_SIZES] = { 90, 8, 2 };
@@ -96,6 +98,9 @@ int main(int argc, char **argv)
 			break;
 		case 'h':
 			fputs(usage_text, stdout);
+			return 0;
+		case 'V':
+			printf("ferry-torn (Ferry %s)\n", ferry_version());
 			return 0;
 		default:
 			fputs(usage_text, stderr);

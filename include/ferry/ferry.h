@@ -99,7 +99,9 @@ struct ferry_params {
 	int world;		/* 0: not set */
 	const char *rendezvous; /* "host:port" of rank 0; NULL: not set */
 	int rendezvous_fd;	/* rank 0 only: a listening socket to use; -1: none */
-	const char *bind_addr;	/* address this node listens on; NULL: rendezvous host */
+	const char *bind_addr;	/* address this node listens on ("0.0.0.0": all, peers told the
+				 * route's); NULL: FERRY_BIND_ADDR, FERRY_SOCKET_IFNAME, or the
+				 * local address of the route to the rendezvous */
 	enum ferry_transport_kind transport; /* AUTO: FERRY_TRANSPORT or auto */
 	int timeout_ms;			     /* bound on every wait; 0: FERRY_TIMEOUT_MS or 30000 */
 	int busy_poll; /* -1: FERRY_BUSY_POLL or 0; 1: spin instead of sleeping */

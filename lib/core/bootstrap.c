@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "lib/core/bootstrap.h"
+#include "lib/core/pmix.h"
 #include "transport/base/log.h"
 
 #define BS_MAGIC 0x46594253u /* "FYBS" */
@@ -91,7 +92,8 @@ static int bs_io(int fd, void *buf, size_t len, int64_t deadline, int out)
 	return 0;
 }
 
-static int bs_resolve(const char *host, int port, struct sockaddr_in *sa)
+/* @var names the setting that gave @host, for the message; NULL: none */
+static int bs_resolve(const char *host, int port, struct sockaddr_in *sa, const char *var)
 {
 	struct addrinfo hints = { .ai_family = AF_INET, .ai_socktype = SOCK_STREAM }, *res;
 	int rc;
@@ -103,7 +105,13 @@ static int bs_resolve(const char *host, int port, struct sockaddr_in *sa)
 		return 0;
 	rc = getaddrinfo(host, NULL, &hints, &res);
 	if (rc) {
-		ferry_err("bootstrap: cannot resolve '%s': %s", host, gai_strerror(rc));
+		if (var)
+			ferry_err(
+				"bootstrap: cannot resolve the rendezvous host '%s' (from %s): %s; "
+				"fix %s",
+				host, var, gai_strerror(rc), var);
+		else
+			ferry_err("bootstrap: cannot resolve '%s': %s", host, gai_strerror(rc));
 		return -EHOSTUNREACH;
 	}
 	sa->sin_addr = ((struct sockaddr_in *)res->ai_addr)->sin_addr;
@@ -116,7 +124,7 @@ int ferry__listen_tcp(const char *host, int port, int backlog)
 	struct sockaddr_in sa;
 	int fd, one = 1, rc;
 
-	rc = bs_resolve(host, port, &sa);
+	rc = bs_resolve(host, port, &sa, NULL);
 	if (rc)
 		return rc;
 	fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -150,6 +158,64 @@ static void bs_name_missing(char *buf, size_t len, const uint32_t *missing, uint
 		off += (size_t)snprintf(buf + off, len - off, "%s%u", i ? ", " : "", missing[i]);
 }
 
+/* rank 0 refuses a hello: say why, for the person who started the nodes */
+static void bs_refuse_log(const struct bs_hello *h, uint32_t world)
+{
+	if (h->world != world)
+		ferry_err("bootstrap: rank %u was started with a world of %u nodes, but rank 0 "
+			  "(this node) with a world of %u; start every node with the same world "
+			  "size (WORLD_SIZE, FERRY_WORLD or the launcher's)",
+			  h->rank, h->world, world);
+	else if (h->rank >= world)
+		ferry_err("bootstrap: a node claims rank %u, not below the world size %u; give "
+			  "every node a rank from 0 to %u",
+			  h->rank, world, world - 1);
+	else
+		ferry_err("bootstrap: two processes claim rank %u: a second one tried to join "
+			  "after the first; give every process its own rank (RANK, FERRY_RANK or "
+			  "the launcher's)",
+			  h->rank);
+}
+
+/*
+ * bs_probe_rank0 - rank 0 found the rendezvous port taken: is it another
+ * Ferry rank 0 (two processes claim rank 0), or another program? Asks with a
+ * hello of rank 0, which a Ferry rank 0 refuses with its world size.
+ * Return: -FERRY_E_MISMATCH or -EADDRINUSE, logged.
+ */
+static int bs_probe_rank0(const struct ferry_config *c)
+{
+	int64_t deadline = bs_now_ms() + (c->timeout_ms < 2000 ? c->timeout_ms : 2000);
+	struct bs_hello h = { .magic = BS_MAGIC,
+			      .version = BS_VERSION,
+			      .world = (uint32_t)c->world };
+	struct bs_list list = { 0 };
+	struct sockaddr_in sa;
+	int fd, ferry = 0;
+
+	if (!bs_resolve(c->rdv_host, c->rdv_port, &sa, c->rdv_var)) {
+		fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		if (fd >= 0 && !connect(fd, (struct sockaddr *)&sa, sizeof(sa)) &&
+		    !bs_io(fd, &h, sizeof(h), deadline, 1) &&
+		    !bs_io(fd, &list, sizeof(list), deadline, 0) && list.magic == BS_MAGIC)
+			ferry = 1;
+		if (fd >= 0)
+			close(fd);
+	}
+	if (ferry) {
+		ferry_err("bootstrap: two processes claim rank 0: another one already serves the "
+			  "rendezvous %s:%d (from %s) as rank 0 of a world of %u; give every "
+			  "process its own rank (this one's came from %s)",
+			  c->rdv_host, c->rdv_port, c->rdv_src, list.world, c->rank_src);
+		return -FERRY_E_MISMATCH;
+	}
+	ferry_err("bootstrap: rank 0 cannot listen on the rendezvous %s:%d (from %s): another "
+		  "program holds the port; pick a free one (FERRY_RENDEZVOUS=host:port, or "
+		  "MASTER_PORT: Ferry uses MASTER_PORT+1)",
+		  c->rdv_host, c->rdv_port, c->rdv_src);
+	return -EADDRINUSE;
+}
+
 static int bs_serve(const struct ferry_config *c, const struct ferry_addr *mine,
 		    struct ferry_addr *addrs, uint64_t *cluster_id_p)
 {
@@ -174,10 +240,14 @@ static int bs_serve(const struct ferry_config *c, const struct ferry_addr *mine,
 	lfd = c->rdv_fd;
 	if (lfd < 0) {
 		lfd = ferry__listen_tcp(c->rdv_host, c->rdv_port, 128);
+		if (lfd == -EADDRINUSE) {
+			rc = bs_probe_rank0(c);
+			goto out_free;
+		}
 		if (lfd < 0) {
-			ferry_err("bootstrap: rank 0 cannot listen on %s:%d: %s; pick a free port "
-				  "in FERRY_RENDEZVOUS",
-				  c->rdv_host, c->rdv_port, strerror(-lfd));
+			ferry_err("bootstrap: rank 0 cannot listen on the rendezvous %s:%d (from "
+				  "%s): %s; it must be an address of rank 0's host",
+				  c->rdv_host, c->rdv_port, c->rdv_src, strerror(-lfd));
 			rc = lfd;
 			goto out_free;
 		}
@@ -209,16 +279,12 @@ static int bs_serve(const struct ferry_config *c, const struct ferry_addr *mine,
 			continue;
 		}
 		if (h.world != world || h.rank == 0 || h.rank >= world || fds[h.rank] >= 0) {
-			struct bs_list nack = { .magic = BS_MAGIC, .status = -FERRY_E_MISMATCH };
+			/* the world lets the node say which sizes differ */
+			struct bs_list nack = { .magic = BS_MAGIC,
+						.status = -FERRY_E_MISMATCH,
+						.world = world };
 
-			ferry_err(
-				"bootstrap: a node claims rank %u of world %u, but this cluster has "
-				"world %u%s; start every node with the same world size and a "
-				"distinct rank",
-				h.rank, h.world, world,
-				h.rank < world && h.rank && fds[h.rank] >= 0 ? " and that rank "
-									       "already joined" :
-									       "");
+			bs_refuse_log(&h, world);
 			bs_io(fd, &nack, sizeof(nack), deadline, 1);
 			close(fd);
 			continue;
@@ -280,7 +346,7 @@ static int bs_join(const struct ferry_config *c, const struct ferry_addr *mine,
 	struct sockaddr_in sa;
 	int fd = -1, rc, one = 1;
 
-	rc = bs_resolve(c->rdv_host, c->rdv_port, &sa);
+	rc = bs_resolve(c->rdv_host, c->rdv_port, &sa, c->rdv_var);
 	if (rc)
 		return rc;
 	for (;;) {
@@ -293,8 +359,9 @@ static int bs_join(const struct ferry_config *c, const struct ferry_addr *mine,
 		close(fd);
 		if (bs_now_ms() >= deadline) {
 			ferry_err("bootstrap: rank %d could not reach rank 0 at %s:%d within %d ms "
-				  "(%s); start rank 0, or fix FERRY_RENDEZVOUS",
-				  c->rank, c->rdv_host, c->rdv_port, c->timeout_ms, strerror(-rc));
+				  "(%s); start rank 0, or fix %s",
+				  c->rank, c->rdv_host, c->rdv_port, c->timeout_ms, strerror(-rc),
+				  c->rdv_var);
 			return -ETIMEDOUT;
 		}
 		usleep(20000);
@@ -326,6 +393,19 @@ static int bs_join(const struct ferry_config *c, const struct ferry_addr *mine,
 		if (list.status == -FERRY_E_NOJOIN)
 			ferry_err("bootstrap: rank 0 gave up: rank%s %s never joined",
 				  list.nmissing > 1 ? "s" : "", names);
+		else if (list.status == -FERRY_E_MISMATCH && list.world &&
+			 list.world != (uint32_t)c->world)
+			ferry_err(
+				"bootstrap: rank 0 at %s:%d runs a world of %u nodes, but this node "
+				"(rank %d) was started with a world of %d (from %s); start every "
+				"node with the same world size",
+				c->rdv_host, c->rdv_port, list.world, c->rank, c->world,
+				c->rank_src);
+		else if (list.status == -FERRY_E_MISMATCH && list.world)
+			ferry_err(
+				"bootstrap: two processes claim rank %d: rank 0 at %s:%d has one "
+				"already; give every process its own rank (this one's came from %s)",
+				c->rank, c->rdv_host, c->rdv_port, c->rank_src);
 		else
 			ferry_err("bootstrap: rank 0 refused rank %d: %s", c->rank,
 				  ferry_strerror(list.status));
@@ -333,8 +413,9 @@ static int bs_join(const struct ferry_config *c, const struct ferry_addr *mine,
 		return list.status;
 	}
 	if (list.world != (uint32_t)c->world) {
-		ferry_err("bootstrap: rank 0 runs a world of %u, this node %d", list.world,
-			  c->world);
+		ferry_err("bootstrap: rank 0 runs a world of %u nodes, this node (rank %d) a world "
+			  "of %d; start every node with the same world size",
+			  list.world, c->rank, c->world);
 		close(fd);
 		return -FERRY_E_MISMATCH;
 	}
@@ -363,6 +444,10 @@ int ferry__bootstrap(const struct ferry_config *c, const struct ferry_addr *mine
 			*cluster_id_p = (uint64_t)bs_now_ms();
 		return 0;
 	}
+#ifdef FERRY_HAVE_PMIX
+	if (c->use_pmix)
+		return ferry__pmix_bootstrap(c, mine, addrs, cluster_id_p);
+#endif
 	if (c->rank == 0)
 		return bs_serve(c, mine, addrs, cluster_id_p);
 	return bs_join(c, mine, addrs, cluster_id_p);

@@ -13,19 +13,28 @@
 #include <strings.h>
 
 #include "lib/core/config.h"
+#include "lib/core/netif.h"
 #include "transport/base/log.h"
 
 const struct ferry_option ferry__options[] = {
 	{ "FERRY_RANK", "rank", "launcher's", "this node's rank, 0 .. world-1" },
 	{ "FERRY_WORLD", "world", "launcher's, else 1", "number of nodes" },
-	{ "FERRY_RENDEZVOUS", "rendezvous", "MASTER_ADDR:MASTER_PORT+1",
+	{ "FERRY_RENDEZVOUS", "rendezvous", "MASTER_ADDR:MASTER_PORT+1, else PMIx",
 	  "host:port where rank 0 gathers the nodes' addresses" },
-	{ "FERRY_BIND_ADDR", "bind_addr", "rendezvous host", "address this node listens on" },
+	{ "FERRY_BIND_ADDR", "bind_addr", "the route's address",
+	  "address this node listens on; 0.0.0.0: every interface, peers told the route's" },
+	{ "FERRY_SOCKET_IFNAME", "-", "the route to the rendezvous",
+	  "interface to listen on: eth,ib prefixes; =eth0 exact; ^docker,lo all but" },
 	{ "FERRY_TRANSPORT", "transport", "auto",
 	  "auto, tcp or rdma (loop: tests, one-sided access emulated in one process)" },
 	{ "FERRY_TIMEOUT_MS", "timeout_ms", "30000", "bound on every wait, in milliseconds" },
 	{ "FERRY_BUSY_POLL", "busy_poll", "0", "1: spin instead of sleeping (lower latency)" },
 	{ "FERRY_LOG_LEVEL", "ferry_log_set()", "warn", "none, error, warn, info, debug" },
+	{ "FERRY_LOG_FORMAT", "-", "%t %h:%p r%r ferry %l: %m",
+	  "line prefix: %t time %D date %h host %p pid %r rank %l level %s subsystem %m message" },
+	{ "FERRY_LOG_FILE", "-", "stderr", "log file; %h host, %p pid, %r rank in the name" },
+	{ "FERRY_LOG_SUBSYS", "-", "all",
+	  "subsystems whose warn/info/debug lines to keep (bootstrap,tcp) or drop (^tcp)" },
 	{ "FERRY_RDMA_DEVICE", "-", "first with an active port", "RDMA device to use" },
 	{ "FERRY_RDMA_GID_INDEX", "-", "the RoCE v2 GID of the IPv4 address",
 	  "GID index for RoCE" },
@@ -87,11 +96,45 @@ static int config_split_hostport(const char *s, struct ferry_config *c)
 	return 0;
 }
 
+/*
+ * config_pmix - no rendezvous was given to a node of a world > 1: use the
+ * PMIx server of the launcher (mpirun, srun --mpi=pmix) when there is one
+ * and this build can talk to it; else say what to set
+ */
+static int config_pmix(struct ferry_config *c)
+{
+	int launched = getenv("PMIX_RANK") && getenv("PMIX_NAMESPACE");
+
+#ifdef FERRY_HAVE_PMIX
+	if (launched) {
+		c->use_pmix = 1;
+		c->rdv_src = c->rdv_var = "PMIx";
+		snprintf(c->rdv_host, sizeof(c->rdv_host), "(PMIx)");
+		return 0;
+	}
+	ferry_err("config: rank %d of %d has no rendezvous address; set FERRY_RENDEZVOUS=host:port "
+		  "(where rank 0 listens) or MASTER_ADDR and MASTER_PORT, or start the ranks "
+		  "with a PMIx launcher (mpirun, srun --mpi=pmix), whose server Ferry uses when no "
+		  "rendezvous is set",
+		  c->rank, c->world);
+#else
+	ferry_err("config: rank %d of %d has no rendezvous address; set FERRY_RENDEZVOUS=host:port "
+		  "(where rank 0 listens) or MASTER_ADDR and MASTER_PORT%s",
+		  c->rank, c->world,
+		  launched ?
+			  "; a PMIx launcher started this process, but this build of Ferry has no "
+			  "PMIx (libpmix-dev was missing when it was built)" :
+			  " (this build of Ferry has no PMIx: libpmix-dev was missing when it "
+			  "was built)");
+#endif
+	return -EINVAL;
+}
+
 int ferry__config_resolve(const struct ferry_params *params, struct ferry_config *c)
 {
 	struct ferry_params dflt;
 	const char *s;
-	int v;
+	int v, rc;
 
 	if (!params) {
 		ferry_params_init(&dflt);
@@ -138,11 +181,14 @@ int ferry__config_resolve(const struct ferry_params *params, struct ferry_config
 		return -EINVAL;
 	}
 
+	ferry__log_set_rank(c->rank);
+
 	s = params->rendezvous;
 	c->rdv_src = "params";
+	c->rdv_var = "the rendezvous parameter";
 	if (!s) {
 		s = getenv("FERRY_RENDEZVOUS");
-		c->rdv_src = "FERRY_RENDEZVOUS";
+		c->rdv_src = c->rdv_var = "FERRY_RENDEZVOUS";
 	}
 	if (s) {
 		if (config_split_hostport(s, c)) {
@@ -161,19 +207,25 @@ int ferry__config_resolve(const struct ferry_params *params, struct ferry_config
 		snprintf(c->rdv_host, sizeof(c->rdv_host), "%s", getenv("MASTER_ADDR"));
 		c->rdv_port = v + 1;
 		c->rdv_src = "torchrun MASTER_ADDR/MASTER_PORT+1";
+		c->rdv_var = "MASTER_ADDR";
 	} else if (c->world > 1 && !(c->rank == 0 && c->rdv_fd >= 0)) {
-		ferry_err("config: rank %d of %d has no rendezvous address; set "
-			  "FERRY_RENDEZVOUS=host:port (where rank 0 listens) or MASTER_ADDR and "
-			  "MASTER_PORT",
-			  c->rank, c->world);
-		return -EINVAL;
+		rc = config_pmix(c);
+		if (rc)
+			return rc;
 	} else {
 		snprintf(c->rdv_host, sizeof(c->rdv_host), "127.0.0.1");
 		c->rdv_src = "default";
 	}
 
-	s = params->bind_addr ? params->bind_addr : getenv("FERRY_BIND_ADDR");
-	snprintf(c->bind_addr, sizeof(c->bind_addr), "%s", s && *s ? s : c->rdv_host);
+	if (params->bind_addr) {
+		s = params->bind_addr;
+		rc = ferry__netif_pick(c, s, "the bind_addr parameter", !c->use_pmix);
+	} else {
+		s = getenv("FERRY_BIND_ADDR");
+		rc = ferry__netif_pick(c, s, "FERRY_BIND_ADDR", !c->use_pmix);
+	}
+	if (rc)
+		return rc;
 
 	c->transport = params->transport;
 	if (c->transport < FERRY_TRANSPORT_AUTO || c->transport > FERRY_TRANSPORT_LOOP) {
@@ -217,7 +269,14 @@ int ferry__config_resolve(const struct ferry_params *params, struct ferry_config
 			return -EINVAL;
 		}
 	}
-	ferry_info("config: rank %d of %d (from %s), rendezvous %s:%d (from %s)", c->rank, c->world,
-		   c->rank_src, c->rdv_host, c->rdv_port, c->rdv_src);
+	if (c->use_pmix)
+		ferry_info("config: rank %d of %d (from %s), addresses through PMIx (no "
+			   "rendezvous given)",
+			   c->rank, c->world, c->rank_src);
+	else
+		ferry_info("config: rank %d of %d (from %s), rendezvous %s:%d (from %s)", c->rank,
+			   c->world, c->rank_src, c->rdv_host, c->rdv_port, c->rdv_src);
+	ferry_info("config: listening on %s, peers dial %s (%s)", c->bind_addr, c->adv_addr,
+		   c->bind_why);
 	return 0;
 }

@@ -11,12 +11,16 @@ struct ferry_config {
 	char rdv_host[256];
 	int rdv_port;
 	int rdv_fd;
-	char bind_addr[256];
+	char bind_addr[256]; /* what the transport binds (0.0.0.0: every interface) */
+	char adv_addr[256];  /* what peers are told to dial: never a wildcard */
+	char bind_why[256];  /* which rule chose them (netif.c) */
 	enum ferry_transport_kind transport;
 	int timeout_ms;
 	int busy_poll;
 	const char *rank_src; /* where rank and world came from */
 	const char *rdv_src;  /* where the rendezvous came from */
+	const char *rdv_var;  /* the variable to fix when it is wrong */
+	int use_pmix;	      /* no rendezvous: exchange addresses through PMIx (pmix.c) */
 };
 
 /* one row of the options table that README and ferry-info print */

@@ -176,6 +176,7 @@ int ferry__node_start(struct ferry *fy, const struct ferry_tp_handler *handler)
 		.rank = fy->rank,
 		.world = fy->world,
 		.bind_addr = c->bind_addr,
+		.adv_addr = c->adv_addr,
 		.busy_poll = c->busy_poll,
 		.timeout_ms = c->timeout_ms,
 		.handler = handler,

@@ -15,6 +15,9 @@
 
 /* 1 when lines of @level are emitted (reads FERRY_LOG_LEVEL once) */
 int ferry__log_enabled(enum ferry_log_level level);
+/* the rank this process's node has, for the line prefix and FERRY_LOG_FILE's
+ * %r; a process holding nodes of several ranks shows "*" */
+void ferry__log_set_rank(int rank);
 void ferry__log(enum ferry_log_level level, const char *fmt, ...) FERRY_PRINTF(2, 3);
 
 #define FERRY_LOG(lvl, ...)                           \

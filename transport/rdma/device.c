@@ -421,8 +421,9 @@ int ferry__rdma_tp_listen(struct rdma_tp *t)
 	}
 	if (rdma_bind_addr(l->id, (struct sockaddr *)&sa) || rdma_listen(l->id, 128)) {
 		ret = -errno;
-		ferry_err("rdma: rank %u: cannot listen on %s: %s; check that the address belongs "
-			  "to this host and to the interface of an RDMA device",
+		ferry_err("rdma: rank %u: cannot listen on %s: %s; the address must belong to this "
+			  "host and to the interface of an RDMA device: set FERRY_BIND_ADDR to it, "
+			  "or FERRY_SOCKET_IFNAME to that interface",
 			  me, ip, strerror(errno));
 		goto err_destroy_id;
 	}

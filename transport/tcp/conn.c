@@ -98,11 +98,18 @@ int ferry__tcp_listen(struct tcp_tp *t)
 	if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) || listen(fd, SOMAXCONN) ||
 	    getsockname(fd, (struct sockaddr *)&sa, &salen)) {
 		ret = -errno;
-		ferry_err("tcp: cannot listen on %s: %s; check that the address belongs to "
-			  "this host",
+		ferry_err("tcp: cannot listen on %s: %s; the address must belong to this host: "
+			  "set FERRY_BIND_ADDR to one of its addresses, or FERRY_SOCKET_IFNAME to "
+			  "the interface that reaches the other nodes",
 			  t->bind, strerror(errno));
 		close(fd);
 		return ret;
+	}
+	/* bound to every interface: peers are told the address that reaches them */
+	if (sa.sin_addr.s_addr == htonl(INADDR_ANY) && t->base.cfg.adv_addr &&
+	    *t->base.cfg.adv_addr && tcp_resolve(t->base.cfg.adv_addr, &sa.sin_addr)) {
+		close(fd);
+		return -EADDRNOTAVAIL;
 	}
 	tcp_sockaddr_str(&sa, t->addr, sizeof(t->addr));
 	t->lfd = fd;
