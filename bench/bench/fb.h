@@ -15,7 +15,7 @@
  *               scenario shares (exchange table, raw baseline server)
  *   raw.c       the raw TCP ping-pong and stream baselines; perftest output
  *   stats.c     clock, percentiles, random numbers, result records
- *   local.c remote.c localize.c   the scenarios
+ *   local.c remote.c localize.c memory.c   the scenarios
  *
  * It never passes or fails on speed: it exits 1 only when something broke
  * (an operation failed, a lost update in the hot-key scenario).
@@ -38,6 +38,7 @@ enum fb_scenario {
 	FB_SCEN_MOVE = 1u << 2,	  /* localize: one key, owner = home and != home */
 	FB_SCEN_LBATCH = 1u << 3, /* localize: batches */
 	FB_SCEN_HOT = 1u << 4,	  /* localize: the hot key */
+	FB_SCEN_MEMORY = 1u << 5, /* bytes per node against bytes held (not in all) */
 	FB_SCEN_LOCALIZE = FB_SCEN_MOVE | FB_SCEN_LBATCH | FB_SCEN_HOT,
 	FB_SCEN_ALL = FB_SCEN_LOCAL | FB_SCEN_REMOTE | FB_SCEN_LOCALIZE,
 };
@@ -73,6 +74,8 @@ struct fb_opts {
 	int nlsizes;
 	uint64_t keys[FB_MAX_LIST]; /* local scenario: keys per node */
 	int nkeys;
+	uint64_t memkeys[FB_MAX_LIST]; /* memory scenario: keys of the whole table */
+	int nmemkeys;
 	int threads[FB_MAX_LIST]; /* local scenario: reader threads */
 	int nthreads;
 	int windows[FB_MAX_LIST]; /* remote scenario: requests in flight */
@@ -240,6 +243,7 @@ int fb_local(const struct fb_opts *o, struct fb_shared *sh);
 int fb_remote(const struct fb_opts *o, struct fb_shared *sh);
 /* @parts: FB_SCEN_MOVE, FB_SCEN_LBATCH, FB_SCEN_HOT */
 int fb_localize(const struct fb_opts *o, struct fb_shared *sh, unsigned parts);
+int fb_memory(const struct fb_opts *o, struct fb_shared *sh);
 
 /*
  * The baseline of a latency row, shared by remote and localize: perftest

@@ -25,7 +25,9 @@ static const char usage_text[] =
 	"\n"
 	"Scenarios and what they run on:\n"
 	"  -s, --scenario LIST     local,remote,localize or all (default all);\n"
-	"                          localize = move,batch-localize,hot-key\n"
+	"                          localize = move,batch-localize,hot-key;\n"
+	"                          memory (not in all): 4 processes, bytes per node\n"
+	"                          against the bytes of values each holds\n"
 	"      --mode MODE         dynamic (default) or classic (static placement)\n"
 	"      --no-fast-path      local keys too go through the progress thread\n"
 	"  -t, --transport KIND    tcp (default), rdma or auto (loop: the tests'\n"
@@ -45,6 +47,7 @@ static const char usage_text[] =
 	"      --sizes LIST        value sizes in bytes (default 8,64,512,4096,65536;\n"
 	"                          K suffix allowed; multiples of 4)\n"
 	"      --keys LIST         local: keys (default 10000,10000000; 1e7 allowed)\n"
+	"      --mem-keys LIST     memory: keys of the whole table (default 1e6)\n"
 	"      --threads LIST      local: reader threads (default 1 and the cores)\n"
 	"      --cell-ms MS        local: time per measured cell (default 200)\n"
 	"      --mem-mb MB         local: skip sizes whose table and baseline array\n"
@@ -88,6 +91,7 @@ enum {
 	OPT_TIMEOUT,
 	OPT_SIZES,
 	OPT_KEYS,
+	OPT_MEM_KEYS,
 	OPT_THREADS,
 	OPT_CELL_MS,
 	OPT_MEM_MB,
@@ -119,6 +123,7 @@ static const struct option long_opts[] = {
 	{ "quick", no_argument, NULL, 'q' },
 	{ "sizes", required_argument, NULL, OPT_SIZES },
 	{ "keys", required_argument, NULL, OPT_KEYS },
+	{ "mem-keys", required_argument, NULL, OPT_MEM_KEYS },
 	{ "threads", required_argument, NULL, OPT_THREADS },
 	{ "cell-ms", required_argument, NULL, OPT_CELL_MS },
 	{ "mem-mb", required_argument, NULL, OPT_MEM_MB },
@@ -198,7 +203,7 @@ static int parse_list(const char *s, double lo, double hi, int integer, double *
 }
 
 struct opt_seen {
-	int sizes, keys, threads, cell, iters, windows, lsizes, lreps, hot_s;
+	int sizes, keys, memkeys, threads, cell, iters, windows, lsizes, lreps, hot_s;
 };
 
 static int parse_opts(int argc, char **argv, struct fb_opts *o)
@@ -243,12 +248,14 @@ static int parse_opts(int argc, char **argv, struct fb_opts *o)
 					o->scenarios |= FB_SCEN_LBATCH;
 				else if (!strcmp(tok, "hot-key"))
 					o->scenarios |= FB_SCEN_HOT;
+				else if (!strcmp(tok, "memory"))
+					o->scenarios |= FB_SCEN_MEMORY;
 				else if (!strcmp(tok, "all"))
 					o->scenarios |= FB_SCEN_ALL;
 				else
 					return bad_option("unknown scenario '%s' (local, remote, "
 							  "localize, move, batch-localize, "
-							  "hot-key, all)",
+							  "hot-key, memory, all)",
 							  tok);
 			}
 			if (!o->scenarios)
@@ -327,6 +334,15 @@ static int parse_opts(int argc, char **argv, struct fb_opts *o)
 				o->nsizes = n, seen.sizes = 1;
 			else
 				o->nlsizes = n, seen.lsizes = 1;
+			break;
+		case OPT_MEM_KEYS:
+			if (parse_list(optarg, 4096, 1e9, 1, v, &n))
+				return bad_option("--mem-keys '%s': want counts from 4096 to 1e9",
+						  optarg);
+			for (int i = 0; i < n; i++)
+				o->memkeys[i] = (uint64_t)v[i];
+			o->nmemkeys = n;
+			seen.memkeys = 1;
 			break;
 		case OPT_KEYS:
 			if (parse_list(optarg, 1, 1e9, 1, v, &n))
@@ -469,6 +485,10 @@ static int parse_opts(int argc, char **argv, struct fb_opts *o)
 		o->lsizes[0] = 8;
 		o->lsizes[1] = 8192;
 		o->nlsizes = 2;
+	}
+	if (!seen.memkeys) {
+		o->memkeys[0] = o->quick ? 100000 : 1000000;
+		o->nmemkeys = 1;
 	}
 	if (!seen.keys) {
 		o->keys[0] = 10000;
@@ -862,6 +882,8 @@ int main(int argc, char **argv)
 		fb_remote(&o, sh);
 	if (o.scenarios & FB_SCEN_LOCALIZE)
 		fb_localize(&o, sh, o.scenarios);
+	if (o.scenarios & FB_SCEN_MEMORY)
+		fb_memory(&o, sh);
 	is_rank0 = fb_cluster_rank() == 0;
 	fb_cluster_close();
 	context_load(ctx.load1, sizeof(ctx.load1));
