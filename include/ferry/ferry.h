@@ -105,6 +105,11 @@ struct ferry_params {
 	enum ferry_transport_kind transport; /* AUTO: FERRY_TRANSPORT or auto */
 	int timeout_ms;			     /* bound on every wait; 0: FERRY_TIMEOUT_MS or 30000 */
 	int busy_poll; /* -1: FERRY_BUSY_POLL or 0; 1: spin instead of sleeping */
+	/* bytes this node may spend on table values (slots in use, all tables);
+	 * past it, what needs a new slot here (a localize, a sparse key's first
+	 * use) fails with -ENOMEM and the node goes on. 0: FERRY_MEM_LIMIT, or
+	 * none */
+	uint64_t mem_limit;
 };
 
 /**

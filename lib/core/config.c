@@ -29,6 +29,8 @@ const struct ferry_option ferry__options[] = {
 	  "auto, tcp or rdma (loop: tests, one-sided access emulated in one process)" },
 	{ "FERRY_TIMEOUT_MS", "timeout_ms", "30000", "bound on every wait, in milliseconds" },
 	{ "FERRY_BUSY_POLL", "busy_poll", "0", "1: spin instead of sleeping (lower latency)" },
+	{ "FERRY_MEM_LIMIT", "mem_limit", "none",
+	  "bytes of table values a node may hold (K, M, G suffixes); past it: ENOMEM" },
 	{ "FERRY_LOG_LEVEL", "ferry_log_set()", "warn", "none, error, warn, info, debug" },
 	{ "FERRY_LOG_FORMAT", "-", "%t %h:%p r%r ferry %l: %m",
 	  "line prefix: %t time %D date %h host %p pid %r rank %l level %s subsystem %m message" },
@@ -268,6 +270,27 @@ int ferry__config_resolve(const struct ferry_params *params, struct ferry_config
 			ferry_err("config: FERRY_BUSY_POLL=%s is not 0 or 1", s);
 			return -EINVAL;
 		}
+	}
+	c->mem_limit = params->mem_limit;
+	if (!c->mem_limit && (s = getenv("FERRY_MEM_LIMIT")) && *s) {
+		char *end;
+		unsigned long long lim;
+
+		errno = 0;
+		lim = strtoull(s, &end, 10);
+		if (*end == 'K' || *end == 'k')
+			lim <<= 10, end++;
+		else if (*end == 'M' || *end == 'm')
+			lim <<= 20, end++;
+		else if (*end == 'G' || *end == 'g')
+			lim <<= 30, end++;
+		if (errno || *end || !lim || *s == '-') {
+			ferry_err("config: FERRY_MEM_LIMIT=%s is not a positive number of bytes "
+				  "(K, M, G suffixes allowed)",
+				  s);
+			return -EINVAL;
+		}
+		c->mem_limit = lim;
 	}
 	if (c->use_pmix)
 		ferry_info("config: rank %d of %d (from %s), addresses through PMIx (no "

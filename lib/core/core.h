@@ -188,6 +188,7 @@ struct ferry_worker {
 
 struct ferry {
 	struct ferry_fastrd *fastrd; /* the workers' fast-path sections (lib/dir/fastrd.h) */
+	struct ferry_budget budget;  /* bytes of slots in use, all tables (lib/store/store.h) */
 	uint32_t rank, world;
 	struct ferry_msg_handler handlers[FERRY_MSG_TYPE_MAX]; /* written before start */
 	struct ferry_config *cfg; /* between ferry__node_create and _start only */

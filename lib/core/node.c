@@ -132,6 +132,7 @@ int ferry__node_create(const struct ferry_params *params, struct ferry **fy_p)
 	fy->world = (uint32_t)c->world;
 	fy->timeout_ms = c->timeout_ms;
 	fy->busy_poll = c->busy_poll;
+	fy->budget.limit = c->mem_limit;
 	atomic_init(&fy->refs, 1);
 	pthread_mutex_init(&fy->lock, NULL);
 	ferry__cond_init_monotonic(&fy->cond);

@@ -29,6 +29,8 @@ int ferry__ops_materialize_locked(struct ferry_table *t, uint64_t key, struct fe
 		return 0;
 	}
 	rc = ferry__arena_alloc(&t->arena, &idx);
+	if (rc == -ENOMEM)
+		return rc; /* the budget: logged by the arena */
 	if (rc) {
 		if (!atomic_exchange(&t->full_logged, true))
 			ferry_err(

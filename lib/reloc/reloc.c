@@ -279,8 +279,11 @@ static int reloc_start(struct ferry_worker *w, struct ferry_table *t, struct fer
 			continue;
 		}
 		if (!e && wt) {
-			if (ferry__arena_alloc(&t->arena, &slot)) {
-				if (!nfail++)
+			int arc = ferry__arena_alloc(&t->arena, &slot);
+
+			if (arc) {
+				/* -ENOMEM: the node's budget, logged by the arena */
+				if (arc == -ENOSPC && !nfail++)
 					ferry_err(
 						"localize: table %u is full on rank %u (capacity "
 						"%u slots); key %llu stays where it is; raise the "
@@ -289,7 +292,7 @@ static int reloc_start(struct ferry_worker *w, struct ferry_table *t, struct fer
 						(unsigned long long)key);
 				free(wt);
 				wt = NULL;
-				rc = -ENOSPC;
+				rc = arc;
 			} else {
 				uint32_t land = inbox ? ferry__inbox_get(t) : FERRY_LANDING_NONE;
 

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <time.h>
 
 #include <urcu/urcu-memb.h>
 
@@ -77,7 +78,8 @@ uint64_t ferry__slot_seal(const struct ferry_slot *hdr, const float *val, uint32
 	return slot_seal_hdr(hdr, slot_seal_val(val, len));
 }
 
-int ferry__arena_init(struct ferry_arena *a, uint32_t capacity, uint32_t max_len)
+int ferry__arena_init(struct ferry_arena *a, uint32_t capacity, uint32_t max_len,
+		      struct ferry_budget *budget)
 {
 	size_t stride = FERRY_SLOT_HDR + (size_t)max_len * sizeof(float) + sizeof(uint64_t);
 
@@ -113,7 +115,46 @@ int ferry__arena_init(struct ferry_arena *a, uint32_t capacity, uint32_t max_len
 		return -ENOMEM;
 	}
 	pthread_mutex_init(&a->lock, NULL);
+	a->budget = budget;
 	return 0;
+}
+
+/* take a slot's bytes from the budget; Return: 0 or -ENOMEM (logged) */
+static int arena_budget_take(struct ferry_arena *a)
+{
+	struct ferry_budget *b = a->budget;
+	uint64_t used;
+
+	if (!b || !b->limit)
+		return 0;
+	used = __atomic_load_n(&b->used, __ATOMIC_RELAXED);
+	do {
+		if (used + a->stride > b->limit) {
+			struct timespec ts;
+			int64_t now, last = __atomic_load_n(&b->logged_ns, __ATOMIC_RELAXED);
+
+			clock_gettime(CLOCK_MONOTONIC, &ts);
+			now = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+			if (now - last > 1000000000 &&
+			    __atomic_compare_exchange_n(&b->logged_ns, &last, now, 0,
+							__ATOMIC_RELAXED, __ATOMIC_RELAXED))
+				ferry_err(
+					"store: the memory budget of %llu bytes is used up (%llu "
+					"bytes in slots); new keys and localizes here fail with "
+					"ENOMEM: raise FERRY_MEM_LIMIT (or params.mem_limit), or move "
+					"keys to other nodes",
+					(unsigned long long)b->limit, (unsigned long long)used);
+			return -ENOMEM;
+		}
+	} while (!__atomic_compare_exchange_n(&b->used, &used, used + a->stride, 1,
+					      __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+	return 0;
+}
+
+static void arena_budget_give(struct ferry_arena *a)
+{
+	if (a->budget && a->budget->limit)
+		__atomic_fetch_sub(&a->budget->used, a->stride, __ATOMIC_RELAXED);
 }
 
 void ferry__arena_fini(struct ferry_arena *a)
@@ -291,6 +332,8 @@ int ferry__arena_alloc(struct ferry_arena *a, uint32_t *idx_p)
 	uint32_t idx;
 	uint64_t v;
 
+	if (arena_budget_take(a))
+		return -ENOMEM;
 	pthread_mutex_lock(&a->lock);
 	if (a->nfree) {
 		idx = a->free_stack[--a->nfree];
@@ -298,6 +341,7 @@ int ferry__arena_alloc(struct ferry_arena *a, uint32_t *idx_p)
 		idx = a->next_fresh++;
 	} else {
 		pthread_mutex_unlock(&a->lock);
+		arena_budget_give(a);
 		return -ENOSPC;
 	}
 	pthread_mutex_unlock(&a->lock);
@@ -323,6 +367,7 @@ void ferry__arena_free(struct ferry_arena *a, uint32_t idx)
 	pthread_mutex_lock(&a->lock);
 	a->free_stack[a->nfree++] = idx;
 	pthread_mutex_unlock(&a->lock);
+	arena_budget_give(a);
 }
 
 static void arena_free_rcu(struct rcu_head *head)

@@ -78,6 +78,20 @@ struct ferry_slot {
 
 struct arena_deferred;
 
+/*
+ * A node's memory budget for table values: the bytes of the slots in use
+ * in all its arenas (a slot counts from its alloc until it is free again,
+ * after its grace period). An arena hands out fresh slots only when none is
+ * free, so the slot pages a table ever touched stay within the budget too.
+ * The directory (keymap.h: 21-43 B per owned key, plus the fixed location
+ * cache) is not counted.
+ */
+struct ferry_budget {
+	uint64_t limit;	   /* bytes; 0: no budget */
+	uint64_t used;	   /* atomic */
+	int64_t logged_ns; /* atomic: when the budget was last said to be used up */
+};
+
 struct ferry_arena {
 	uint8_t *base;
 	size_t bytes;
@@ -91,9 +105,12 @@ struct ferry_arena {
 	uint32_t ndeferred;		 /* freed, waiting for a grace period (atomic) */
 	struct arena_deferred *deferred; /* one record per slot: a deferred free never allocates */
 	struct ferry_tp_mr *mr;		 /* NULL when the transport needs no registration */
+	struct ferry_budget *budget;	 /* the node's, or NULL */
 };
 
-int ferry__arena_init(struct ferry_arena *a, uint32_t capacity, uint32_t max_len);
+/* @budget: the node's memory budget, or NULL */
+int ferry__arena_init(struct ferry_arena *a, uint32_t capacity, uint32_t max_len,
+		      struct ferry_budget *budget);
 void ferry__arena_fini(struct ferry_arena *a);
 
 static inline struct ferry_slot *ferry__arena_slot(const struct ferry_arena *a, uint32_t idx)
@@ -109,7 +126,9 @@ static inline uint32_t ferry__arena_idx(const struct ferry_arena *a, const struc
 /*
  * ferry__arena_alloc - reserve a slot: state INCOMING, under the slot's lock
  * (a new version and seal). Any thread, inside or outside an RCU read-side
- * section: it never waits for a grace period. Return: 0 or -ENOSPC.
+ * section: it never waits for a grace period. Return: 0; -ENOSPC (every
+ * slot in use); -ENOMEM (the node's budget is used up: logged, at most once
+ * a second, with the way to raise it).
  */
 int ferry__arena_alloc(struct ferry_arena *a, uint32_t *idx_p);
 /* Give a slot back at once, with a new epoch and state FREE (under the

@@ -312,12 +312,12 @@ static int table_fill_home(struct ferry *fy, struct ferry_table *t, uint64_t n, 
 		if (ferry__home(t, k) != fy->rank)
 			continue;
 		rc = ferry__arena_alloc(&t->arena, &idx);
-		if (rc) {
+		if (rc == -ENOSPC)
 			ferry_err("table: capacity %llu slots is less than the %s keys this node "
 				  "is home of; raise the table's capacity",
 				  (unsigned long long)cap, "initial");
+		if (rc)
 			break;
-		}
 		s = ferry__arena_slot(&t->arena, idx);
 		ferry__slot_install_init(&t->arena, s, k, &t->init, ferry__value_len(t, k));
 		rc = ferry__dir_own_set(&t->dir, k, s);
@@ -388,9 +388,15 @@ static int table_build(struct ferry *fy, const struct ferry_table_params *p, str
 			cap += ferry__home(t, k) == fy->rank;
 	}
 	rc = ferry__arena_init(&t->arena, (uint32_t)(cap > 0xffffffffull ? 0xffffffffull : cap),
-			       t->max_len);
+			       t->max_len, &fy->budget);
 	if (rc)
 		return rc;
+	if (fy->budget.limit && fy->budget.limit < 64 * (uint64_t)t->arena.stride) {
+		ferry_err("table: the memory budget of %llu bytes holds fewer than 64 slots of %zu "
+			  "bytes; raise FERRY_MEM_LIMIT (or params.mem_limit)",
+			  (unsigned long long)fy->budget.limit, t->arena.stride);
+		return -EINVAL;
+	}
 	if (fy->tp->ops->mem_reg) {
 		/* peers only read slots; hand-overs land in the inbox (reloc.c) */
 		t->arena.mr = calloc(1, fy->tp->ops->mr_size);

@@ -39,7 +39,7 @@ static struct ferry_slot *live_slot(struct ferry_arena *a, uint32_t capacity, ui
 	uint32_t idx;
 	int rc;
 
-	rc = ferry__arena_init(a, capacity, len);
+	rc = ferry__arena_init(a, capacity, len, NULL);
 	cr_assert_eq(rc, 0, "arena_init: %d", rc);
 	rc = ferry__arena_alloc(a, &idx);
 	cr_assert_eq(rc, 0, "arena_alloc: %d", rc);
@@ -92,7 +92,7 @@ Test(store, stride_is_a_multiple_of_64_and_holds_value_and_seal)
 		struct ferry_arena a;
 		size_t need = FERRY_SLOT_HDR + lens[i] * sizeof(float) + sizeof(uint64_t);
 
-		cr_assert_eq(ferry__arena_init(&a, 4, lens[i]), 0);
+		cr_assert_eq(ferry__arena_init(&a, 4, lens[i], NULL), 0);
 		cr_assert_eq(a.stride % 64, 0, "len %u: stride %zu", lens[i], a.stride);
 		cr_assert_geq(a.stride, need, "len %u: stride %zu < %zu", lens[i], a.stride, need);
 		cr_assert_lt(a.stride, need + 64, "len %u: stride %zu wastes a line", lens[i],
@@ -410,7 +410,7 @@ Test(store, alloc_until_enospc_then_free_reuses_with_new_epoch)
 	int seen[CAP] = { 0 };
 	uint32_t epoch;
 
-	cr_assert_eq(ferry__arena_init(&a, CAP, 4), 0);
+	cr_assert_eq(ferry__arena_init(&a, CAP, 4, NULL), 0);
 	cr_assert_eq(ferry__arena_avail(&a), CAP);
 	for (uint32_t i = 0; i < CAP; i++) {
 		cr_assert_eq(ferry__arena_alloc(&a, &idx[i]), 0, "alloc %u of %u failed", i, CAP);
@@ -454,7 +454,7 @@ Test(store, zero_capacity_arena_has_nothing_to_give)
 	struct ferry_arena a;
 	uint32_t idx;
 
-	cr_assert_eq(ferry__arena_init(&a, 0, 4), 0);
+	cr_assert_eq(ferry__arena_init(&a, 0, 4, NULL), 0);
 	cr_assert_eq(ferry__arena_avail(&a), 0);
 	cr_assert_eq(ferry__arena_alloc(&a, &idx), -ENOSPC);
 	ferry__arena_fini(&a);
@@ -500,7 +500,7 @@ Test(store, deferred_free_waits_for_a_grace_period)
 	uint32_t epoch;
 
 	urcu_memb_register_thread();
-	cr_assert_eq(ferry__arena_init(&a, CAP, 2), 0);
+	cr_assert_eq(ferry__arena_init(&a, CAP, 2, NULL), 0);
 	for (int i = 0; i < CAP; i++)
 		cr_assert_eq(ferry__arena_alloc(&a, &idx[i]), 0);
 	s = ferry__arena_slot(&a, idx[1]);
@@ -555,7 +555,7 @@ Test(store, reclaim_returns_every_deferred_slot)
 	int freed[CAP] = { 0 };
 
 	urcu_memb_register_thread();
-	cr_assert_eq(ferry__arena_init(&a, CAP, 8), 0);
+	cr_assert_eq(ferry__arena_init(&a, CAP, 8, NULL), 0);
 	for (int i = 0; i < CAP; i++)
 		cr_assert_eq(ferry__arena_alloc(&a, &idx[i]), 0);
 	cr_assert_eq(ferry__arena_avail(&a), 0);
@@ -606,7 +606,7 @@ Test(store, alloc_gives_the_slot_a_new_version_and_seal)
 	uint32_t idx, again;
 	uint64_t v, seal;
 
-	cr_assert_eq(ferry__arena_init(&a, 1, 4), 0);
+	cr_assert_eq(ferry__arena_init(&a, 1, 4, NULL), 0);
 	s = ferry__arena_slot(&a, 0);
 	/* a fresh slot: zero memory, no seal yet */
 	v = head_version(s);
@@ -636,7 +636,7 @@ Test(store, install_gives_the_slot_a_new_version_and_seal)
 	uint32_t idx;
 	uint64_t v, seal;
 
-	cr_assert_eq(ferry__arena_init(&a, 1, 5), 0);
+	cr_assert_eq(ferry__arena_init(&a, 1, 5, NULL), 0);
 	cr_assert_eq(ferry__arena_alloc(&a, &idx), 0);
 	s = ferry__arena_slot(&a, idx);
 	v = head_version(s);
@@ -1039,7 +1039,7 @@ Test(store, reclaim_inside_a_read_side_section_returns_without_waiting, .timeout
 	uint32_t idx[CAP];
 
 	urcu_memb_register_thread();
-	cr_assert_eq(ferry__arena_init(&a, CAP, 2), 0);
+	cr_assert_eq(ferry__arena_init(&a, CAP, 2, NULL), 0);
 	for (int i = 0; i < CAP; i++)
 		cr_assert_eq(ferry__arena_alloc(&a, &idx[i]), 0);
 	/* what a handler on the progress thread may do: free, then ask for room */
