@@ -9,7 +9,7 @@
  *   ferry__bootstrap: addr blobs <----------- ops->addr_get()
  *                    all blobs -------------> ops->connect(tp, blobs, timeout)
  *   ferry__tp_send(tp, dst, iov) -----------> ops->send()        any thread
- *   arena memory ----------------------------> ops->mem_reg()     one per arena
+ *   arena memory ----------------------------> ops->mem_reg()     one per arena chunk
  *   remote pull (when CAP_READ) -------------> ops->read()        one-sided
  *   a batch of pulls ------------------------> ops->read_v()      one doorbell per peer
  *   a worker waiting for its reads ----------> ops->poll()        completions in the caller

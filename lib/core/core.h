@@ -103,6 +103,17 @@ struct ferry_inbox {
 	atomic_bool bad_index_logged;	      /* old owner: a landing index out of range */
 };
 
+/* a peer's arena chunks, as its CHUNK frames announced them */
+struct ferry_peer_chunks {
+	uint32_t shift; /* slots per chunk, log2; 0: nothing known yet (atomic) */
+	uint32_t pad;
+	struct {
+		uint64_t rkey;
+		uint32_t valid; /* set (release) after rkey */
+		uint32_t pad;
+	} c[FERRY_CHUNKS_MAX];
+};
+
 struct ferry_table {
 	struct ferry *fy;
 	uint32_t id;
@@ -115,6 +126,10 @@ struct ferry_table {
 	struct ferry_proto_limits lim;
 	struct ferry_dir dir;
 	struct ferry_arena arena;
+	struct ferry_tp_mr *chunk_mr[FERRY_ARENA_CHUNKS_MAX]; /* registered chunks (atomic) */
+	uint64_t registered;				      /* their bytes (atomic) */
+	uint32_t chunks_announced;			      /* progress thread */
+	struct ferry_peer_chunks *peer_chunks; /* world entries; one-sided transports */
 	struct ferry_inbox inbox;
 	struct ferry_msg_arena *peer_arena; /* one-sided transports: every rank's arena
 					     * and landing inbox */

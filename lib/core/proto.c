@@ -92,6 +92,8 @@ static size_t proto_body_size(uint8_t type)
 	case FERRY_MSG_TABLE:
 	case FERRY_MSG_TABLE_ACK:
 		return sizeof(struct ferry_msg_table);
+	case FERRY_MSG_CHUNK:
+		return sizeof(struct ferry_msg_chunk);
 	}
 	return 0;
 }
@@ -316,6 +318,17 @@ int ferry__proto_parse(const void *buf, size_t len, const struct ferry_proto_lim
 			if (bad)
 				PROTO_FAIL(bad);
 		}
+		return 0;
+	}
+	case FERRY_MSG_CHUNK: {
+		const struct ferry_msg_chunk *m = view->body;
+
+		if (m->chunk >= FERRY_CHUNKS_MAX)
+			PROTO_FAIL("chunk: index out of range");
+		if (m->shift < 6 || m->shift > 31)
+			PROTO_FAIL("chunk: slots per chunk out of range");
+		if (!proto_pad_ok(left, 0))
+			PROTO_FAIL("trailing bytes after the body");
 		return 0;
 	}
 	default:

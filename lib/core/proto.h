@@ -95,6 +95,15 @@ struct ferry_msg_barrier {
 	uint32_t rank;	/* REL with a status: the rank that failed */
 };
 
+/* FERRY_MSG_CHUNK: chunk @chunk of the sender's arena of the header's table
+ * (slots [chunk << shift, (chunk + 1) << shift)) is readable with @rkey */
+#define FERRY_CHUNKS_MAX 256u /* = FERRY_ARENA_CHUNKS_MAX */
+struct ferry_msg_chunk {
+	uint32_t chunk; /* < FERRY_CHUNKS_MAX */
+	uint32_t shift; /* 6 .. 31, the same in every CHUNK of one sender and table */
+	uint64_t rkey;
+};
+
 /* FERRY_MSG_TABLE: the fields that must agree; _TABLE_ACK: status + field */
 struct ferry_msg_table {
 	uint64_t num_keys;

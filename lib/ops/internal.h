@@ -105,6 +105,7 @@ struct ferry_rd {
 	struct ferry_rd_pool *pool;
 	uint64_t ticket;
 	uint64_t key;
+	uint64_t rkey; /* of the owner's chunk that holds the slot */
 	uint32_t idx, owner, slot, epoch16, tries;
 	uint8_t *buf;
 };
@@ -142,5 +143,13 @@ void ferry__ops_inflight_del(struct ferry_worker *w, uint64_t key);
 void ferry__ops_untrack(struct ferry_worker *w, struct ferry_req *r);
 /* give a request slot back; the worker's thread */
 void ferry__ops_req_free(struct ferry_worker *w, struct ferry_req *r);
+
+/* chunks.c: peers' chunk rkeys, this node's announcements */
+/* 1 with *@rkey when @rank's chunk holding @slot is known here; any thread */
+int ferry__ops_peer_rkey(const struct ferry_table *t, uint32_t rank, uint32_t slot, uint64_t *rkey);
+/* send CHUNK for every chunk made usable since the last call; the progress
+ * thread, before a reply that names a slot */
+void ferry__ops_chunks_announce(struct ferry *fy, struct ferry_table *t);
+int ferry__ops_chunks_attach(struct ferry *fy);
 
 #endif /* FERRY_LIB_OPS_INTERNAL_H */

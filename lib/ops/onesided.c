@@ -108,7 +108,7 @@ static int ops_rd_post(struct ferry *fy, struct ferry_rd *rd)
 
 	atomic_fetch_add_explicit(&fy->onesided_reads, 1, memory_order_relaxed);
 	return fy->tp->ops->read(fy->tp, rd->owner, rd->buf, p->mr,
-				 ar->addr + (uint64_t)rd->slot * p->stride, ar->rkey, p->stride,
+				 ar->addr + (uint64_t)rd->slot * p->stride, rd->rkey, p->stride,
 				 rd);
 }
 
@@ -121,10 +121,12 @@ struct ferry_rd *ferry__ops_rd_prepare(struct ferry_worker *w, struct ferry_req 
 	uint32_t owner, slot, epoch16;
 	struct ferry_rd_pool *p;
 	struct ferry_rd *rd;
+	uint64_t rkey;
 
 	if (!ferry__loc_slot(t, r->keys[i], &owner, &slot, &epoch16) || owner == fy->rank ||
 	    owner >= fy->world || slot >= t->arena.capacity ||
-	    atomic_load_explicit(&fy->failed[owner], memory_order_relaxed))
+	    atomic_load_explicit(&fy->failed[owner], memory_order_relaxed) ||
+	    !ferry__ops_peer_rkey(t, owner, slot, &rkey))
 		return NULL;
 	p = ops_rd_pool(w, t);
 	if (!p)
@@ -142,6 +144,7 @@ struct ferry_rd *ferry__ops_rd_prepare(struct ferry_worker *w, struct ferry_req 
 	rd->idx = (uint32_t)i;
 	rd->owner = owner;
 	rd->slot = slot;
+	rd->rkey = rkey;
 	rd->epoch16 = epoch16;
 	rd->tries = 0;
 	return rd;
@@ -246,7 +249,7 @@ void ferry__ops_rd_post_all(struct ferry *fy, struct ferry_rd **reads, size_t n)
 			.local = rd->buf,
 			.lmr = p->mr,
 			.raddr = ar->addr + (uint64_t)rd->slot * p->stride,
-			.rkey = ar->rkey,
+			.rkey = rd->rkey,
 			.len = p->stride,
 			.ctx = rd,
 		};

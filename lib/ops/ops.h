@@ -66,6 +66,12 @@ int ferry__ops_apply(struct ferry_table *t, uint8_t op, uint64_t key, const floa
  * recorded the requester as owner already).
  */
 int ferry__ops_materialize(struct ferry_table *t, uint64_t key, struct ferry_slot **s_p);
+
+/* the arena's on_chunk hook on transports that register memory: registers
+ * chunk @c for remote reads (lib/ops/chunks.c); @arg is the table */
+int ferry__ops_chunk_reg(void *arg, struct ferry_arena *a, uint32_t c);
+/* this node's registration of the chunk that holds @slot, or NULL */
+struct ferry_tp_mr *ferry__ops_chunk_mr(const struct ferry_table *t, uint32_t slot);
 int ferry__ops_materialize_locked(struct ferry_table *t, uint64_t key, struct ferry_slot **s_p);
 
 #endif /* FERRY_LIB_OPS_H */

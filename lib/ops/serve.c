@@ -219,6 +219,8 @@ static void ops_reply_flush(struct ferry *fy, struct ferry_table *t, struct ops_
 		rb->status = -ENOMEM;
 		rb->with_slots = false;
 	}
+	if (rb->with_slots && op->origin != fy->rank)
+		ferry__ops_chunks_announce(fy, t); /* before any hint into a new chunk */
 	if (op->origin == fy->rank) {
 		/* our own operation: no message needed */
 		ferry__ops_complete(fy, op->worker, op->req, (const uint32_t *)rb->idx.buf,
@@ -549,6 +551,9 @@ static void ops_on_op(struct ferry *fy, struct ferry_table *t, uint32_t src,
 int ferry__ops_attach(struct ferry *fy)
 {
 	int rc = ferry__dispatch_register(fy, FERRY_MSG_OP, FERRY_DISPATCH_TABLE, ops_on_op);
+
+	if (!rc)
+		rc = ferry__ops_chunks_attach(fy);
 
 	return rc ? rc :
 		    ferry__dispatch_register(fy, FERRY_MSG_REPLY, FERRY_DISPATCH_TABLE,

@@ -564,7 +564,8 @@ static void reloc_wbatch_post(struct ferry *fy, struct reloc_wbatch *wb)
 		int rc;
 
 		/* every write completes with the batch as its context */
-		rc = fy->tp->ops->write(fy->tp, wb->requester, e->s->val, t->arena.mr,
+		rc = fy->tp->ops->write(fy->tp, wb->requester, e->s->val,
+					ferry__ops_chunk_mr(t, ferry__arena_idx(&t->arena, e->s)),
 					ar->inbox_addr + (uint64_t)e->landing * ar->inbox_stride,
 					ar->inbox_rkey, len * sizeof(float), wb);
 		if (rc) {

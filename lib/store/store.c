@@ -115,8 +115,39 @@ int ferry__arena_init(struct ferry_arena *a, uint32_t capacity, uint32_t max_len
 		return -ENOMEM;
 	}
 	pthread_mutex_init(&a->lock, NULL);
+	pthread_mutex_init(&a->grow_lock, NULL);
 	a->budget = budget;
+	/* about 2 MiB of slots a chunk, a power of two of them, at most
+	 * FERRY_ARENA_CHUNKS_MAX chunks */
+	a->chunk_shift = 6;
+	while (((size_t)1 << a->chunk_shift) * stride < FERRY_ARENA_CHUNK_BYTES &&
+	       a->chunk_shift < 31)
+		a->chunk_shift++;
+	while (((uint64_t)a->capacity + (1ull << a->chunk_shift) - 1) >> a->chunk_shift >
+	       FERRY_ARENA_CHUNKS_MAX)
+		a->chunk_shift++;
+	a->nchunks = (uint32_t)(((uint64_t)a->capacity + (1ull << a->chunk_shift) - 1) >>
+				a->chunk_shift);
+	a->chunks_ready = 0;
 	return 0;
+}
+
+/* make the chunk of slot @idx usable; Return: 0 or the hook's error */
+static int arena_grow(struct ferry_arena *a, uint32_t c)
+{
+	int rc = 0;
+
+	pthread_mutex_lock(&a->grow_lock);
+	if (__atomic_load_n(&a->chunks_ready, __ATOMIC_ACQUIRE) <= c) {
+		rc = a->on_chunk ? a->on_chunk(a->chunk_arg, a, c) : 0;
+		if (!rc) {
+			pthread_mutex_lock(&a->lock);
+			__atomic_store_n(&a->chunks_ready, c + 1, __ATOMIC_RELEASE);
+			pthread_mutex_unlock(&a->lock);
+		}
+	}
+	pthread_mutex_unlock(&a->grow_lock);
+	return rc;
 }
 
 /* take a slot's bytes from the budget; Return: 0 or -ENOMEM (logged) */
@@ -165,6 +196,7 @@ void ferry__arena_fini(struct ferry_arena *a)
 	free(a->free_stack);
 	free(a->deferred);
 	pthread_mutex_destroy(&a->lock);
+	pthread_mutex_destroy(&a->grow_lock);
 	a->base = NULL;
 }
 
@@ -334,15 +366,32 @@ int ferry__arena_alloc(struct ferry_arena *a, uint32_t *idx_p)
 
 	if (arena_budget_take(a))
 		return -ENOMEM;
-	pthread_mutex_lock(&a->lock);
-	if (a->nfree) {
-		idx = a->free_stack[--a->nfree];
-	} else if (a->next_fresh < a->capacity) {
-		idx = a->next_fresh++;
-	} else {
+	for (;;) {
+		uint32_t c;
+		int rc;
+
+		pthread_mutex_lock(&a->lock);
+		if (a->nfree) {
+			idx = a->free_stack[--a->nfree];
+			break;
+		}
+		if (a->next_fresh >= a->capacity) {
+			pthread_mutex_unlock(&a->lock);
+			arena_budget_give(a);
+			return -ENOSPC;
+		}
+		c = a->next_fresh >> a->chunk_shift;
+		if (c < a->chunks_ready) {
+			idx = a->next_fresh++;
+			break;
+		}
 		pthread_mutex_unlock(&a->lock);
-		arena_budget_give(a);
-		return -ENOSPC;
+		/* the next fresh slot is in a chunk nobody made usable yet */
+		rc = arena_grow(a, c);
+		if (rc) {
+			arena_budget_give(a);
+			return rc;
+		}
 	}
 	pthread_mutex_unlock(&a->lock);
 	/* under the lock: a stale local writer may still try the slot, and a

@@ -92,11 +92,40 @@ struct ferry_budget {
 	int64_t logged_ns; /* atomic: when the budget was last said to be used up */
 };
 
+/*
+ * Chunks. The arena reserves address space for all its slots at once
+ * (mmap, MAP_NORESERVE: pages appear as slots are first used) and makes it
+ * usable a chunk at a time: 1 << chunk_shift slots, about 2 MiB of them
+ * (more when the capacity needs more than FERRY_ARENA_CHUNKS_MAX chunks).
+ * A fresh slot is handed out only from a chunk that on_chunk() made usable
+ * (on rdma: registered, one MR and rkey per chunk), so registered (pinned)
+ * memory follows the most slots the node ever had in use, rounded up to a
+ * chunk. Policy: a chunk is never given back while the table lives (slots
+ * freed are reused first, from the free list); the table's destroy
+ * deregisters them all. A slot keeps its address, so one-sided readers
+ * address it by (base, index) and take the chunk's rkey.
+ */
+#define FERRY_ARENA_CHUNKS_MAX 256u
+#define FERRY_ARENA_CHUNK_BYTES (2u << 20)
+
+struct ferry_arena;
+/* make chunk @c usable (register it); Return: 0 or a negative errno (no
+ * slot of it is handed out). Context: any thread that allocates, the
+ * arena's grow_lock held (never its lock): it must not wait for the
+ * progress thread. */
+typedef int (*ferry_arena_chunk_fn)(void *arg, struct ferry_arena *a, uint32_t c);
+
 struct ferry_arena {
 	uint8_t *base;
 	size_t bytes;
 	size_t stride;
 	uint32_t capacity;
+	uint32_t chunk_shift;	       /* a chunk is 1 << chunk_shift slots */
+	uint32_t nchunks;	       /* chunks that cover the capacity */
+	uint32_t chunks_ready;	       /* usable chunks: [0, chunks_ready) (lock; atomic reads) */
+	pthread_mutex_t grow_lock;     /* one chunk made at a time */
+	ferry_arena_chunk_fn on_chunk; /* NULL: every chunk is usable at once */
+	void *chunk_arg;
 	uint32_t max_len;     /* floats a slot holds */
 	pthread_mutex_t lock; /* the free list only */
 	uint32_t *free_stack;
@@ -104,13 +133,25 @@ struct ferry_arena {
 	uint32_t next_fresh;		 /* slots never used yet: [next_fresh, capacity) */
 	uint32_t ndeferred;		 /* freed, waiting for a grace period (atomic) */
 	struct arena_deferred *deferred; /* one record per slot: a deferred free never allocates */
-	struct ferry_tp_mr *mr;		 /* NULL when the transport needs no registration */
 	struct ferry_budget *budget;	 /* the node's, or NULL */
 };
 
-/* @budget: the node's memory budget, or NULL */
+/* @budget: the node's memory budget, or NULL. on_chunk/chunk_arg may be set
+ * after it, before the first alloc. */
 int ferry__arena_init(struct ferry_arena *a, uint32_t capacity, uint32_t max_len,
 		      struct ferry_budget *budget);
+
+/* chunk @c's first slot and its slot count */
+static inline void ferry__arena_chunk_span(const struct ferry_arena *a, uint32_t c, uint32_t *first,
+					   uint32_t *n)
+{
+	uint64_t lo = (uint64_t)c << a->chunk_shift, hi = lo + (1ull << a->chunk_shift);
+
+	if (hi > a->capacity)
+		hi = a->capacity;
+	*first = (uint32_t)lo;
+	*n = (uint32_t)(hi - lo);
+}
 void ferry__arena_fini(struct ferry_arena *a);
 
 static inline struct ferry_slot *ferry__arena_slot(const struct ferry_arena *a, uint32_t idx)
@@ -126,9 +167,10 @@ static inline uint32_t ferry__arena_idx(const struct ferry_arena *a, const struc
 /*
  * ferry__arena_alloc - reserve a slot: state INCOMING, under the slot's lock
  * (a new version and seal). Any thread, inside or outside an RCU read-side
- * section: it never waits for a grace period. Return: 0; -ENOSPC (every
- * slot in use); -ENOMEM (the node's budget is used up: logged, at most once
- * a second, with the way to raise it).
+ * section: it never waits for a grace period (the first slot of a chunk
+ * waits for on_chunk(), a registration). Return: 0; -ENOSPC (every slot in
+ * use); -ENOMEM (the node's budget is used up: logged, at most once a
+ * second, with the way to raise it); on_chunk()'s error.
  */
 int ferry__arena_alloc(struct ferry_arena *a, uint32_t *idx_p);
 /* Give a slot back at once, with a new epoch and state FREE (under the

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "lib/ops/ops.h"
 #include "lib/reloc/reloc.h"
 #include "lib/table/table.h"
 
@@ -288,9 +289,12 @@ static void table_free(struct ferry_table *t)
 	ferry__reloc_table_fini(t);
 	ferry__rcu_leave();
 	ferry__reloc_inbox_fini(t->fy, t);
-	if (t->arena.mr && t->fy->tp)
-		t->fy->tp->ops->mem_dereg(t->fy->tp, t->arena.mr);
-	free(t->arena.mr);
+	for (uint32_t c = 0; c < FERRY_ARENA_CHUNKS_MAX; c++) {
+		if (t->chunk_mr[c] && t->fy->tp)
+			t->fy->tp->ops->mem_dereg(t->fy->tp, t->chunk_mr[c]);
+		free(t->chunk_mr[c]);
+	}
+	free(t->peer_chunks);
 	ferry__arena_fini(&t->arena);
 	ferry__placement_fini(&t->place);
 	ferry__dir_fini(&t->dir);
@@ -398,16 +402,14 @@ static int table_build(struct ferry *fy, const struct ferry_table_params *p, str
 		return -EINVAL;
 	}
 	if (fy->tp->ops->mem_reg) {
-		/* peers only read slots; hand-overs land in the inbox (reloc.c) */
-		t->arena.mr = calloc(1, fy->tp->ops->mr_size);
-		if (!t->arena.mr)
-			return -ENOMEM;
-		rc = fy->tp->ops->mem_reg(fy->tp, t->arena.base, t->arena.bytes,
-					  FERRY_TP_ACCESS_REMOTE_READ, t->arena.mr);
-		if (rc) {
-			free(t->arena.mr);
-			t->arena.mr = NULL;
-			return rc;
+		/* peers only read slots, a chunk at a time as the arena grows
+		 * (lib/ops/chunks.c); hand-overs land in the inbox (reloc.c) */
+		t->arena.on_chunk = ferry__ops_chunk_reg;
+		t->arena.chunk_arg = t;
+		if (fy->tp->ops->caps & FERRY_TP_CAP_READ) {
+			t->peer_chunks = calloc(fy->world, sizeof(*t->peer_chunks));
+			if (!t->peer_chunks)
+				return -ENOMEM;
 		}
 		rc = ferry__reloc_inbox_init(fy, t);
 		if (rc)
@@ -436,9 +438,10 @@ static int table_build(struct ferry *fy, const struct ferry_table_params *p, str
 		.init_seed = p->init_seed,
 	};
 	/* one-sided access starts only once every arena is known (create) */
-	if (t->arena.mr && (fy->tp->ops->caps & FERRY_TP_CAP_READ)) {
+	if (t->peer_chunks) {
+		/* the rkeys come a chunk at a time (CHUNK frames, lib/ops/chunks.c) */
 		t->wire.arena_addr = (uint64_t)(uintptr_t)t->arena.base;
-		t->wire.arena_rkey = t->arena.mr->rkey;
+		t->wire.arena_rkey = 0;
 		t->wire.arena_stride = t->arena.stride;
 		if (t->inbox.base) {
 			t->wire.inbox_addr = (uint64_t)(uintptr_t)t->inbox.base;
@@ -872,8 +875,8 @@ int ferry_table_stats(struct ferry_table *t, struct ferry_table_stats *st)
 		.dir_bytes = ferry__dir_bytes(&t->dir),
 		.slots = t->arena.capacity,
 		.slot_bytes = t->arena.stride,
-		.registered_bytes =
-			(t->arena.mr ? t->arena.bytes : 0) + (t->inbox.mr ? t->inbox.bytes : 0),
+		.registered_bytes = __atomic_load_n(&t->registered, __ATOMIC_RELAXED) +
+				    (t->inbox.mr ? t->inbox.bytes : 0),
 	};
 	return 0;
 }

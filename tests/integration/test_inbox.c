@@ -121,6 +121,8 @@ Test(inbox, a_peer_cannot_write_into_an_arena, .init = setup)
 	struct ferry_worker *w;
 	float buf[32], v[16];
 	uint64_t key = 0; /* home: rank 0, slot 0 */
+	uint64_t a0_rkey;
+	uint32_t first, nslots;
 	struct tc c;
 	int rc;
 
@@ -132,7 +134,8 @@ Test(inbox, a_peer_cannot_write_into_an_arena, .init = setup)
 	cr_assert_eq(a0->addr, (uint64_t)(uintptr_t)t0->arena.base);
 	cr_assert_neq(a0->inbox_entries, 0, "rank 0 announced no landing inbox");
 	cr_assert_eq(a0->inbox_addr, (uint64_t)(uintptr_t)t0->inbox.base);
-	cr_assert_neq(a0->rkey, a0->inbox_rkey);
+	cr_assert_not_null(t0->chunk_mr[0], "rank 0 registered no chunk of its arena");
+	cr_assert_neq(t0->chunk_mr[0]->rkey, a0->inbox_rkey);
 
 	cfg = (struct ferry_tp_config){ .rank = 1,
 					.world = 2,
@@ -150,22 +153,32 @@ Test(inbox, a_peer_cannot_write_into_an_arena, .init = setup)
 	for (int i = 0; i < 32; i++)
 		buf[i] = 100.0f + (float)i;
 
+	/* the arena is registered a chunk at a time: chunk 0's rkey and end */
+	cr_assert_not_null(t0->chunk_mr[0]);
+	a0_rkey = t0->chunk_mr[0]->rkey;
+	ferry__arena_chunk_span(&t0->arena, 0, &first, &nslots);
+	cr_assert_eq(first, 0);
 	/* slot 0 holds key 0: its value may be read, never written */
 	s0 = ferry__arena_slot(&t0->arena, 0);
 	cr_assert_eq(s0->key, 0);
-	rc = probe_rw(ptp, &pr, 1, 0, buf, lmr, a0->addr + FERRY_SLOT_HDR, a0->rkey,
+	rc = probe_rw(ptp, &pr, 1, 0, buf, lmr, a0->addr + FERRY_SLOT_HDR, a0_rkey,
 		      16 * sizeof(float));
 	cr_assert_eq(rc, -EACCES, "a write into the arena returned %s, want -EACCES",
 		     ferry_strerror(rc));
 	for (int i = 0; i < 16; i++)
 		cr_assert_eq(s0->val[i], 0.0f, "the refused write changed the slot");
 	/* the whole slot, header included, and the arena's last byte: refused too */
-	cr_assert_eq(probe_rw(ptp, &pr, 1, 0, buf, lmr, a0->addr, a0->rkey, 64), -EACCES);
-	cr_assert_eq(probe_rw(ptp, &pr, 1, 0, buf, lmr, a0->addr + t0->arena.bytes - 1, a0->rkey,
-			      1),
+	cr_assert_eq(probe_rw(ptp, &pr, 1, 0, buf, lmr, a0->addr, a0_rkey, 64), -EACCES);
+	cr_assert_eq(probe_rw(ptp, &pr, 1, 0, buf, lmr,
+			      a0->addr + (uint64_t)nslots * t0->arena.stride - 1, a0_rkey, 1),
 		     -EACCES);
+	/* the chunk's key opens only the chunk: a read past its end is refused */
+	if (nslots < t0->arena.capacity)
+		cr_assert_eq(probe_rw(ptp, &pr, 0, 0, buf, lmr,
+				      a0->addr + (uint64_t)nslots * t0->arena.stride, a0_rkey, 64),
+			     -EACCES);
 	/* the same key reads fine */
-	cr_assert_eq(probe_rw(ptp, &pr, 0, 0, buf, lmr, a0->addr, a0->rkey, 64), 0);
+	cr_assert_eq(probe_rw(ptp, &pr, 0, 0, buf, lmr, a0->addr, a0_rkey, 64), 0);
 	cr_assert_eq(((struct ferry_slot *)buf)->key, 0);
 
 	/* the inbox takes writes, not reads; nothing outside it */

@@ -342,3 +342,74 @@ Test(sparse, nodes_that_disagree_on_the_initializer_fail_the_create, .timeout = 
 	cr_assert_eq(m.rc[1], -FERRY_E_MISMATCH, "rank 1: %d", m.rc[1]);
 	tc_close(&c);
 }
+
+/*
+ * The arena is registered a chunk (2 MiB of slots) at a time as keys come
+ * into being, not for its whole capacity; peers learn each chunk's rkey
+ * (CHUNK) before a hint into it, so pulls of keys in the newest chunk are
+ * one-sided. Transports that register nothing (tcp) report 0 registered.
+ */
+Test(sparse, registered_memory_follows_the_slots_in_use, .timeout = 120)
+{
+	enum {
+		N = 70000,
+		B = 4096
+	};
+	struct ferry_table_params tp = {
+		.sparse = 1, .value_len = 4, .placement = FERRY_PLACEMENT_HASH, .capacity = 1u << 20
+	};
+	struct ferry_table_stats s0, s1;
+	struct ferry_stats n0, n1;
+	uint64_t *keys = malloc(N * sizeof(*keys)), x = 0x2545f4914f6cdd1dull;
+	float *v = calloc((size_t)B * 4, sizeof(float));
+	struct ferry_worker *w0, *w1;
+	uint64_t chunk;
+	struct tc c;
+
+	cr_assert(keys && v);
+	cr_assert_eq(tc_open(&c, 2, &tp, 20000), 0);
+	cr_assert_eq(ferry_worker_create(c.fy[0], &w0), 0);
+	cr_assert_eq(ferry_worker_create(c.fy[1], &w1), 0);
+	cr_assert_eq(ferry_table_stats(c.t[0], &s0), 0);
+	cr_assert_eq(s0.slot_bytes, 64);
+	chunk = (2u << 20) / s0.slot_bytes; /* slots per chunk */
+	for (int i = 0; i < N;) {
+		x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+		if (ferry_table_home(c.t[0], x) == 0)
+			keys[i++] = x;
+	}
+	for (int i = 0; i < N; i += B)
+		cr_assert_eq(ferry_set(w0, c.t[0], keys + i, N - i < B ? N - i : B, v), 0);
+	cr_assert_eq(ferry_table_stats(c.t[0], &s1), 0);
+	cr_assert_eq(s1.keys_owned, N);
+	if (!s0.registered_bytes && !s1.registered_bytes) {
+		cr_log_info("this transport registers no memory: nothing more to check");
+	} else {
+		uint64_t chunks = (N + chunk - 1) / chunk;
+
+		cr_assert_eq(s1.registered_bytes - s0.registered_bytes, chunks * chunk * 64,
+			     "registered %llu bytes more for %d keys (chunks of %llu slots)",
+			     (unsigned long long)(s1.registered_bytes - s0.registered_bytes), N,
+			     (unsigned long long)chunk);
+		cr_assert_lt(s1.registered_bytes, s1.slots * s1.slot_bytes / 4,
+			     "the whole capacity is registered");
+		/* the last keys sit in the newest chunk: after one pull that teaches
+		 * the hint, node 1 reads them one-sided */
+		cr_assert_eq(ferry_pull(w1, c.t[1], keys + N - 100, 100, v), 0);
+		ferry_stats(c.fy[1], &n0);
+		for (int i = N - 100; i < N; i++) /* single pulls: big batches go by message */
+			cr_assert_eq(ferry_pull(w1, c.t[1], keys + i, 1, v), 0);
+		ferry_stats(c.fy[1], &n1);
+		cr_assert_eq(n1.onesided_reads - n0.onesided_reads, 100,
+			     "reads %llu fallbacks %llu msgs %llu",
+			     (unsigned long long)(n1.onesided_reads - n0.onesided_reads),
+			     (unsigned long long)(n1.onesided_fallbacks - n0.onesided_fallbacks),
+			     (unsigned long long)(n1.msgs_sent - n0.msgs_sent));
+		cr_assert_eq(n1.onesided_fallbacks, n0.onesided_fallbacks);
+	}
+	ferry_worker_destroy(w0);
+	ferry_worker_destroy(w1);
+	tc_close(&c);
+	free(keys);
+	free(v);
+}

@@ -686,6 +686,7 @@ Test(proto, frame_shorter_than_its_fixed_body)
 		{ FERRY_MSG_HANDOVER_DONE, sizeof(struct ferry_msg_move) },
 		{ FERRY_MSG_TABLE_FREE, sizeof(struct ferry_msg_barrier) },
 		{ FERRY_MSG_TABLE_FREE_ACK, sizeof(struct ferry_msg_barrier) },
+		{ FERRY_MSG_CHUNK, sizeof(struct ferry_msg_chunk) },
 	};
 
 	/* every type but BYE, which is a bare header (below) */
@@ -1018,6 +1019,44 @@ Test(proto, sparse_keys_and_table_initializers)
 		x = fr_take(&f, FERRY_MSG_TABLE, 0, 0);
 		expect_body_bad(&x, NULL, c == 0 ? "initializer" : "sparse",
 				c == 0 ? "init 3" : "sparse 2");
+		fr_free(&x);
+	}
+}
+
+/* CHUNK: an index and a chunk size within their ranges */
+Test(proto, chunk_announcements_are_checked)
+{
+	static const struct {
+		uint32_t chunk, shift;
+		const char *why; /* NULL: fine */
+	} c[] = {
+		{ 0, 14, NULL },
+		{ 255, 6, NULL },
+		{ 3, 31, NULL },
+		{ 256, 14, "index" },
+		{ 0, 5, "slots" },
+		{ 0, 32, "slots" },
+		{ UINT32_MAX, 14, "index" },
+	};
+
+	for (size_t i = 0; i < sizeof(c) / sizeof(c[0]); i++) {
+		struct ferry_proto_view v;
+		struct ferry_frame f;
+		struct ferry_msg_chunk *m;
+		struct fr x;
+
+		ferry__frame_begin(&f);
+		m = ferry__frame_put(&f, sizeof(*m));
+		m->chunk = c[i].chunk;
+		m->shift = c[i].shift;
+		m->rkey = 0x1234;
+		x = fr_take(&f, FERRY_MSG_CHUNK, 1, 3);
+		if (c[i].why) {
+			expect_body_bad(&x, NULL, c[i].why, "chunk");
+		} else {
+			expect_ok(&x, NULL, &v, "chunk");
+			cr_assert_eq(((const struct ferry_msg_chunk *)v.body)->rkey, 0x1234);
+		}
 		fr_free(&x);
 	}
 }

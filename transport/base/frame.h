@@ -33,7 +33,8 @@
 #define FERRY_MSG_MAGIC 0x5946u /* "FY" on the wire */
 /* 2: landing inboxes (table trailer, move entries); 3: barrier releases carry a
  * status (a failed rank breaks the barrier); 4: sparse tables (any 64-bit
- * key) and initial values in TABLE; older peers are refused */
+ * key) and initial values in TABLE, CHUNK (arenas registered a chunk at a
+ * time); older peers are refused */
 #define FERRY_PROTO_VERSION 4
 #define FERRY_MSG_MAX (64u << 20) /* largest frame, header included */
 #define FERRY_MSG_ALIGN 8u	  /* every frame's len is a multiple: frames stay aligned */
@@ -56,6 +57,7 @@ enum ferry_msg_type {
 				      (transports consume it; the core never sees it) */
 	FERRY_MSG_TABLE_FREE,	  /* node -> rank 0: I destroyed this table */
 	FERRY_MSG_TABLE_FREE_ACK, /* rank 0 -> every node: all did; free it */
+	FERRY_MSG_CHUNK,	  /* node -> every node: a chunk of my arena, and its rkey */
 	FERRY_MSG_TYPE_MAX
 };
 
