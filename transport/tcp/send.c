@@ -131,13 +131,41 @@ void ferry__tcp_log_ack(struct tcp_conn *c, uint64_t n)
 	tcp_log_trim(c, 1);
 }
 
-int ferry__tcp_log_rewind(struct tcp_conn *c, uint64_t n)
+/* sequenced frames from (@ch, @off) up to the write position (@end, @end_off; NULL: the end) */
+static uint64_t tcp_log_count(struct tcp_chunk *ch, size_t off, const struct tcp_chunk *end,
+			      size_t end_off)
 {
+	uint64_t n = 0;
+
+	for (; ch; ch = ch->next, off = 0)
+		while (off < ch->len) {
+			struct ferry_msg_hdr hdr;
+
+			if (ch == end && off >= end_off)
+				return n;
+			memcpy(&hdr, ch->data + off, sizeof(hdr));
+			n += ferry__proto_sequenced(hdr.type);
+			off += hdr.len;
+		}
+	return n;
+}
+
+int ferry__tcp_log_rewind(struct tcp_conn *c, uint64_t n, uint64_t *again_p)
+{
+	struct tcp_chunk *was = c->snd;
+	size_t was_off = c->snd_off;
+
 	if (n > c->tx_acked)
 		c->tx_acked = n;
 	tcp_log_trim(c, 0);
+	if (was && !c->snd) {
+		/* its chunk held only frames the peer has: none goes again */
+		was = c->oq_head;
+		was_off = 0;
+	}
 	c->snd = NULL;
 	c->snd_off = 0;
+	*again_p = 0;
 	for (struct tcp_chunk *ch = c->oq_head; ch; ch = ch->next) {
 		uint64_t seq = ch->seq0;
 
@@ -150,6 +178,7 @@ int ferry__tcp_log_rewind(struct tcp_conn *c, uint64_t n)
 			if (ferry__proto_sequenced(hdr.type) && seq++ == n + 1) {
 				c->snd = ch;
 				c->snd_off = off;
+				*again_p = tcp_log_count(ch, off, was, was ? was_off : 0);
 				return 0;
 			}
 			off += hdr.len;

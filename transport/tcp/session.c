@@ -277,7 +277,7 @@ static void session_resume(struct tcp_tp *t, struct tcp_conn *c, int fd,
 	if (c->state != TCP_CONN_DOWN)
 		err = EALREADY; /* cannot be: only this thread resumes */
 	else if (r->delivered < acked || r->delivered > sent ||
-		 ferry__tcp_log_rewind(c, r->delivered))
+		 ferry__tcp_log_rewind(c, r->delivered, &resent))
 		bad = 1;
 	if (!bad && !err) {
 		ev.events = EPOLLIN | EPOLLRDHUP | (c->snd ? EPOLLOUT : 0);
@@ -288,7 +288,6 @@ static void session_resume(struct tcp_tp *t, struct tcp_conn *c, int fd,
 			c->fd = fd;
 			c->state = TCP_CONN_UP;
 			c->out_armed = c->snd != NULL;
-			resent = sent - r->delivered;
 		}
 	}
 	pthread_mutex_unlock(&c->lock);
@@ -316,9 +315,10 @@ static void session_resume(struct tcp_tp *t, struct tcp_conn *c, int fd,
 	c->rx_unacked = 0;
 	t->resumed++;
 	ferry_info("tcp: rank %u: resumed the session with rank %u after %lld ms; %llu frames "
-		   "sent again",
+		   "sent again, from frame %llu of %llu",
 		   t->base.cfg.rank, c->rank, (long long)(tcp_now_ms() - c->down_since),
-		   (unsigned long long)resent);
+		   (unsigned long long)resent, (unsigned long long)r->delivered + 1,
+		   (unsigned long long)sent);
 }
 
 /* the peer is gone for good: @why. Progress thread. */
@@ -399,18 +399,29 @@ static int link_hs_step(struct tcp_tp *t, struct tcp_link *l)
 {
 	ssize_t n;
 
-	while (l->out_off < TCP_HS_LEN) {
-		n = send(l->fd, l->out + l->out_off, TCP_HS_LEN - l->out_off,
-			 MSG_NOSIGNAL | MSG_DONTWAIT);
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-			break;
-		if (n < 0) {
-			link_later(t, l, 0, strerror(errno));
-			return -1;
+	if (l->out_off < TCP_HS_LEN) {
+		while (l->out_off < TCP_HS_LEN) {
+			n = send(l->fd, l->out + l->out_off, TCP_HS_LEN - l->out_off,
+				 MSG_NOSIGNAL | MSG_DONTWAIT);
+			if (n < 0 && errno == EINTR)
+				continue;
+			if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+				break;
+			if (n < 0) {
+				link_later(t, l, 0, strerror(errno));
+				return -1;
+			}
+			l->out_off += n;
 		}
-		l->out_off += n;
+		if (l->out_off == TCP_HS_LEN) {
+			/* all out: EPOLLOUT would fire on every wait until the answer */
+			struct epoll_event ev = { .events = EPOLLIN | EPOLLRDHUP, .data.ptr = l };
+
+			if (epoll_ctl(t->epfd, EPOLL_CTL_MOD, l->fd, &ev)) {
+				link_later(t, l, 0, strerror(errno));
+				return -1;
+			}
+		}
 	}
 	while (l->in_off < TCP_HS_LEN) {
 		n = recv(l->fd, l->in + l->in_off, TCP_HS_LEN - l->in_off, MSG_DONTWAIT);

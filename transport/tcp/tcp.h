@@ -259,9 +259,10 @@ void ferry__tcp_oq_free(struct tcp_conn *c);
 int ferry__tcp_conn_flush(struct tcp_tp *t, struct tcp_conn *c);
 /* the peer has delivered @n frames: forget them (n <= tx_seq). c->lock held. */
 void ferry__tcp_log_ack(struct tcp_conn *c, uint64_t n);
-/* resume after the peer's @n delivered frames: the next write is frame n + 1.
+/* resume after the peer's @n delivered frames: the next write is frame n + 1;
+ * @again_p: how many of the frames from there had been written already.
  * c->lock held; tx_acked <= n <= tx_seq. Return: 0, or -1 if it is not held. */
-int ferry__tcp_log_rewind(struct tcp_conn *c, uint64_t n);
+int ferry__tcp_log_rewind(struct tcp_conn *c, uint64_t n, uint64_t *again_p);
 /* tell the peer what we delivered (an ACK frame). Context: progress thread. */
 void ferry__tcp_send_ack(struct tcp_tp *t, struct tcp_conn *c);
 /* ops->send: any thread */
