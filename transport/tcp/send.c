@@ -9,10 +9,10 @@
  *
  * Sending (ops->send, any thread)
  *
- *   Under the connection's lock the frame is appended whole to the send log
- *   (a copy), and when nothing was waiting to be written, sendmsg() writes
- *   it at once: one syscall in the common case. What the socket does not
- *   take waits in the log and EPOLLOUT is armed; the progress thread writes
+ *   Under the connection's lock, when nothing waits to be written, one
+ *   sendmsg() goes straight from the caller's iovec (one syscall in the
+ *   common case); then the whole frame is copied to the send log. What the
+ *   socket did not take waits there and EPOLLOUT is armed; the progress thread writes
  *   the rest with gathered writes and disarms EPOLLOUT once all is written.
  *   Frames never interleave, and the frames of one thread to one
  *   destination leave in the order they were sent.
@@ -52,54 +52,70 @@ void ferry__tcp_oq_free(struct tcp_conn *c)
 		next = ch->next;
 		free(ch);
 	}
+	free(c->spare);
+	c->spare = NULL;
 	c->oq_head = c->oq_tail = c->snd = NULL;
 	c->snd_off = 0;
 	c->oq_bytes = 0;
 	pthread_cond_broadcast(&c->oq_drained);
 }
 
-/*
- * tcp_log_append - copy a whole frame to the end of the log
- *
- * A sequenced frame gets the number tx_seq + 1. All or nothing: on -ENOMEM
- * the log is unchanged. Call with c->lock held.
- */
-static int tcp_log_append(struct tcp_conn *c, const struct iovec *iov, int iovcnt, size_t total,
-			  int sequenced)
+/* make room at the log's end for a frame of @total bytes. c->lock held. */
+static int tcp_log_room(struct tcp_conn *c, size_t total)
 {
-	struct tcp_chunk *tail = c->oq_tail;
-	size_t at;
+	struct tcp_chunk *tail = c->oq_tail, *fresh;
+	size_t cap = total < TCP_CHUNK_SIZE ? TCP_CHUNK_SIZE : total;
 
-	if (!tail || tail->cap - tail->len < total) {
-		size_t cap = total < TCP_CHUNK_SIZE ? TCP_CHUNK_SIZE : total;
-		struct tcp_chunk *fresh = malloc(sizeof(*fresh) + cap);
-
+	if (tail && tail->cap - tail->len >= total)
+		return 0;
+	/* reuse the chunk the last acknowledgement freed: no malloc, no page
+	 * faults of fresh memory, and its lines are likely still cached */
+	if (c->spare && c->spare->cap >= total) {
+		fresh = c->spare;
+		c->spare = NULL;
+	} else {
+		fresh = malloc(sizeof(*fresh) + cap);
 		if (!fresh)
 			return -ENOMEM;
-		fresh->next = NULL;
-		fresh->len = 0;
-		fresh->cap = cap;
-		fresh->seq0 = c->tx_seq + 1;
-		fresh->seq_end = c->tx_seq;
-		if (tail)
-			tail->next = fresh;
-		else
-			c->oq_head = fresh;
-		c->oq_tail = tail = fresh;
 	}
-	at = tail->len;
+	fresh->next = NULL;
+	fresh->len = 0;
+	fresh->cap = cap;
+	fresh->seq0 = c->tx_seq + 1;
+	fresh->seq_end = c->tx_seq;
+	if (tail)
+		tail->next = fresh;
+	else
+		c->oq_head = fresh;
+	c->oq_tail = fresh;
+	return 0;
+}
+
+/*
+ * tcp_log_append - copy a whole frame to the end of the log, after
+ * tcp_log_room() made room for it (so it cannot fail)
+ * @written: bytes of it already on the wire (only when nothing else was
+ *           waiting to be written: snd NULL)
+ *
+ * A sequenced frame gets the number tx_seq + 1. Call with c->lock held.
+ */
+static void tcp_log_append(struct tcp_conn *c, const struct iovec *iov, int iovcnt, size_t total,
+			   int sequenced, size_t written)
+{
+	struct tcp_chunk *tail = c->oq_tail;
+	size_t at = tail->len;
+
 	for (int i = 0; i < iovcnt; i++) {
 		memcpy(tail->data + tail->len, iov[i].iov_base, iov[i].iov_len);
 		tail->len += iov[i].iov_len;
 	}
 	if (sequenced)
 		tail->seq_end = ++c->tx_seq;
-	if (!c->snd) {
+	if (!c->snd && written < total) {
 		c->snd = tail;
-		c->snd_off = at;
+		c->snd_off = at + written;
 	}
 	c->oq_bytes += total;
-	return 0;
 }
 
 /* drop the head chunks whose frames were all written and acknowledged. c->lock held. */
@@ -117,7 +133,14 @@ static void tcp_log_trim(struct tcp_conn *c, int written_only)
 		if (!c->oq_head)
 			c->oq_tail = NULL;
 		c->oq_bytes -= ch->len;
-		free(ch);
+		if (!c->spare && ch->cap <= TCP_SPARE_MAX) {
+			c->spare = ch;
+		} else if (c->spare && ch->cap > c->spare->cap && ch->cap <= TCP_SPARE_MAX) {
+			free(c->spare); /* keep the larger: it fits more frames */
+			c->spare = ch;
+		} else {
+			free(ch);
+		}
 	}
 	if (c->oq_bytes < FERRY_TP_SENDQ_MAX / 2)
 		pthread_cond_broadcast(&c->oq_drained);
@@ -296,8 +319,9 @@ void ferry__tcp_send_ack(struct tcp_tp *t, struct tcp_conn *c)
 	pthread_mutex_lock(&c->lock);
 	if (c->state != TCP_CONN_UP)
 		goto out_unlock; /* a RESUME will say it */
-	if (tcp_log_append(c, &iov, 1, sizeof(f), 0))
+	if (tcp_log_room(c, sizeof(f)))
 		goto out_unlock; /* no memory: the next one says it */
+	tcp_log_append(c, &iov, 1, sizeof(f), 0, 0);
 	c->rx_acked = c->rx_seq;
 	c->rx_unacked = 0;
 	ret = tcp_log_write(c);
@@ -403,8 +427,9 @@ int ferry__tcp_send(struct ferry_tp *tp, uint32_t dst, const struct iovec *iov, 
 {
 	struct tcp_tp *t = to_tcp(tp);
 	struct tcp_conn *c;
-	size_t total;
-	int ret = 0, wake = 0, was_written;
+	size_t total, written = 0;
+	int ret = 0, wake = 0, err = 0;
+	ssize_t n;
 
 	if (dst >= tp->cfg.world || iovcnt <= 0 || iovcnt > IOV_MAX)
 		return -EINVAL;
@@ -424,20 +449,29 @@ int ferry__tcp_send(struct ferry_tp *tp, uint32_t dst, const struct iovec *iov, 
 		if (ret)
 			goto out_unlock;
 	}
-	was_written = !c->snd;
-	ret = tcp_log_append(c, iov, iovcnt, total, 1);
-	if (ret || c->state != TCP_CONN_UP)
-		goto out_unlock; /* DOWN or BROKEN: it goes once the session resumes */
-	if (was_written) {
-		int err = tcp_log_write(c);
+	ret = tcp_log_room(c, total);
+	if (ret)
+		goto out_unlock;
+	if (c->state == TCP_CONN_UP && !c->snd) {
+		/* nothing waits: straight from the caller's iovec, then into the log */
+		struct msghdr mh = { .msg_iov = (struct iovec *)iov, .msg_iovlen = iovcnt };
 
-		if (!err)
-			err = tcp_conn_arm(t, c, c->snd != NULL);
-		if (err) {
-			/* the frame is in the log: the progress thread reconnects or fails */
-			tcp_conn_break(t, c, -err);
-			wake = 1;
-		}
+		do {
+			n = sendmsg(c->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+		} while (n < 0 && errno == EINTR);
+		if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)
+			err = errno;
+		written = n > 0 ? (size_t)n : 0;
+	}
+	tcp_log_append(c, iov, iovcnt, total, 1, written);
+	if (c->state != TCP_CONN_UP)
+		goto out_unlock; /* DOWN or BROKEN: it goes once the session resumes */
+	if (!err && c->snd)
+		err = -tcp_conn_arm(t, c, 1);
+	if (err) {
+		/* the frame is in the log: the progress thread reconnects or fails */
+		tcp_conn_break(t, c, err);
+		wake = 1;
 	}
 out_unlock:
 	pthread_mutex_unlock(&c->lock);

@@ -52,20 +52,21 @@
 #define TCP_RBUF_KEEP (4u << 20)   /* an emptied buffer above this is freed */
 #define TCP_READ_MIN (16u << 10)   /* compact when less room is left */
 #define TCP_READS_PER_EVENT 16	   /* then let the other connections in */
-#define TCP_CHUNK_SIZE (64u << 10) /* least capacity of an out queue chunk */
+#define TCP_CHUNK_SIZE (64u << 10) /* least capacity of a send log chunk */
+#define TCP_SPARE_MAX (4u << 20)   /* a freed chunk up to this size is kept for reuse */
 #define TCP_FLUSH_IOV 64	   /* chunks per gathered write */
 #define TCP_EVENTS 64		   /* epoll events per wait */
 #define TCP_MAX_HANDSHAKES 64	   /* accepted connections in their HELLO at once */
 #define TCP_DRAIN_MS 1000	   /* fini: bound on flushing the out queues */
 #define TCP_RETRY_MIN_MS 10	   /* backoff between dials of a refused rank */
 #define TCP_RETRY_MAX_MS 250
-#define TCP_RECONNECT_MS 1000 /* FERRY_RECONNECT_MS default: grace of a lost link */
-#define TCP_REDIAL_MAX_MS 100 /* backoff cap between redials of a lost link */
-#define TCP_PROBE_MS 50	      /* the accepting end looks for the peer's listener */
-#define TCP_HS_MS 1000	      /* an accepted connection's handshake, at most */
-#define TCP_ACK_FRAMES 1024   /* acknowledge after this many frames, */
-#define TCP_ACK_BYTES (FERRY_TP_SENDQ_MAX / 16) /* or bytes, */
-#define TCP_ACK_DELAY_MS 10			/* or this long after the first */
+#define TCP_RECONNECT_MS 1000	 /* FERRY_RECONNECT_MS default: grace of a lost link */
+#define TCP_REDIAL_MAX_MS 100	 /* backoff cap between redials of a lost link */
+#define TCP_PROBE_MS 50		 /* the accepting end looks for the peer's listener */
+#define TCP_HS_MS 1000		 /* an accepted connection's handshake, at most */
+#define TCP_ACK_FRAMES 1024	 /* acknowledge after this many frames, */
+#define TCP_ACK_BYTES (1u << 20) /* or bytes, */
+#define TCP_ACK_DELAY_MS 10	 /* or this long after the first */
 
 _Static_assert(sizeof(struct ferry_msg_hdr) == 16, "the wire header is 16 bytes");
 _Static_assert(sizeof(struct ferry_msg_hello) == 16, "the HELLO body is 16 bytes");
@@ -143,6 +144,7 @@ struct tcp_conn {
 	struct tcp_chunk *snd;	   /* the next byte to write; NULL: all written */
 	size_t snd_off;		   /* < snd->len */
 	size_t oq_bytes;	   /* in the log: unwritten and unacknowledged */
+	struct tcp_chunk *spare;   /* one acknowledged chunk kept for reuse (<= TCP_SPARE_MAX) */
 	uint64_t tx_seq;	   /* sequenced frames appended: the last one's number */
 	uint64_t tx_acked;	   /* of them, acknowledged by the peer */
 	pthread_cond_t oq_drained; /* oq_bytes fell below FERRY_TP_SENDQ_MAX / 2 */
