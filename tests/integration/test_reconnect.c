@@ -249,6 +249,7 @@ Test(reconnect, frames_survive_many_resets, .timeout = 180)
 	struct rnode *nodes = calloc(RN, sizeof(*nodes));
 	pthread_t th[RN];
 	uint64_t frames = 0, bytes = 0;
+	long resets, resumed, resent, failed;
 	int64_t t0;
 
 	require_tcp();
@@ -316,10 +317,16 @@ Test(reconnect, frames_survive_many_resets, .timeout = 180)
 			cr_assert_eq(got, want, "rank %u got %llu of the %llu frames of rank %u",
 				     dst, (unsigned long long)got, (unsigned long long)want, src);
 			frames += got;
+			pthread_mutex_lock(&n->lock);
 			bytes += n->bytes[src];
+			pthread_mutex_unlock(&n->lock);
 		}
 	usleep(100 * 1000); /* nothing more (no frame twice) comes late */
 	__atomic_store_n(&lc->counting, 0, __ATOMIC_RELEASE);
+	resets = __atomic_load_n(&lc->resets, __ATOMIC_RELAXED);
+	resumed = __atomic_load_n(&lc->resumed, __ATOMIC_RELAXED);
+	resent = __atomic_load_n(&lc->resent, __ATOMIC_RELAXED);
+	failed = __atomic_load_n(&lc->failed, __ATOMIC_RELAXED);
 	for (uint32_t r = 0; r < RN; r++) {
 		struct rnode *n = &nodes[r];
 
@@ -334,17 +341,15 @@ Test(reconnect, frames_survive_many_resets, .timeout = 180)
 	}
 	cr_log_info("%llu frames (%.1f MiB) in order through %ld injected breaks, %ld sessions "
 		    "resumed, %ld frames sent again",
-		    (unsigned long long)frames, (double)bytes / (1 << 20), lc->resets, lc->resumed,
-		    lc->resent);
+		    (unsigned long long)frames, (double)bytes / (1 << 20), resets, resumed, resent);
 	fprintf(stderr,
 		"frames_survive_many_resets: %llu frames (%.1f MiB) in order through %ld injected "
 		"breaks, %ld sessions resumed, %ld frames sent again\n",
-		(unsigned long long)frames, (double)bytes / (1 << 20), lc->resets, lc->resumed,
-		lc->resent);
-	cr_assert_eq(lc->failed, 0, "%ld log lines marked a peer failed", lc->failed);
-	cr_assert_geq(lc->resets, 50, "only %ld breaks were injected", lc->resets);
-	cr_assert_geq(lc->resumed, 50, "only %ld sessions resumed", lc->resumed);
-	cr_assert_gt(lc->resent, 0, "no frame was ever sent again: the resets never cost one");
+		(unsigned long long)frames, (double)bytes / (1 << 20), resets, resumed, resent);
+	cr_assert_eq(failed, 0, "%ld log lines marked a peer failed", failed);
+	cr_assert_geq(resets, 50, "only %ld breaks were injected", resets);
+	cr_assert_geq(resumed, 50, "only %ld sessions resumed", resumed);
+	cr_assert_gt(resent, 0, "no frame was ever sent again: the resets never cost one");
 	for (uint32_t r = 0; r < RN; r++) {
 		ferry__tcp_ops.fini(nodes[r].tp);
 		free(nodes[r].tp);
