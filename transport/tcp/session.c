@@ -262,6 +262,8 @@ static void session_resume(struct tcp_tp *t, struct tcp_conn *c, int fd,
 	uint64_t acked = 0, sent = 0, resent = 0;
 	int bad = 0, err = 0;
 
+	if (c->link.fd == fd)
+		c->link.fd = -1; /* a redial's connection: ours now, closed only below */
 	if (r->sent < c->rx_seq) {
 		ferry_warn("tcp: rank %u resumes its session with rank %u having sent %llu frames, "
 			   "but %llu of its frames were delivered; marking it failed",
@@ -308,7 +310,7 @@ static void session_resume(struct tcp_tp *t, struct tcp_conn *c, int fd,
 		session_epoll_del_close(t, fd);
 		return;
 	}
-	if (c->link.fd >= 0 && c->link.fd != fd)
+	if (c->link.fd >= 0) /* a probe in flight */
 		session_epoll_del_close(t, c->link.fd);
 	c->link.fd = -1;
 	c->rx_acked = c->rx_seq;
