@@ -296,9 +296,9 @@ static void session_resume(struct tcp_tp *t, struct tcp_conn *c, int fd,
 	if (bad) {
 		ferry_warn(
 			"tcp: rank %u resumes its session with rank %u at frame %llu, but rank %u "
-			"holds frames %llu .. %llu; marking it failed",
+			"sent it %llu frames and keeps those after frame %llu; marking it failed",
 			c->rank, t->base.cfg.rank, (unsigned long long)r->delivered + 1,
-			t->base.cfg.rank, (unsigned long long)acked + 1, (unsigned long long)sent);
+			t->base.cfg.rank, (unsigned long long)sent, (unsigned long long)acked);
 		session_epoll_del_close(t, fd);
 		ferry__tcp_conn_fail(t, c, -FERRY_E_PROTO);
 		return;
@@ -317,9 +317,9 @@ static void session_resume(struct tcp_tp *t, struct tcp_conn *c, int fd,
 	c->rx_unacked = 0;
 	t->resumed++;
 	ferry_info("tcp: rank %u: resumed the session with rank %u after %lld ms; %llu frames "
-		   "sent again, from frame %llu of %llu",
+		   "sent again (it had delivered %llu of our %llu)",
 		   t->base.cfg.rank, c->rank, (long long)(tcp_now_ms() - c->down_since),
-		   (unsigned long long)resent, (unsigned long long)r->delivered + 1,
+		   (unsigned long long)resent, (unsigned long long)r->delivered,
 		   (unsigned long long)sent);
 }
 
