@@ -89,7 +89,10 @@ struct ferry_tp;
 struct ferry_tp_handler {
 	/* a whole frame from @src (may be our own rank); @buf valid during the call */
 	void (*on_msg)(void *core, uint32_t src, const void *buf, size_t len);
-	/* @src's connection failed or sent garbage; called once per peer */
+	/* @src failed (its process is gone, it left, it stayed unreachable, or it
+	 * sent garbage); called once per peer. A transport that re-establishes
+	 * lost links (tcp: FERRY_RECONNECT_MS) calls it only when that fails:
+	 * frames in between are neither lost nor delivered twice */
 	void (*on_peer_failed)(void *core, uint32_t src, int err);
 	/* a one-sided read()/write() finished; @status 0 or a negative errno.
 	 * Runs on the progress thread, except where poll() or the transport's

@@ -32,7 +32,8 @@
 int ferry__dispatch_register(struct ferry *fy, uint8_t type, enum ferry_dispatch_scope scope,
 			     ferry_msg_fn fn)
 {
-	if (!fn || type == 0 || type >= FERRY_MSG_TYPE_MAX || type == FERRY_MSG_HELLO ||
+	/* the transports' own types (HELLO, RESUME, ACK, BYE) never reach the core */
+	if (!fn || type == 0 || type >= FERRY_MSG_TYPE_MAX || !ferry__proto_sequenced(type) ||
 	    type == FERRY_MSG_BYE ||
 	    (scope != FERRY_DISPATCH_NODE && scope != FERRY_DISPATCH_TABLE)) {
 		ferry_err("dispatch: cannot register a handler for frame type %u (scope %d): a "

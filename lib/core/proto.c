@@ -74,6 +74,10 @@ static size_t proto_body_size(uint8_t type)
 	switch (type) {
 	case FERRY_MSG_HELLO:
 		return sizeof(struct ferry_msg_hello);
+	case FERRY_MSG_RESUME:
+		return sizeof(struct ferry_msg_resume);
+	case FERRY_MSG_ACK:
+		return sizeof(struct ferry_msg_ack);
 	case FERRY_MSG_OP:
 		return sizeof(struct ferry_msg_op);
 	case FERRY_MSG_REPLY:

@@ -60,6 +60,8 @@
 #define WAIT_MS 30000	/* bound on any wait for frames (sanitizers are slow) */
 #define HDR_LEN sizeof(struct ferry_msg_hdr)
 #define HELLO_LEN (sizeof(struct ferry_msg_hdr) + sizeof(struct ferry_msg_hello))
+#define RESUME_LEN (sizeof(struct ferry_msg_hdr) + sizeof(struct ferry_msg_resume))
+#define HS_LEN (HELLO_LEN + RESUME_LEN) /* tcp's handshake: HELLO, then RESUME */
 
 static const struct ferry_tp_ops *const tp_table[] = {
 	&ferry__tcp_ops,
@@ -643,6 +645,24 @@ static void raw_hello(uint8_t *buf, uint64_t cluster_id, uint32_t rank, uint32_t
 	memcpy(buf + HDR_LEN, &hello, sizeof(hello));
 }
 
+/* tcp's whole handshake: the HELLO, then a RESUME of session @inc after @delivered frames
+ * of the peer's, having sent it @sent */
+static void raw_resume(uint8_t *buf, uint64_t cluster_id, uint32_t rank, uint32_t world,
+		       uint64_t inc, uint64_t delivered, uint64_t sent)
+{
+	struct ferry_msg_resume r = { .incarnation = inc, .delivered = delivered, .sent = sent };
+
+	raw_hello(buf, cluster_id, rank, world);
+	frame_fill(buf + HELLO_LEN, FERRY_MSG_RESUME, RESUME_LEN, rank, 0);
+	memcpy(buf + HELLO_LEN + HDR_LEN, &r, sizeof(r));
+}
+
+/* a first connection: a new session */
+static void raw_handshake(uint8_t *buf, uint64_t cluster_id, uint32_t rank, uint32_t world)
+{
+	raw_resume(buf, cluster_id, rank, world, 0x5eed0001, 0, 0);
+}
+
 static void raw_write(int fd, const void *buf, size_t len)
 {
 	cr_assert_eq(send(fd, buf, len, MSG_NOSIGNAL), (ssize_t)len, "raw write: %s",
@@ -1067,6 +1087,9 @@ TP_TEST(strangers_are_rejected_and_the_cluster_works)
 /*
  * Rank 3 is a fake written with raw sockets: it passes the HELLO with ranks
  * 0, 1 and 2, sends each a good frame, then misbehaves differently with each.
+ * Its close in the middle of a frame is a lost link to rank 1, which waits
+ * FERRY_RECONNECT_MS (1 s) for a redial that never comes (rank 3 has no
+ * address to probe) and then fails it.
  */
 TP_TEST(a_peer_sending_bad_frames_is_dropped_alone)
 {
@@ -1077,6 +1100,8 @@ TP_TEST(a_peer_sending_bad_frames_is_dropped_alone)
 	int fds[3];
 	uint8_t buf[2 * 64];
 
+	_Static_assert(sizeof(buf) >= HS_LEN, "the handshake fits");
+
 	tp_require_tcp(ops);
 	for (uint32_t r = 0; r < 3; r++)
 		cr_assert_eq(tnode_init(&nodes[r], ops, r, 4, cid, TIMEOUT_MS, 0), 0);
@@ -1086,13 +1111,13 @@ TP_TEST(a_peer_sending_bad_frames_is_dropped_alone)
 		connect_start(&args[r], &nodes[r], nodes);
 
 	for (uint32_t v = 0; v < 3; v++) {
-		uint8_t theirs[HELLO_LEN];
+		uint8_t theirs[HS_LEN];
 		struct ferry_msg_hello h;
 
 		fds[v] = raw_dial(&nodes[v]);
 		cr_assert_geq(fds[v], 0);
-		raw_hello(buf, cid, 3, 4);
-		raw_write(fds[v], buf, HELLO_LEN);
+		raw_handshake(buf, cid, 3, 4);
+		raw_write(fds[v], buf, HS_LEN);
 		cr_assert_eq(recv(fds[v], theirs, sizeof(theirs), MSG_WAITALL),
 			     (ssize_t)sizeof(theirs), "no HELLO from rank %u", v);
 		memcpy(&h, theirs + HDR_LEN, sizeof(h));
@@ -1160,6 +1185,106 @@ TP_TEST(a_peer_sending_bad_frames_is_dropped_alone)
 		assert_clean(&nodes[v]);
 	}
 	close(fds[0]);
+	close(fds[2]);
+	cluster_down(nodes, 3);
+}
+
+/*
+ * Sessions (tcp): rank 3 is a fake again. It connects to ranks 0, 1 and 2,
+ * sends each one frame, closes all three links, and dials again: to rank 0
+ * as another process (a new incarnation), to rank 1 with a count of frames
+ * delivered that rank 1 never sent, and to rank 2 as itself, in order. Rank 0
+ * turns it away and fails it once FERRY_RECONNECT_MS passed; rank 1 fails it
+ * for a protocol error; rank 2 answers that it delivered the one frame, and
+ * the session goes on: the next frame arrives, and rank 3 is never failed.
+ */
+TP_TEST(a_redial_resumes_only_its_own_session)
+{
+	const struct ferry_tp_ops *ops = tp_get(*tpi);
+	const uint64_t cid = cluster_id_for_test();
+	const uint64_t inc = 0x5eed0001;
+	struct connect_arg args[3];
+	struct tnode nodes[4];
+	uint8_t buf[2 * 64], theirs[HS_LEN];
+	struct ferry_msg_resume ans;
+	int fds[3];
+
+	tp_require_tcp(ops);
+	setenv("FERRY_RECONNECT_MS", "500", 1);
+	for (uint32_t r = 0; r < 3; r++)
+		cr_assert_eq(tnode_init(&nodes[r], ops, r, 4, cid, TIMEOUT_MS, 0), 0);
+	memset(&nodes[3], 0, sizeof(nodes[3]));
+	nodes[3].addr_len = 1; /* no address: nobody probes rank 3 */
+	for (uint32_t r = 0; r < 3; r++)
+		connect_start(&args[r], &nodes[r], nodes);
+	for (uint32_t v = 0; v < 3; v++) {
+		fds[v] = raw_dial(&nodes[v]);
+		cr_assert_geq(fds[v], 0);
+		raw_handshake(buf, cid, 3, 4);
+		raw_write(fds[v], buf, HS_LEN);
+		cr_assert_eq(recv(fds[v], theirs, sizeof(theirs), MSG_WAITALL),
+			     (ssize_t)sizeof(theirs), "no handshake from rank %u", v);
+	}
+	for (uint32_t r = 0; r < 3; r++) {
+		connect_join(&args[r], TIMEOUT_MS + 5000);
+		cr_assert_eq(args[r].ret, 0, "connect of rank %u: %s", r,
+			     ferry_strerror(args[r].ret));
+	}
+	for (uint32_t v = 0; v < 3; v++) {
+		frame_fill(buf, FERRY_MSG_OP, 32, 3, 0);
+		raw_write(fds[v], buf, 32);
+		cr_assert(WAIT_FOR(&nodes[v], nodes[v].frames[3] == 1, WAIT_MS),
+			  "rank %u did not get the first frame", v);
+		close(fds[v]);
+	}
+	usleep(50 * 1000); /* each sees its link lost */
+
+	fds[0] = raw_dial(&nodes[0]);
+	cr_assert_geq(fds[0], 0);
+	raw_resume(buf, cid, 3, 4, inc + 1, 0, 1);
+	raw_write(fds[0], buf, HS_LEN);
+	cr_expect(raw_closed_within(fds[0], 5000), "rank 0 resumed another process's session");
+
+	fds[1] = raw_dial(&nodes[1]);
+	cr_assert_geq(fds[1], 0);
+	raw_resume(buf, cid, 3, 4, inc, 5, 1);
+	raw_write(fds[1], buf, HS_LEN);
+	cr_expect(raw_closed_within(fds[1], 5000), "rank 1 resumed at a frame it never sent");
+
+	fds[2] = raw_dial(&nodes[2]);
+	cr_assert_geq(fds[2], 0);
+	raw_resume(buf, cid, 3, 4, inc, 0, 1);
+	raw_write(fds[2], buf, HS_LEN);
+	cr_assert_eq(recv(fds[2], theirs, sizeof(theirs), MSG_WAITALL), (ssize_t)sizeof(theirs),
+		     "rank 2 did not answer the redial");
+	memcpy(&ans, theirs + HELLO_LEN + HDR_LEN, sizeof(ans));
+	cr_expect_eq(ans.delivered, 1, "rank 2 says it delivered %llu frames of rank 3, not 1",
+		     (unsigned long long)ans.delivered);
+	cr_expect_eq(ans.sent, 0, "rank 2 says it sent %llu frames to rank 3, not 0",
+		     (unsigned long long)ans.sent);
+	frame_fill(buf, FERRY_MSG_OP, 32, 3, 1);
+	raw_write(fds[2], buf, 32);
+	cr_assert(WAIT_FOR(&nodes[2], nodes[2].frames[3] == 2, WAIT_MS),
+		  "rank 2 did not deliver the frame after the resume");
+
+	cr_assert(WAIT_FOR(&nodes[0], nodes[0].failed[3] > 0, WAIT_MS), "rank 0 kept rank 3");
+	cr_expect_eq(LOCKED(&nodes[0], nodes[0].failed_err[3]), -FERRY_E_PEER);
+	cr_assert(WAIT_FOR(&nodes[1], nodes[1].failed[3] > 0, WAIT_MS), "rank 1 kept rank 3");
+	cr_expect_eq(LOCKED(&nodes[1], nodes[1].failed_err[3]), -FERRY_E_PROTO);
+	usleep(700 * 1000); /* past FERRY_RECONNECT_MS: rank 2's session stands */
+	cr_expect_eq(LOCKED(&nodes[2], nodes[2].failed[3]), 0, "rank 2 failed the resumed peer");
+	cr_expect_eq(log_count("rank 0 rejected a connection", "another process"), 1);
+	cr_expect_eq(log_count("rank 3 resumes its session with rank 1 at frame 6", NULL), 1);
+	cr_expect_eq(log_count("rank 0: rank 3 did not come back within 500 ms", NULL), 1);
+	cr_expect_eq(log_count("rank 2: resumed the session with rank 3", NULL), 1);
+	for (uint32_t v = 0; v < 3; v++) {
+		cr_expect_eq(LOCKED(&nodes[v],
+				    nodes[v].failed[0] + nodes[v].failed[1] + nodes[v].failed[2]),
+			     0, "rank %u reported a live peer failed", v);
+		assert_clean(&nodes[v]);
+	}
+	close(fds[0]);
+	close(fds[1]);
 	close(fds[2]);
 	cluster_down(nodes, 3);
 }

@@ -686,6 +686,8 @@ Test(proto, frame_shorter_than_its_fixed_body)
 		{ FERRY_MSG_HANDOVER_DONE, sizeof(struct ferry_msg_move) },
 		{ FERRY_MSG_TABLE_FREE, sizeof(struct ferry_msg_barrier) },
 		{ FERRY_MSG_TABLE_FREE_ACK, sizeof(struct ferry_msg_barrier) },
+		{ FERRY_MSG_RESUME, sizeof(struct ferry_msg_resume) },
+		{ FERRY_MSG_ACK, sizeof(struct ferry_msg_ack) },
 		{ FERRY_MSG_CHUNK, sizeof(struct ferry_msg_chunk) },
 	};
 

@@ -32,9 +32,10 @@
 
 #define FERRY_MSG_MAGIC 0x5946u /* "FY" on the wire */
 /* 2: landing inboxes (table trailer, move entries); 3: barrier releases carry a
- * status (a failed rank breaks the barrier); 4: sparse tables (any 64-bit
- * key) and initial values in TABLE, CHUNK (arenas registered a chunk at a
- * time); older peers are refused */
+ * status (a failed rank breaks the barrier); 4: sessions that survive a lost
+ * link (RESUME after the HELLO, ACK), sparse tables (any 64-bit key) and
+ * initial values in TABLE, CHUNK (arenas registered a chunk at a time);
+ * older peers are refused */
 #define FERRY_PROTO_VERSION 4
 #define FERRY_MSG_MAX (64u << 20) /* largest frame, header included */
 #define FERRY_MSG_ALIGN 8u	  /* every frame's len is a multiple: frames stay aligned */
@@ -57,6 +58,9 @@ enum ferry_msg_type {
 				      (transports consume it; the core never sees it) */
 	FERRY_MSG_TABLE_FREE,	  /* node -> rank 0: I destroyed this table */
 	FERRY_MSG_TABLE_FREE_ACK, /* rank 0 -> every node: all did; free it */
+	FERRY_MSG_RESUME,	  /* right after a stream transport's HELLO: where the
+				      session resumes (transports only) */
+	FERRY_MSG_ACK,		  /* frames delivered so far (transports only) */
 	FERRY_MSG_CHUNK,	  /* node -> every node: a chunk of my arena, and its rkey */
 	FERRY_MSG_TYPE_MAX
 };
@@ -76,6 +80,36 @@ struct ferry_msg_hello {
 	uint32_t rank;
 	uint32_t world;
 };
+
+/*
+ * FERRY_MSG_RESUME: a stream transport's second handshake frame, right after
+ * its HELLO, both ways. The frames of a session (everything but HELLO,
+ * RESUME and ACK) are numbered 1, 2, ... per direction, in the order sent;
+ * the stream keeps that order, so the number travels implicitly.
+ * @incarnation: random per transport instance; a reconnection must present
+ *               the one the session began with (else it is another process)
+ * @delivered:   frames of the peer's that this end handed to its core: the
+ *               peer resends from @delivered + 1
+ * @sent:        frames this end numbered for the peer so far (>= the peer's
+ *               @delivered, or frames were lost: the session cannot resume)
+ */
+struct ferry_msg_resume {
+	uint64_t incarnation;
+	uint64_t delivered;
+	uint64_t sent;
+};
+
+/* FERRY_MSG_ACK: @delivered frames of the receiver's have been handed to its
+ * core (cumulative; never more than were sent); the sender may forget them */
+struct ferry_msg_ack {
+	uint64_t delivered;
+};
+
+/* a frame type numbered in a session (not HELLO, RESUME or ACK) */
+static inline int ferry__proto_sequenced(uint8_t type)
+{
+	return type != FERRY_MSG_HELLO && type != FERRY_MSG_RESUME && type != FERRY_MSG_ACK;
+}
 
 /**
  * ferry__proto_check_hdr - validate a frame header

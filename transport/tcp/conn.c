@@ -10,19 +10,22 @@
  * Connection setup (ops->connect, on the caller's thread)
  *
  *   Rank i dials every rank j < i and accepts every rank j > i. Both ends
- *   send a HELLO first and check the other's before the connection counts:
+ *   send a HELLO and a RESUME (the session's start: its incarnation, no
+ *   frames yet) first and check the other's before the connection counts:
  *
  *     rank j (j < i)                                  rank i
  *     listening since init  <-------- connect() ----  retried until the deadline
  *     HELLO{cluster, j, world} --------------------->  magic, version, cluster,
- *                            <---------------------   world, rank == j
+ *     RESUME{inc_j, 0, 0}    <---------------------   world, rank == j; RESUME
  *     magic, version, cluster, world,                  HELLO{cluster, i, world}
- *     rank i > j, not a duplicate
+ *     rank i > j, not a duplicate; RESUME              RESUME{inc_i, 0, 0}
  *
- *   A connection that fails its HELLO is logged once, closed and not counted;
- *   accepting goes on. Once all world-1 connections stand, the listening
- *   socket is closed (later strangers are refused by the kernel) and the
- *   sockets are handed to the progress thread.
+ *   A connection that fails its HELLO (checked as soon as it is in) is logged
+ *   once, closed and not counted; accepting goes on. Once all world-1
+ *   connections stand, the sockets and each peer's incarnation and address
+ *   go to the progress thread, and so does the listening socket: a peer that
+ *   loses its link redials it (session.c). With FERRY_RECONNECT_MS=0 the
+ *   listening socket is closed instead (later strangers are refused).
  */
 #define _GNU_SOURCE /* accept4 */
 #include <arpa/inet.h>
@@ -43,7 +46,7 @@
 
 /* ---- sockets, and the listening socket of init() ------------------------ */
 
-static void tcp_set_nodelay(int fd)
+void ferry__tcp_set_nodelay(int fd)
 {
 	int one = 1;
 
@@ -52,7 +55,7 @@ static void tcp_set_nodelay(int fd)
 		ferry_dbg("tcp: TCP_NODELAY: %s", strerror(errno));
 }
 
-static void tcp_sockaddr_str(const struct sockaddr_in *sa, char *buf, size_t len)
+void ferry__tcp_sockaddr_str(const struct sockaddr_in *sa, char *buf, size_t len)
 {
 	char ip[INET_ADDRSTRLEN];
 
@@ -111,7 +114,7 @@ int ferry__tcp_listen(struct tcp_tp *t)
 		close(fd);
 		return -EADDRNOTAVAIL;
 	}
-	tcp_sockaddr_str(&sa, t->addr, sizeof(t->addr));
+	ferry__tcp_sockaddr_str(&sa, t->addr, sizeof(t->addr));
 	t->lfd = fd;
 	return 0;
 }
@@ -124,7 +127,8 @@ struct tcp_hs {
 	int connecting; /* our non-blocking connect() is in flight */
 	size_t out_off;
 	size_t in_off;
-	unsigned char in[TCP_HELLO_LEN];
+	int peer; /* -1 until the peer's HELLO passed */
+	unsigned char in[TCP_HS_LEN];
 	char who[64]; /* the peer's ip:port, for the log */
 };
 
@@ -143,11 +147,14 @@ struct tcp_dial {
 struct tcp_setup {
 	struct tcp_tp *t;
 	uint32_t rank, world;
-	int *fds; /* established, per rank; -1 while missing */
+	int *fds;		 /* established, per rank; -1 while missing */
+	uint64_t *incs;		 /* per rank: the incarnation its RESUME gave */
+	struct sockaddr_in *sas; /* per rank: its listening address, */
+	int *have_sa;		 /* if its blob was one (higher ranks' are optional) */
 	uint32_t missing;
 	struct tcp_dial *dials; /* ranks [0, rank) */
 	struct tcp_hs acc[TCP_MAX_HANDSHAKES];
-	unsigned char hello[TCP_HELLO_LEN];
+	unsigned char hello[TCP_HS_LEN]; /* our HELLO and RESUME */
 	int64_t deadline;
 	int full_logged; /* "too many handshakes" was logged */
 };
@@ -178,9 +185,10 @@ static void tcp_dial_start(struct tcp_dial *d)
 		tcp_dial_retry(d, errno);
 		return;
 	}
-	tcp_set_nodelay(fd);
+	ferry__tcp_set_nodelay(fd);
 	memset(hs, 0, sizeof(*hs));
 	hs->fd = fd;
+	hs->peer = -1;
 	snprintf(hs->who, sizeof(hs->who), "%s", d->where);
 	if (!connect(fd, (struct sockaddr *)&d->sa, sizeof(d->sa)))
 		return;
@@ -194,9 +202,10 @@ static void tcp_dial_start(struct tcp_dial *d)
 /*
  * tcp_hs_step - move a HELLO exchange on
  *
- * Return: 1 when our HELLO is out and the peer's is in, 0 while it goes on,
- * -ENODATA when the peer closed before its HELLO was complete, or the
- * negative errno of a socket error.
+ * Return: 1 when our HELLO and RESUME are out and the peer's are in, 0 while
+ * it goes on (the peer's HELLO may be in: hs->in_off says), -ENODATA when the
+ * peer closed before its handshake was complete, or the negative errno of a
+ * socket error.
  */
 static int tcp_hs_step(struct tcp_setup *s, struct tcp_hs *hs)
 {
@@ -212,8 +221,8 @@ static int tcp_hs_step(struct tcp_setup *s, struct tcp_hs *hs)
 			return -err;
 		hs->connecting = 0;
 	}
-	while (hs->out_off < TCP_HELLO_LEN) {
-		n = send(hs->fd, s->hello + hs->out_off, TCP_HELLO_LEN - hs->out_off, MSG_NOSIGNAL);
+	while (hs->out_off < TCP_HS_LEN) {
+		n = send(hs->fd, s->hello + hs->out_off, TCP_HS_LEN - hs->out_off, MSG_NOSIGNAL);
 		if (n < 0) {
 			if (errno == EINTR)
 				continue;
@@ -223,9 +232,9 @@ static int tcp_hs_step(struct tcp_setup *s, struct tcp_hs *hs)
 		}
 		hs->out_off += n;
 	}
-	/* exactly the HELLO: frames that follow it stay in the socket for the progress thread */
-	while (hs->in_off < TCP_HELLO_LEN) {
-		n = recv(hs->fd, hs->in + hs->in_off, TCP_HELLO_LEN - hs->in_off, 0);
+	/* exactly the handshake: frames that follow stay in the socket for the progress thread */
+	while (hs->in_off < TCP_HS_LEN) {
+		n = recv(hs->fd, hs->in + hs->in_off, TCP_HS_LEN - hs->in_off, 0);
 		if (n == 0)
 			return -ENODATA;
 		if (n < 0) {
@@ -237,7 +246,7 @@ static int tcp_hs_step(struct tcp_setup *s, struct tcp_hs *hs)
 		}
 		hs->in_off += n;
 	}
-	return hs->out_off == TCP_HELLO_LEN;
+	return hs->out_off == TCP_HS_LEN;
 }
 
 /*
@@ -260,6 +269,31 @@ static int tcp_hello_check(struct tcp_setup *s, const struct tcp_hs *hs, int dia
 		return -1;
 	}
 	return peer;
+}
+
+/*
+ * tcp_hs_check - check what of the peer's handshake is in: its HELLO as soon
+ * as it is (a stranger goes at once), its RESUME once @done
+ *
+ * Return: 0 (hs->peer set once the HELLO passed), or -1 with @why.
+ */
+static int tcp_hs_check(struct tcp_setup *s, struct tcp_hs *hs, int dialed, int done, char *why,
+			size_t len)
+{
+	struct ferry_msg_resume r;
+
+	if (hs->peer < 0 && hs->in_off >= TCP_HELLO_LEN) {
+		hs->peer = tcp_hello_check(s, hs, dialed, why, len);
+		if (hs->peer < 0)
+			return -1;
+	}
+	if (!done)
+		return 0;
+	if (ferry__tcp_resume_parse(s->t, hs->in + TCP_HELLO_LEN, (uint32_t)hs->peer, 0, &r, why,
+				    len))
+		return -1;
+	s->incs[hs->peer] = r.incarnation;
+	return 0;
 }
 
 static void tcp_setup_accept(struct tcp_setup *s)
@@ -291,10 +325,11 @@ static void tcp_setup_accept(struct tcp_setup *s)
 			close(fd);
 			continue;
 		}
-		tcp_set_nodelay(fd);
+		ferry__tcp_set_nodelay(fd);
 		memset(hs, 0, sizeof(*hs));
 		hs->fd = fd;
-		tcp_sockaddr_str(&sa, hs->who, sizeof(hs->who));
+		hs->peer = -1;
+		ferry__tcp_sockaddr_str(&sa, hs->who, sizeof(hs->who));
 	}
 }
 
@@ -305,20 +340,20 @@ static void tcp_setup_acc_step(struct tcp_setup *s, struct tcp_hs *hs)
 	int ret, peer;
 
 	ret = tcp_hs_step(s, hs);
-	if (!ret)
-		return;
 	if (ret < 0) {
 		ferry_warn("tcp: rank %u rejected a connection from %s: %s", s->rank, hs->who,
 			   ret == -ENODATA ? "it closed before its HELLO" : strerror(-ret));
 		tcp_hs_close(hs);
 		return;
 	}
-	peer = tcp_hello_check(s, hs, -1, why, sizeof(why));
-	if (peer < 0) {
+	if (tcp_hs_check(s, hs, -1, ret, why, sizeof(why))) {
 		ferry_warn("tcp: rank %u rejected a connection from %s: %s", s->rank, hs->who, why);
 		tcp_hs_close(hs);
 		return;
 	}
+	if (!ret)
+		return;
+	peer = hs->peer;
 	ferry_dbg("tcp: rank %u accepted rank %d from %s", s->rank, peer, hs->who);
 	s->fds[peer] = hs->fd;
 	s->missing--;
@@ -332,8 +367,6 @@ static void tcp_setup_dial_step(struct tcp_setup *s, uint32_t j)
 	int ret, peer;
 
 	ret = tcp_hs_step(s, &d->hs);
-	if (!ret)
-		return;
 	if (ret < 0) {
 		/* refused (not listening yet), or it closed on us: try again */
 		if (ret == -ENODATA)
@@ -346,7 +379,13 @@ static void tcp_setup_dial_step(struct tcp_setup *s, uint32_t j)
 		tcp_dial_retry(d, ret == -ENODATA ? 0 : -ret);
 		return;
 	}
-	peer = tcp_hello_check(s, &d->hs, (int)j, d->why, sizeof(d->why));
+	if (!tcp_hs_check(s, &d->hs, (int)j, ret, d->why, sizeof(d->why))) {
+		if (!ret)
+			return; /* its HELLO is fine so far */
+		peer = d->hs.peer;
+	} else {
+		peer = -1;
+	}
 	if (peer < 0) {
 		if (!d->logged++)
 			ferry_warn(
@@ -407,6 +446,9 @@ static int tcp_setup_publish(struct tcp_setup *s)
 		pthread_mutex_lock(&c->lock);
 		c->fd = s->fds[r];
 		s->fds[r] = -1;
+		c->peer_inc = s->incs[r];
+		c->have_sa = s->have_sa[r];
+		c->sa = s->sas[r];
 		c->state = TCP_CONN_UP;
 		if (epoll_ctl(t->epfd, EPOLL_CTL_ADD, c->fd, &ev))
 			ret = -errno;
@@ -437,18 +479,6 @@ int ferry__tcp_connect(struct ferry_tp *tp, const void *const *addrs, const size
 	struct pollfd *pfds = NULL;
 	int *owner = NULL; /* per pollfd: the rank dialed, or -1 - index in acc[] */
 	struct tcp_setup *s;
-	struct ferry_msg_hdr hdr = {
-		.magic = FERRY_MSG_MAGIC,
-		.version = FERRY_PROTO_VERSION,
-		.type = FERRY_MSG_HELLO,
-		.len = TCP_HELLO_LEN,
-		.src = cfg->rank,
-	};
-	struct ferry_msg_hello hello = {
-		.cluster_id = cfg->cluster_id,
-		.rank = cfg->rank,
-		.world = cfg->world,
-	};
 	int timeout_ms = cfg->timeout_ms > 0 ? cfg->timeout_ms : 30000;
 	int ret = 0;
 	uint32_t r;
@@ -463,21 +493,27 @@ int ferry__tcp_connect(struct ferry_tp *tp, const void *const *addrs, const size
 	s->world = cfg->world;
 	s->missing = cfg->world - 1;
 	s->deadline = tcp_now_ms() + timeout_ms;
-	memcpy(s->hello, &hdr, sizeof(hdr));
-	memcpy(s->hello + sizeof(hdr), &hello, sizeof(hello));
+	ferry__tcp_hs_build(t, NULL, s->hello); /* a new session: counts 0 */
 	for (int i = 0; i < TCP_MAX_HANDSHAKES; i++)
 		s->acc[i].fd = -1;
 
 	s->fds = malloc(cfg->world * sizeof(*s->fds));
+	s->incs = calloc(cfg->world, sizeof(*s->incs));
+	s->sas = calloc(cfg->world, sizeof(*s->sas));
+	s->have_sa = calloc(cfg->world, sizeof(*s->have_sa));
 	s->dials = calloc(cfg->rank ? cfg->rank : 1, sizeof(*s->dials));
 	pfds = calloc(1 + cfg->rank + TCP_MAX_HANDSHAKES, sizeof(*pfds));
 	owner = calloc(1 + cfg->rank + TCP_MAX_HANDSHAKES, sizeof(*owner));
-	if (!s->fds || !s->dials || !pfds || !owner) {
+	if (!s->fds || !s->incs || !s->sas || !s->have_sa || !s->dials || !pfds || !owner) {
 		ret = -ENOMEM;
 		goto out_free;
 	}
-	for (r = 0; r < cfg->world; r++)
+	for (r = 0; r < cfg->world; r++) {
 		s->fds[r] = -1;
+		/* a lower rank probes a higher one's listener after a lost link */
+		s->have_sa[r] = r != cfg->rank &&
+				!ferry__tp_parse_ipv4(addrs[r], lens[r], &s->sas[r]);
+	}
 	for (r = 0; r < cfg->rank; r++) {
 		struct tcp_dial *d = &s->dials[r];
 
@@ -490,7 +526,7 @@ int ferry__tcp_connect(struct ferry_tp *tp, const void *const *addrs, const size
 			ret = -EINVAL;
 			goto out_close;
 		}
-		tcp_sockaddr_str(&d->sa, d->where, sizeof(d->where));
+		ferry__tcp_sockaddr_str(&d->sa, d->where, sizeof(d->where));
 	}
 
 	while (s->missing) {
@@ -566,8 +602,19 @@ int ferry__tcp_connect(struct ferry_tp *tp, const void *const *addrs, const size
 	if (ret)
 		goto out_close;
 	t->connected = 1;
-	close(t->lfd);
-	t->lfd = -1;
+	if (t->reconnect_ms) {
+		struct epoll_event ev = { .events = EPOLLIN, .data.ptr = &t->lfd_ev };
+
+		/* peers that lose their link redial here (session.c) */
+		if (epoll_ctl(t->epfd, EPOLL_CTL_ADD, t->lfd, &ev)) {
+			ret = -errno;
+			ferry_err("tcp: rank %u: epoll_ctl: %s", cfg->rank, strerror(errno));
+			goto out_close;
+		}
+	} else {
+		close(t->lfd);
+		t->lfd = -1;
+	}
 	ferry_dbg("tcp: rank %u is connected to all %u peers", cfg->rank, cfg->world - 1);
 
 out_close:
@@ -587,6 +634,9 @@ out_free:
 	free(owner);
 	free(pfds);
 	free(s->dials);
+	free(s->have_sa);
+	free(s->sas);
+	free(s->incs);
 	free(s->fds);
 	free(s);
 	return ret;

@@ -3,7 +3,10 @@
  * progress.c - the tcp transport's progress thread: one per transport
  * instance, on its own epoll set. Every handler of the core runs here, one
  * at a time: on_msg() for the frames of the connections and of the self
- * queue, on_peer_failed() for the connections that fail. The wake eventfd
+ * queue, on_peer_failed() for the connections that fail. It also runs the
+ * sessions (session.c): the listening socket after connect(), redials,
+ * probes and handshakes of lost links, and the timers (ACKs, redials,
+ * deadlines), which bound its epoll_wait(). The wake eventfd
  * (in the epoll set with a NULL data pointer) brings it out of epoll_wait()
  * for the self queue, for connections a sender found broken, and for fini().
  *
@@ -15,6 +18,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/epoll.h>
 #include <unistd.h>
@@ -43,7 +47,8 @@ static void tcp_wake_input(struct tcp_tp *t)
 		ferry__tcp_fail_broken(t);
 }
 
-/* fini: 1 when no connection has bytes queued. Progress thread. */
+/* fini: 1 when no connection has bytes left to write (a lost link that may
+ * come back counts: its frames wait). Progress thread. */
 static int tcp_flushed(struct tcp_tp *t)
 {
 	for (uint32_t r = 0; r < t->base.cfg.world; r++) {
@@ -51,7 +56,7 @@ static int tcp_flushed(struct tcp_tp *t)
 		int busy;
 
 		pthread_mutex_lock(&c->lock);
-		busy = c->state == TCP_CONN_UP && c->oq_head;
+		busy = (c->state == TCP_CONN_UP || c->state == TCP_CONN_DOWN) && c->snd;
 		pthread_mutex_unlock(&c->lock);
 		if (busy)
 			return 0;
@@ -68,10 +73,11 @@ static void tcp_conn_event(struct tcp_tp *t, struct tcp_conn *c, uint32_t events
 	if (events & EPOLLOUT) {
 		err = ferry__tcp_conn_flush(t, c);
 		if (err) {
-			ferry_warn(
-				"tcp: rank %u: sending to rank %u failed (%s); marking it failed",
-				t->base.cfg.rank, c->rank, strerror(-err));
-			ferry__tcp_conn_fail(t, c, -FERRY_E_PEER);
+			char why[128];
+
+			snprintf(why, sizeof(why), "rank %u: sending to rank %u failed (%s)",
+				 t->base.cfg.rank, c->rank, strerror(-err));
+			ferry__tcp_conn_lost(t, c, why);
 			return;
 		}
 	}
@@ -95,10 +101,27 @@ static void *tcp_progress(void *arg)
 
 	if (h->on_thread_start)
 		h->on_thread_start(t->base.cfg.core);
+	if (t->fault_ms)
+		ferry__tcp_timer_at(t, tcp_now_ms() + t->fault_ms);
 
 	for (;;) {
 		int timeout = busy ? 0 : (drain_end >= 0 ? 10 : -1);
-		int n = epoll_wait(t->epfd, evs, TCP_EVENTS, timeout);
+		int64_t next = t->timer_ms;
+		int n;
+
+		if (next) {
+			int64_t now = tcp_now_ms();
+
+			if (now >= next)
+				next = ferry__tcp_timers(t, now);
+			if (next && timeout != 0) {
+				int64_t wait = next > now ? next - now : 0;
+
+				if (timeout < 0 || wait < timeout)
+					timeout = (int)wait;
+			}
+		}
+		n = epoll_wait(t->epfd, evs, TCP_EVENTS, timeout);
 
 		if (n < 0 && errno != EINTR) {
 			ferry_err("tcp: rank %u: epoll_wait: %s; the progress thread stops",
@@ -108,10 +131,26 @@ static void *tcp_progress(void *arg)
 		if (busy && n == 0)
 			sched_yield(); /* spin, but let runnable threads have the core */
 		for (int i = 0; i < n; i++) {
-			if (!evs[i].data.ptr)
+			void *p = evs[i].data.ptr;
+
+			if (!p) {
 				tcp_wake_input(t);
-			else
-				tcp_conn_event(t, evs[i].data.ptr, evs[i].events);
+				continue;
+			}
+			switch (*(const int *)p) { /* enum tcp_ev, every target's first member */
+			case TCP_EV_CONN:
+				tcp_conn_event(t, p, evs[i].events);
+				break;
+			case TCP_EV_LISTEN:
+				ferry__tcp_listen_event(t);
+				break;
+			case TCP_EV_LINK:
+				ferry__tcp_link_event(t, p, evs[i].events);
+				break;
+			case TCP_EV_ACC:
+				ferry__tcp_acc_event(t, p, evs[i].events);
+				break;
+			}
 		}
 		if (!__atomic_load_n(&t->closing, __ATOMIC_ACQUIRE))
 			continue;

@@ -18,13 +18,22 @@
  *   frame starts 8-byte aligned. The buffer grows to hold a frame of up to
  *   FERRY_MSG_MAX bytes and is freed once it is empty and above TCP_RBUF_KEEP.
  *
- * Failures: a bad header, a wrong src, EOF or a socket error closes that one
- * connection and calls on_peer_failed() once for that rank, from the progress
- * thread; the other connections go on.
+ * Sessions: every frame but the transport's own (HELLO, RESUME, ACK) counts
+ * in rx_seq when it is handed to on_msg(); an ACK of that count goes back
+ * every TCP_ACK_FRAMES frames or TCP_ACK_BYTES bytes, else TCP_ACK_DELAY_MS
+ * after the first frame it covers (session.c runs the timer). An ACK that
+ * comes in frees the frames it covers from our send log.
+ *
+ * Failures: a bad header or a wrong src closes that one connection and
+ * calls on_peer_failed() once for that rank, from the progress thread. EOF
+ * or a socket error loses the link only: session.c re-establishes it, or
+ * fails the peer (after a BYE, past FERRY_RECONNECT_MS, or when its process
+ * is gone). The other connections go on.
  */
 #define _GNU_SOURCE /* like every file of the transport (tcp.h) */
 #include <errno.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
@@ -57,6 +66,12 @@ void ferry__tcp_conn_fail(struct tcp_tp *t, struct tcp_conn *c, int err)
 		epoll_ctl(t->epfd, EPOLL_CTL_DEL, fd, NULL);
 		close(fd);
 	}
+	if (c->link.fd >= 0) {
+		epoll_ctl(t->epfd, EPOLL_CTL_DEL, c->link.fd, NULL);
+		close(c->link.fd);
+		c->link.fd = -1;
+	}
+	c->ack_due = 0;
 	free(c->rbuf);
 	c->rbuf = NULL;
 	c->rcap = c->rhead = c->rtail = c->rneed = 0;
@@ -82,16 +97,19 @@ void ferry__tcp_fail_broken(struct tcp_tp *t)
 		pthread_mutex_unlock(&c->lock);
 		if (!err)
 			continue;
-		if (err == ECONNABORTED)
+		if (err == ECONNABORTED) {
 			ferry_info(
 				"tcp: rank %u: closing the connection to rank %u, which the core "
 				"dropped",
 				t->base.cfg.rank, r);
-		else
-			ferry_warn(
-				"tcp: rank %u: sending to rank %u failed (%s); marking it failed",
-				t->base.cfg.rank, r, strerror(err));
-		ferry__tcp_conn_fail(t, c, -FERRY_E_PEER);
+			ferry__tcp_conn_fail(t, c, -FERRY_E_PEER);
+		} else {
+			char why[128];
+
+			snprintf(why, sizeof(why), "rank %u: sending to rank %u failed (%s)",
+				 t->base.cfg.rank, r, strerror(err));
+			ferry__tcp_conn_lost(t, c, why);
+		}
 	}
 }
 
@@ -118,6 +136,42 @@ static int tcp_rbuf_make_room(struct tcp_conn *c)
 	c->rbuf = buf;
 	c->rcap = want;
 	return 0;
+}
+
+/*
+ * tcp_conn_control - a frame of the transport's own in the stream: an ACK
+ * frees what it covers from our send log; a HELLO or RESUME after the
+ * handshake is a protocol error. Return: 0, or -1 when the connection failed.
+ */
+static int tcp_conn_control(struct tcp_tp *t, struct tcp_conn *c, const unsigned char *frame,
+			    const struct ferry_msg_hdr *hdr)
+{
+	struct ferry_msg_ack ack;
+	uint64_t sent = 0;
+	int bad = 1;
+
+	if (hdr->type == FERRY_MSG_ACK && hdr->len == TCP_ACK_LEN) {
+		memcpy(&ack, frame + sizeof(*hdr), sizeof(ack));
+		pthread_mutex_lock(&c->lock);
+		sent = c->tx_seq;
+		bad = ack.delivered > sent;
+		if (!bad)
+			ferry__tcp_log_ack(c, ack.delivered);
+		pthread_mutex_unlock(&c->lock);
+		if (!bad)
+			return 0;
+		ferry_warn("tcp: rank %u acknowledged %llu frames to rank %u, which sent it %llu; "
+			   "dropping its connection and marking it failed",
+			   c->rank, (unsigned long long)ack.delivered, t->base.cfg.rank,
+			   (unsigned long long)sent);
+	} else {
+		ferry_warn(
+			"tcp: rank %u sent rank %u a frame of type %u and %u bytes in the middle "
+			"of a session; dropping its connection and marking it failed",
+			c->rank, t->base.cfg.rank, hdr->type, hdr->len);
+	}
+	ferry__tcp_conn_fail(t, c, -FERRY_E_PROTO);
+	return -1;
 }
 
 /*
@@ -152,16 +206,31 @@ static int tcp_conn_deliver(struct tcp_tp *t, struct tcp_conn *c)
 		}
 		if (c->rtail - c->rhead < hdr.len) {
 			c->rneed = hdr.len;
-			return 0;
+			break;
 		}
 		/* rbuf is malloc-aligned and every len a multiple of FERRY_MSG_ALIGN */
 		c->rhead += hdr.len;
 		c->rneed = 0;
+		if (!ferry__proto_sequenced(hdr.type)) {
+			if (tcp_conn_control(t, c, frame, &hdr))
+				return -1;
+			continue;
+		}
+		c->rx_seq++;
+		c->rx_unacked += hdr.len;
 		if (hdr.type == FERRY_MSG_BYE) {
 			c->bye = 1; /* the transport's own: the core never sees it */
 			continue;
 		}
 		h->on_msg(t->base.cfg.core, c->rank, frame, hdr.len);
+	}
+	if (c->rx_seq != c->rx_acked) {
+		if (c->rx_seq - c->rx_acked >= TCP_ACK_FRAMES || c->rx_unacked >= TCP_ACK_BYTES) {
+			ferry__tcp_send_ack(t, c);
+		} else if (!c->ack_due) {
+			c->ack_due = tcp_now_ms() + TCP_ACK_DELAY_MS;
+			ferry__tcp_timer_at(t, c->ack_due);
+		}
 	}
 	if (c->rhead == c->rtail) {
 		c->rhead = c->rtail = 0;
@@ -179,29 +248,26 @@ static void tcp_conn_eof(struct tcp_tp *t, struct tcp_conn *c)
 {
 	size_t have = c->rtail - c->rhead;
 	uint32_t me = t->base.cfg.rank;
+	char why[160];
 
-	if (!have) {
-		if (c->bye)
-			ferry_info("tcp: rank %u left (it closed its connection to rank %u)",
-				   c->rank, me);
-		else if (__atomic_load_n(&t->closing, __ATOMIC_ACQUIRE))
-			ferry_info(
-				"tcp: rank %u closed its connection to rank %u; marking it failed",
-				c->rank, me);
-		else
-			ferry_warn(
-				"tcp: rank %u closed its connection to rank %u; marking it failed",
-				c->rank, me);
-	} else if (!c->rneed) {
-		ferry_warn("tcp: rank %u closed its connection to rank %u in the middle of a "
-			   "frame header (%zu of %zu bytes); marking it failed",
-			   c->rank, me, have, TCP_HDR_LEN);
-	} else {
-		ferry_warn("tcp: rank %u closed its connection to rank %u in the middle of a "
-			   "frame (%zu of %zu bytes); marking it failed",
-			   c->rank, me, have, c->rneed);
+	if (!have && c->bye) {
+		ferry_info("tcp: rank %u left (it closed its connection to rank %u)", c->rank, me);
+		ferry__tcp_conn_fail(t, c, -FERRY_E_PEER);
+		return;
 	}
-	ferry__tcp_conn_fail(t, c, -FERRY_E_PEER);
+	if (!have)
+		snprintf(why, sizeof(why), "rank %u closed its connection to rank %u", c->rank, me);
+	else if (!c->rneed)
+		snprintf(why, sizeof(why),
+			 "rank %u closed its connection to rank %u in the middle of a frame "
+			 "header (%zu of %zu bytes)",
+			 c->rank, me, have, TCP_HDR_LEN);
+	else
+		snprintf(why, sizeof(why),
+			 "rank %u closed its connection to rank %u in the middle of a frame (%zu "
+			 "of %zu bytes)",
+			 c->rank, me, have, c->rneed);
+	ferry__tcp_conn_lost(t, c, why);
 }
 
 /* read what the socket has and deliver it. Context: progress thread. */
@@ -236,9 +302,13 @@ void ferry__tcp_conn_input(struct tcp_tp *t, struct tcp_conn *c)
 			continue;
 		if (errno == EAGAIN || errno == EWOULDBLOCK)
 			return;
-		ferry_warn("tcp: rank %u: the connection to rank %u failed (%s); marking it failed",
-			   t->base.cfg.rank, c->rank, strerror(errno));
-		ferry__tcp_conn_fail(t, c, -FERRY_E_PEER);
+		{
+			char why[128];
+
+			snprintf(why, sizeof(why), "rank %u: the connection to rank %u failed (%s)",
+				 t->base.cfg.rank, c->rank, strerror(errno));
+			ferry__tcp_conn_lost(t, c, why);
+		}
 		return;
 	}
 }

@@ -4,8 +4,8 @@
  * on the byte stream, one epoll progress thread per transport instance.
  *
  * This file holds the ops table and the transport's lifecycle: init()
- * (listening socket, connections' state, eventfd, epoll set, progress
- * thread), fini() and addr_get(). init() and fini() run on the caller's
+ * (listening socket, connections' state, sessions' settings, eventfd, epoll
+ * set, progress thread), fini() and addr_get(). init() and fini() run on the caller's
  * thread, never concurrently with another op of the same transport;
  * addr_get() only reads what init() wrote. tcp.h maps the other rooms:
  * conn.c (connect), send.c (send), recv.c, progress.c.
@@ -87,6 +87,9 @@ static int tcp_init(struct ferry_tp *tp, const struct ferry_tp_config *cfg)
 		t->conns[r].fd = -1;
 		t->conns[r].rank = r;
 	}
+	ret = ferry__tcp_session_init(t);
+	if (ret)
+		goto err_free_conns;
 	ret = -pthread_mutex_init(&t->self_lock, NULL);
 	if (ret)
 		goto err_free_conns;
@@ -143,6 +146,7 @@ static void tcp_fini(struct ferry_tp *tp)
 	ferry__tcp_wake(t);
 	pthread_join(t->thread, NULL);
 
+	ferry__tcp_session_fini(t);
 	tcp_conns_fini(t, t->base.cfg.world);
 	for (m = t->self_head; m; m = next) {
 		next = m->next;
