@@ -117,12 +117,17 @@ int ferry__arena_init(struct ferry_arena *a, uint32_t capacity, uint32_t max_len
 	pthread_mutex_init(&a->lock, NULL);
 	pthread_mutex_init(&a->grow_lock, NULL);
 	a->budget = budget;
-	/* about 2 MiB of slots a chunk, a power of two of them, at most
-	 * FERRY_ARENA_CHUNKS_MAX chunks */
-	a->chunk_shift = 6;
-	while (((size_t)1 << a->chunk_shift) * stride < FERRY_ARENA_CHUNK_BYTES &&
-	       a->chunk_shift < 31)
-		a->chunk_shift++;
+	/* a power of two of slots a chunk: about 2 MiB, or a 16th of a smaller
+	 * arena (64 slots at least); at most FERRY_ARENA_CHUNKS_MAX chunks */
+	{
+		size_t target = (size_t)a->capacity * stride / 16;
+
+		if (target > FERRY_ARENA_CHUNK_BYTES)
+			target = FERRY_ARENA_CHUNK_BYTES;
+		a->chunk_shift = 6;
+		while (((size_t)1 << a->chunk_shift) * stride < target && a->chunk_shift < 31)
+			a->chunk_shift++;
+	}
 	while (((uint64_t)a->capacity + (1ull << a->chunk_shift) - 1) >> a->chunk_shift >
 	       FERRY_ARENA_CHUNKS_MAX)
 		a->chunk_shift++;

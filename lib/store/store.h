@@ -95,8 +95,9 @@ struct ferry_budget {
 /*
  * Chunks. The arena reserves address space for all its slots at once
  * (mmap, MAP_NORESERVE: pages appear as slots are first used) and makes it
- * usable a chunk at a time: 1 << chunk_shift slots, about 2 MiB of them
- * (more when the capacity needs more than FERRY_ARENA_CHUNKS_MAX chunks).
+ * usable a chunk at a time: 1 << chunk_shift slots, about 2 MiB of them,
+ * or a 16th of a smaller arena (64 slots at least; more when the capacity
+ * needs more than FERRY_ARENA_CHUNKS_MAX chunks).
  * A fresh slot is handed out only from a chunk that on_chunk() made usable
  * (on rdma: registered, one MR and rkey per chunk), so registered (pinned)
  * memory follows the most slots the node ever had in use, rounded up to a

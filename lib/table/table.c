@@ -395,10 +395,14 @@ static int table_build(struct ferry *fy, const struct ferry_table_params *p, str
 			       t->max_len, &fy->budget);
 	if (rc)
 		return rc;
-	if (fy->budget.limit && fy->budget.limit < 64 * (uint64_t)t->arena.stride) {
-		ferry_err("table: the memory budget of %llu bytes holds fewer than 64 slots of %zu "
-			  "bytes; raise FERRY_MEM_LIMIT (or params.mem_limit)",
-			  (unsigned long long)fy->budget.limit, t->arena.stride);
+	if (fy->budget.limit &&
+	    fy->budget.limit < ((uint64_t)t->arena.stride << t->arena.chunk_shift)) {
+		ferry_err("table: the memory budget of %llu bytes is smaller than one chunk of the "
+			  "table's arena (%llu bytes: %u slots of %zu); raise FERRY_MEM_LIMIT (or "
+			  "params.mem_limit)",
+			  (unsigned long long)fy->budget.limit,
+			  (unsigned long long)t->arena.stride << t->arena.chunk_shift,
+			  1u << t->arena.chunk_shift, t->arena.stride);
 		return -EINVAL;
 	}
 	if (fy->tp->ops->mem_reg) {

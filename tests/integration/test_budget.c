@@ -230,3 +230,32 @@ Test(budget, a_model_larger_than_any_nodes_budget, .timeout = 300)
 	cr_assert_gt(sh->moved, 0, "rank 0 could take none of rank 2's keys");
 	munmap(sh, sizeof(*sh));
 }
+
+/* a budget that cannot hold one chunk of a table, and a budget that is no
+ * number: refused, each with a log line that says the fix */
+Test(budget, bad_budgets_are_refused)
+{
+	struct ferry_table_params tp = { .sparse = 1, .value_len = VLEN };
+	struct ferry_table *t;
+	struct ferry_params p;
+	struct ferry *fy[1];
+
+	ferry_params_init(&p);
+	p.transport = FERRY_TRANSPORT_TCP;
+	p.mem_limit = 4096; /* 32 slots of 128 bytes: less than any chunk */
+	cr_assert_eq(ferry_local_cluster_open(1, &p, fy), 0);
+	cr_assert_eq(ferry_table_create(fy[0], &tp, &t), -EINVAL);
+	ferry_close(fy[0]);
+
+	p.mem_limit = 0;
+	setenv("FERRY_MEM_LIMIT", "12X", 1);
+	cr_assert_eq(ferry_local_cluster_open(1, &p, fy), -EINVAL);
+	setenv("FERRY_MEM_LIMIT", "-5", 1);
+	cr_assert_eq(ferry_local_cluster_open(1, &p, fy), -EINVAL);
+	setenv("FERRY_MEM_LIMIT", "64M", 1);
+	cr_assert_eq(ferry_local_cluster_open(1, &p, fy), 0);
+	cr_assert_eq(ferry_table_create(fy[0], &tp, &t), 0);
+	ferry_table_destroy(t);
+	ferry_close(fy[0]);
+	unsetenv("FERRY_MEM_LIMIT");
+}
