@@ -37,11 +37,29 @@ int ferry__fastrd_init(struct ferry_fastrd *f)
 	return 0;
 }
 
-void ferry__fastrd_sync(void)
+/* retirements so far, and the count the last membarrier covered */
+static uint64_t fastrd_retired, fastrd_synced;
+
+uint64_t ferry__fastrd_retire(void)
 {
+	return __atomic_add_fetch(&fastrd_retired, 1, __ATOMIC_SEQ_CST);
+}
+
+void ferry__fastrd_sync(uint64_t retired)
+{
+	uint64_t upto;
+
+	/* a membarrier that began after this retirement covers it too: old
+	 * arrays retired in a burst pay for one system call */
+	if (__atomic_load_n(&fastrd_synced, __ATOMIC_ACQUIRE) >= retired)
+		return;
+	upto = __atomic_load_n(&fastrd_retired, __ATOMIC_SEQ_CST);
 	pthread_once(&fastrd_once, fastrd_register);
 	if (!ferry__fastrd_fence && fastrd_membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED))
-		__atomic_store_n(&ferry__fastrd_fence, 1,
-				 __ATOMIC_SEQ_CST); /* not reached in practice */
+		__atomic_store_n(&ferry__fastrd_fence, 1, __ATOMIC_SEQ_CST); /* not reached */
 	__atomic_thread_fence(__ATOMIC_SEQ_CST);
+	for (uint64_t cur = __atomic_load_n(&fastrd_synced, __ATOMIC_RELAXED); cur < upto;)
+		if (__atomic_compare_exchange_n(&fastrd_synced, &cur, upto, 1, __ATOMIC_RELEASE,
+						__ATOMIC_RELAXED))
+			break;
 }

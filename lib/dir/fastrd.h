@@ -15,13 +15,14 @@
  * own: each worker has a cell whose counter is odd while the worker is
  * inside a fast-path section. Entering is one plain store and a compiler
  * barrier; leaving is one release store. The writer that retires an array
- * publishes the new one, then calls membarrier(PRIVATE_EXPEDITED), which
- * makes every running thread of the process execute a full barrier: after
- * it, a reader that could still use the old array has its odd counter
- * visible. The writer records every odd counter; the array is freed after
- * an RCU grace period (for readers under rcu_read_lock), by the RCU
- * callback, which first waits (yielding) until each recorded counter moved
- * on (that section ended; a section is one batch of local operations). Without membarrier (a
+ * publishes the new one; later, membarrier(PRIVATE_EXPEDITED) makes every
+ * running thread of the process execute a full barrier: after it, a reader
+ * that could still use the old array has its odd counter
+ * visible. The array is freed by an RCU callback (after a grace period, for
+ * readers under rcu_read_lock), which makes that membarrier (so the writer
+ * pays no system call) and then waits, yielding, until each odd counter
+ * moved on (that section ended; a section is one batch of local
+ * operations). Without membarrier (a
  * kernel before 4.14), readers add a full fence on entry instead.
  *
  * Cells live in the node for its whole life (one per worker slot, 64 bytes
@@ -64,9 +65,14 @@ static inline void ferry__fastrd_leave(struct ferry_fastrd_cell *c)
 	__atomic_store_n(&c->seq, __atomic_load_n(&c->seq, __ATOMIC_RELAXED) + 1, __ATOMIC_RELEASE);
 }
 
-/* the writer's side: after publishing a new pointer, every fast reader that
- * may hold the old one has its counter odd and visible. Context: any
- * thread; a system call. */
-void ferry__fastrd_sync(void);
+/*
+ * The writer's side. ferry__fastrd_retire(), right after publishing a new
+ * pointer, numbers the retirement; ferry__fastrd_sync(n), later, returns
+ * once every fast reader that may hold the old pointer has its counter odd
+ * and visible: a membarrier, unless one that began after retirement @n was
+ * made already. Context: any thread; a system call at most.
+ */
+uint64_t ferry__fastrd_retire(void);
+void ferry__fastrd_sync(uint64_t retired);
 
 #endif /* FERRY_LIB_DIR_FASTRD_H */

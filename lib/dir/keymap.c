@@ -6,29 +6,23 @@
 #include <errno.h>
 #include <sched.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "lib/dir/fastrd.h"
 #include "lib/dir/keymap.h"
 
-/* an old array on its way out, with the fast-path sections that may hold it */
-struct keymap_retired {
-	struct rcu_head rcu;
-	struct ferry_keymap_arr *arr;
-	const struct ferry_fastrd *fast;
-	uint32_t n;
-	struct {
-		uint32_t cell;
-		uint64_t seq;
-	} open[]; /* cells inside a section when the array was replaced */
-};
-
 static struct ferry_keymap_arr *keymap_arr_new(uint64_t buckets)
 {
-	struct ferry_keymap_arr *a =
-		calloc(1, sizeof(*a) + buckets * sizeof(struct ferry_keymap_ent));
+	size_t bytes = sizeof(struct ferry_keymap_arr) + buckets * sizeof(struct ferry_keymap_ent);
+	struct ferry_keymap_arr *a = malloc(bytes);
 
-	if (a)
+	/* written, not calloc'd: a fresh page that is read first maps the zero
+	 * page, and the first write then copies it and shoots down every CPU's
+	 * TLB entry (an IPI per page); a probe reads before it writes */
+	if (a) {
+		memset(a, 0, bytes);
 		a->mask = buckets - 1;
+	}
 	return a;
 }
 
@@ -64,62 +58,38 @@ void ferry__keymap_fini(struct ferry_keymap *m)
 	m->arr = NULL;
 }
 
+/*
+ * The old array, replaced already: freed after an RCU grace period (readers
+ * under rcu_read_lock) and after every fast-path section that may hold it
+ * ended (fastrd.h). The callback makes the membarrier, off the writer's
+ * path: after it, every reader that could have loaded the old pointer shows
+ * an odd counter until its section ends; the callback waits, yielding, for
+ * each odd counter to move. (A writer that rebuilt and waited itself made a
+ * batch localize of 1000 keys 30% slower: one system call per rebuild.)
+ */
 static void keymap_arr_free_rcu(struct rcu_head *head)
 {
-	free(caa_container_of(head, struct ferry_keymap_arr, rcu));
-}
+	struct ferry_keymap_arr *a = caa_container_of(head, struct ferry_keymap_arr, rcu);
 
-/* after a grace period: wait for the fast-path sections that were open at
- * the replacement (each is one batch of local operations), then free */
-static void keymap_retired_free_rcu(struct rcu_head *head)
-{
-	struct keymap_retired *r = caa_container_of(head, struct keymap_retired, rcu);
-
-	for (uint32_t i = 0; i < r->n; i++)
-		while (__atomic_load_n(&r->fast->cell[r->open[i].cell].seq, __ATOMIC_ACQUIRE) ==
-		       r->open[i].seq)
-			sched_yield();
-	free(r->arr);
-	free(r);
-}
-
-/* the old array, replaced already: free it once no reader can hold it */
-static void keymap_retire(struct ferry_keymap *m, struct ferry_keymap_arr *old)
-{
-	struct keymap_retired *r;
-	uint32_t n = 0;
-
-	if (!m->fast) {
-		urcu_memb_call_rcu(&old->rcu, keymap_arr_free_rcu);
-		return;
-	}
-	r = malloc(sizeof(*r) + FERRY_FASTRD_MAX * sizeof(r->open[0]));
-	ferry__fastrd_sync(); /* a reader of the old array shows an odd counter */
-	if (!r) {
-		/* no record to wait with: wait here, the sections are short */
+	if (a->fast) {
+		ferry__fastrd_sync(a->retired);
 		for (uint32_t c = 0; c < FERRY_FASTRD_MAX; c++) {
-			uint64_t seq = __atomic_load_n(&m->fast->cell[c].seq, __ATOMIC_ACQUIRE);
+			uint64_t seq = __atomic_load_n(&a->fast->cell[c].seq, __ATOMIC_ACQUIRE);
 
 			while ((seq & 1) &&
-			       __atomic_load_n(&m->fast->cell[c].seq, __ATOMIC_ACQUIRE) == seq)
+			       __atomic_load_n(&a->fast->cell[c].seq, __ATOMIC_ACQUIRE) == seq)
 				sched_yield();
 		}
-		urcu_memb_call_rcu(&old->rcu, keymap_arr_free_rcu);
-		return;
 	}
-	for (uint32_t c = 0; c < FERRY_FASTRD_MAX; c++) {
-		uint64_t seq = __atomic_load_n(&m->fast->cell[c].seq, __ATOMIC_ACQUIRE);
+	free(a);
+}
 
-		if (seq & 1) {
-			r->open[n].cell = c;
-			r->open[n].seq = seq;
-			n++;
-		}
-	}
-	r->arr = old;
-	r->fast = m->fast;
-	r->n = n;
-	urcu_memb_call_rcu(&r->rcu, keymap_retired_free_rcu);
+static void keymap_retire(struct ferry_keymap *m, struct ferry_keymap_arr *old)
+{
+	old->fast = m->fast;
+	if (old->fast)
+		old->retired = ferry__fastrd_retire();
+	urcu_memb_call_rcu(&old->rcu, keymap_arr_free_rcu);
 }
 
 /* into an unpublished array: no reader yet, plain stores */
@@ -153,7 +123,7 @@ static int keymap_rebuild(struct ferry_keymap *m, uint64_t buckets)
 int ferry__keymap_put(struct ferry_keymap *m, uint64_t key, uint64_t val)
 {
 	struct ferry_keymap_arr *a = m->arr;
-	uint64_t i = ferry__keymap_hash(key) & a->mask;
+	uint64_t i = ferry__keymap_hash(key) & a->mask, tomb = UINT64_MAX;
 
 	for (;;) {
 		struct ferry_keymap_ent *e = &a->e[i];
@@ -167,7 +137,16 @@ int ferry__keymap_put(struct ferry_keymap *m, uint64_t key, uint64_t val)
 			__atomic_store_n(&e->val, val, __ATOMIC_RELEASE);
 			return 0;
 		}
+		if (e->val == FERRY_KEYMAP_TOMB && tomb == UINT64_MAX)
+			tomb = i;
 		i = (i + 1) & a->mask;
+	}
+	if (tomb != UINT64_MAX) {
+		/* the first tombstone on the way: the chain stays as long */
+		__atomic_store_n(&a->e[tomb].key, key, __ATOMIC_RELAXED);
+		__atomic_store_n(&a->e[tomb].val, val, __ATOMIC_RELEASE);
+		__atomic_store_n(&m->n, m->n + 1, __ATOMIC_RELAXED);
+		return 0;
 	}
 	if ((m->used + 1) * 4 > (a->mask + 1) * 3) {
 		if (!keymap_rebuild(m, keymap_buckets_for(m->n + 1))) {
@@ -201,11 +180,21 @@ void ferry__keymap_del(struct ferry_keymap *m, uint64_t key)
 			continue;
 		if (e->val == FERRY_KEYMAP_TOMB)
 			return;
-		__atomic_store_n(&e->val, FERRY_KEYMAP_TOMB, __ATOMIC_RELEASE);
 		__atomic_store_n(&m->n, m->n - 1, __ATOMIC_RELAXED);
+		if (a->e[(i + 1) & a->mask].val) {
+			__atomic_store_n(&e->val, FERRY_KEYMAP_TOMB, __ATOMIC_RELEASE);
+			break;
+		}
+		/* the chain ends here: this bucket and the tombstones before it
+		 * become empty (no key lies past them to lose) */
+		do {
+			__atomic_store_n(&a->e[i].val, 0, __ATOMIC_RELEASE);
+			m->used--;
+			i = (i - 1) & a->mask;
+		} while (a->e[i].val == FERRY_KEYMAP_TOMB);
 		break;
 	}
-	if (a->mask + 1 > FERRY_KEYMAP_MIN && m->n < (a->mask + 1) / 8)
+	if (a->mask + 1 > FERRY_KEYMAP_MIN && m->n < (a->mask + 1) / 16)
 		(void)keymap_rebuild(m, keymap_buckets_for(m->n)); /* no memory: stay big */
 }
 

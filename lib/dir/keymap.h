@@ -5,12 +5,17 @@
  * slot holds a key here; who owns a key that left its home).
  *
  * Open addressing with linear probing over a power-of-two array of
- * {key, val} pairs, the whole 64-bit key space allowed. val 0 marks a bucket
- * never used (a probe stops there), FERRY_KEYMAP_TOMB one whose key was
- * deleted (a probe goes on). A writer fills a bucket key first, then val
- * (release); a reader loads val (acquire), then key, so a val it sees
- * belongs to the key it sees. A tombstone is reused only by the key it
- * held, so a reader can never pair one key with another key's val.
+ * {key, val} pairs, the whole 64-bit key space allowed. val 0 marks an empty
+ * bucket (a probe stops there), FERRY_KEYMAP_TOMB one whose key was deleted
+ * (a probe goes on). A writer fills a bucket key first, then val (release);
+ * a reader loads val (acquire), then key. A delete at the end of a chain
+ * empties the bucket (and the tombstones before it) instead of leaving a
+ * tombstone, and an insert reuses the first tombstone on its way, so chains
+ * stay short under churn. The price: a reader that races with writers on
+ * the same bucket may get a deleted key's val, or, if the bucket was reused
+ * meanwhile, another key's. Every reader of the maps here checks what it
+ * gets (a slot holds its key; the owner records have no reader but their
+ * writer), and docs/architecture.md says so.
  *
  * Why not liburcu's cds_lfht (which lib/dir/pend.c uses): a lookup here is
  * a hash and usually one cache line, with no pointer chase per node and no
@@ -20,9 +25,9 @@
  *
  * Size: a rebuild (into a new array; it drops every tombstone) comes when
  * live keys and tombstones would pass 3/4 of the buckets, or live keys fall
- * under 1/8 of them, and makes the live keys about 3/8 of the new array
+ * under 1/16 of them, and makes the live keys at most half of the new array
  * (never under FERRY_KEYMAP_MIN buckets). So a map that grows spends 21 to
- * 43 bytes per live key, and one that shrank at most 128, plus the old
+ * 43 bytes per live key, and one that shrank at most 256, plus the old
  * array for one RCU grace period after a rebuild. The old array is freed by
  * call_rcu: readers either hold rcu_read_lock (memb flavor), are inside a
  * fast-path section of a cell of @fast (fastrd.h), or are the writer.
@@ -39,20 +44,22 @@
 #include <urcu/urcu-memb.h>
 
 #define FERRY_KEYMAP_TOMB UINT64_MAX
-#define FERRY_KEYMAP_MIN 64u
+#define FERRY_KEYMAP_MIN 1024u /* 16 KiB: small maps do not rebuild on every burst */
 
 struct ferry_keymap_ent {
 	uint64_t key;
 	uint64_t val; /* 0: never used; FERRY_KEYMAP_TOMB: deleted */
 };
 
+struct ferry_fastrd;
+
 struct ferry_keymap_arr {
 	uint64_t mask; /* buckets - 1 */
 	struct rcu_head rcu;
+	const struct ferry_fastrd *fast; /* retired: the fast readers to wait for */
+	uint64_t retired;		 /* its number (fastrd.h) */
 	struct ferry_keymap_ent e[];
 };
-
-struct ferry_fastrd;
 
 struct ferry_keymap {
 	struct ferry_keymap_arr *arr;	 /* RCU-published */
@@ -68,13 +75,23 @@ int ferry__keymap_init(struct ferry_keymap *m, const struct ferry_fastrd *fast);
 /* free at once: no reader may be left. Context: teardown. */
 void ferry__keymap_fini(struct ferry_keymap *m);
 
-/* the key's home bucket (a 64-bit mixer: keys may be sequential) */
+/*
+ * The key's home bucket. Runs of 16 consecutive keys keep their order in
+ * 16 consecutive buckets (4 cache lines): a batch of sequential keys, what a
+ * dense table's users send, touches memory in order. Which run goes where
+ * is a 64-bit mix of the rest of the key, so sparse and hashed keys spread
+ * over the whole array. (A full mix of every key made a batch localize of
+ * 1000 sequential keys 2.4x slower than the arrays it replaced: a cache and
+ * TLB miss per key.)
+ */
 static inline uint64_t ferry__keymap_hash(uint64_t key)
 {
-	key ^= key >> 33;
-	key *= 0xff51afd7ed558ccdull;
-	key ^= key >> 33;
-	return key;
+	uint64_t hi = key >> 4;
+
+	hi ^= hi >> 33;
+	hi *= 0xff51afd7ed558ccdull;
+	hi ^= hi >> 33;
+	return hi << 4 | (key & 15);
 }
 
 /* @key's val, or 0. Context: see above. */

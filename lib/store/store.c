@@ -144,6 +144,13 @@ static int arena_grow(struct ferry_arena *a, uint32_t c)
 
 	pthread_mutex_lock(&a->grow_lock);
 	if (__atomic_load_n(&a->chunks_ready, __ATOMIC_ACQUIRE) <= c) {
+		uint32_t first, n;
+
+		/* written before use: a slot's first access is a read (its lock),
+		 * which would map the zero page and make the write after it a
+		 * copy with a TLB shootdown (an IPI to every CPU) per page */
+		ferry__arena_chunk_span(a, c, &first, &n);
+		memset(a->base + (size_t)first * a->stride, 0, (size_t)n * a->stride);
 		rc = a->on_chunk ? a->on_chunk(a->chunk_arg, a, c) : 0;
 		if (!rc) {
 			pthread_mutex_lock(&a->lock);
