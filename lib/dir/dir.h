@@ -20,9 +20,10 @@
  *
  * Threads:
  *   own     readers: any RCU-registered thread in a read-side section, or
- *           a worker in a fast-path section (lib/dir/fastrd.h); writers:
- *           any registered thread, serialized by own_lock inside
- *           ferry__dir_own_set()
+ *           a worker in a fast-path section (lib/dir/fastrd.h); a reader
+ *           racing a writer may get a stale slot, which it checks (the
+ *           slot holds its key); writers: the progress thread and table
+ *           creation, serialized by own_lock inside ferry__dir_own_set()
  *   owners  the progress thread only (it serves the home's protocol)
  *   loc     any thread, relaxed atomics: a hint may be stale or, under a
  *           race of writers on one entry, another key's; every user checks
