@@ -10,7 +10,7 @@
  *   2. sets keys/world keys drawn from the whole 64-bit space; each lands at
  *      its home: row "written";
  *   3. localizes a tenth of the next rank's keys: row "moved";
- *   4. pulls keys/world/4 keys that nobody wrote and that it neither owns
+ *   4. pulls about keys/world/4 keys that exist and that it neither owns
  *      nor homes: row "foreign" (their values come by message, and only the
  *      fixed location cache may hold anything for them).
  * Each row is one node's: keys owned, the bytes of their slots, resident
@@ -155,13 +155,19 @@ static int mem_node(struct fb_node *n)
 		struct ferry_table_stats s0, s1;
 
 		ferry_table_stats(t, &s0);
-		/* keys nobody wrote, of a sequence no rank uses; reading one makes
-		 * its home create it, so they count at their homes, not here */
-		for (uint64_t i = 0; i < per / 4 && !bad; i += MEM_BATCH) {
-			uint64_t m = per / 4 - i < MEM_BATCH ? per / 4 - i : MEM_BATCH;
+		/* keys that exist (rank r+2's, past the tenth that moved), not
+		 * homed here: nothing is created anywhere, and here only the
+		 * fixed location cache may take note */
+		for (uint64_t i = per / 2; i < per / 2 + per / 4 && !bad; i += MEM_BATCH) {
+			uint64_t m = per / 2 + per / 4 - i < MEM_BATCH ? per / 2 + per / 4 - i :
+									 MEM_BATCH,
+				 nk = 0;
 
-			mem_keys(100 + n->rank, i, m, k);
-			if ((rc = ferry_pull(n->w, t, k, m, v))) {
+			mem_keys((n->rank + 2) % n->world, i, m, k);
+			for (uint64_t j = 0; j < m; j++)
+				if (ferry_table_home(t, k[j]) != n->rank)
+					k[nk++] = k[j];
+			if (nk && (rc = ferry_pull(n->w, t, k, nk, v))) {
 				fb_fail(n, "memory: pull of foreign keys", rc);
 				bad = 1;
 			}
