@@ -26,13 +26,13 @@ static struct ferry_keymap_arr *keymap_arr_new(uint64_t buckets)
 	return a;
 }
 
-/* buckets for @n live keys: at most half full, a power of two (a map that
- * grows at 3/4 doubles) */
+/* buckets for @n live keys: at most a quarter full, a power of two (a map
+ * that grows at 1/2 doubles) */
 static uint64_t keymap_buckets_for(uint64_t n)
 {
 	uint64_t b = FERRY_KEYMAP_MIN;
 
-	while (b / 2 < n)
+	while (b / 4 < n)
 		b *= 2;
 	return b;
 }
@@ -148,7 +148,7 @@ int ferry__keymap_put(struct ferry_keymap *m, uint64_t key, uint64_t val)
 		__atomic_store_n(&m->n, m->n + 1, __ATOMIC_RELAXED);
 		return 0;
 	}
-	if ((m->used + 1) * 4 > (a->mask + 1) * 3) {
+	if ((m->used + 1) * 2 > (a->mask + 1)) {
 		if (!keymap_rebuild(m, keymap_buckets_for(m->n + 1))) {
 			a = m->arr;
 			i = ferry__keymap_hash(key) & a->mask;

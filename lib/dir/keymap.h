@@ -24,10 +24,10 @@
  * path of a local pull, which ferry-bench measures against a memory copy.
  *
  * Size: a rebuild (into a new array; it drops every tombstone) comes when
- * live keys and tombstones would pass 3/4 of the buckets, or live keys fall
- * under 1/16 of them, and makes the live keys at most half of the new array
- * (never under FERRY_KEYMAP_MIN buckets). So a map that grows spends 21 to
- * 43 bytes per live key, and one that shrank at most 256, plus the old
+ * live keys and tombstones would pass 1/2 of the buckets, or live keys fall
+ * under 1/16 of them, and makes the live keys at most 1/4 of the new array
+ * (never under FERRY_KEYMAP_MIN buckets). So a map that grows spends 32 to
+ * 64 bytes per live key, and one that shrank at most 256, plus the old
  * array for one RCU grace period after a rebuild. The old array is freed by
  * call_rcu: readers either hold rcu_read_lock (memb flavor), are inside a
  * fast-path section of a cell of @fast (fastrd.h), or are the writer.
@@ -76,22 +76,25 @@ int ferry__keymap_init(struct ferry_keymap *m, const struct ferry_fastrd *fast);
 void ferry__keymap_fini(struct ferry_keymap *m);
 
 /*
- * The key's home bucket. Runs of 16 consecutive keys keep their order in
- * 16 consecutive buckets (4 cache lines): a batch of sequential keys, what a
+ * The key's home bucket. Runs of 4 consecutive keys keep their order in 4
+ * consecutive buckets (one cache line): a batch of sequential keys, what a
  * dense table's users send, touches memory in order. Which run goes where
  * is a 64-bit mix of the rest of the key, so sparse and hashed keys spread
- * over the whole array. (A full mix of every key made a batch localize of
- * 1000 sequential keys 2.4x slower than the arrays it replaced: a cache and
- * TLB miss per key.)
+ * over the whole array. Measured (ferry-bench -s batch-localize, ferry-mf):
+ * a full mix of every key made a batch localize of 1000 sequential keys
+ * 1.4-2.4x slower than the arrays the map replaced (a cache miss per key);
+ * runs of 16 made linear probing's clusters long enough to slow ferry-mf's
+ * local pushes; runs of 4, with at most half the buckets in use, keep both
+ * near the arrays' figures.
  */
 static inline uint64_t ferry__keymap_hash(uint64_t key)
 {
-	uint64_t hi = key >> 4;
+	uint64_t hi = key >> 2;
 
 	hi ^= hi >> 33;
 	hi *= 0xff51afd7ed558ccdull;
 	hi ^= hi >> 33;
-	return hi << 4 | (key & 15);
+	return hi << 2 | (key & 3);
 }
 
 /* @key's val, or 0. Context: see above. */

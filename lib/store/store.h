@@ -83,7 +83,7 @@ struct arena_deferred;
  * in all its arenas (a slot counts from its alloc until it is free again,
  * after its grace period). An arena hands out fresh slots only when none is
  * free, so the slot pages a table ever touched stay within the budget too.
- * The directory (keymap.h: 21-43 B per owned key, plus the fixed location
+ * The directory (keymap.h: 32-64 B per owned key, plus the fixed location
  * cache) is not counted.
  */
 struct ferry_budget {

@@ -68,8 +68,9 @@ Test(keymap, agrees_with_a_reference_through_growth_churn_and_shrinking)
 		for (int i = 0; i < N; i++)
 			live += vals[i] != 0;
 		cr_assert_eq(ferry__keymap_count(&m), live);
-		/* a grown map: at most 16 B / (3/8) per live key, plus the header */
-		cr_assert_leq(ferry__keymap_bytes(&m), live * 16 * 8 / 3 + 64,
+		/* a map shrinks once live keys fall under 1/16 of its buckets:
+		 * at most 16 x 16 B per live key, plus the header */
+		cr_assert_leq(ferry__keymap_bytes(&m), live * 16 * 16 + 64,
 			      "%llu bytes for %llu keys",
 			      (unsigned long long)ferry__keymap_bytes(&m),
 			      (unsigned long long)live);
