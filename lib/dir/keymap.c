@@ -26,13 +26,13 @@ static struct ferry_keymap_arr *keymap_arr_new(uint64_t buckets)
 	return a;
 }
 
-/* buckets for @n live keys: at most a quarter full, a power of two (a map
- * that grows at 1/2 doubles) */
+/* buckets for @n live keys: at most 3/8 full, a power of two: a map that
+ * grows at 1/2 doubles, to 1/4 full */
 static uint64_t keymap_buckets_for(uint64_t n)
 {
 	uint64_t b = FERRY_KEYMAP_MIN;
 
-	while (b / 4 < n)
+	while (b * 3 / 8 < n)
 		b *= 2;
 	return b;
 }

@@ -25,7 +25,7 @@
  *
  * Size: a rebuild (into a new array; it drops every tombstone) comes when
  * live keys and tombstones would pass 1/2 of the buckets, or live keys fall
- * under 1/16 of them, and makes the live keys at most 1/4 of the new array
+ * under 1/16 of them, and makes the live keys at most 3/8 of the new array
  * (never under FERRY_KEYMAP_MIN buckets). So a map that grows spends 32 to
  * 64 bytes per live key, and one that shrank at most 256, plus the old
  * array for one RCU grace period after a rebuild. The old array is freed by
