@@ -33,8 +33,9 @@
 #define FERRY_MSG_MAGIC 0x5946u /* "FY" on the wire */
 /* 2: landing inboxes (table trailer, move entries); 3: barrier releases carry a
  * status (a failed rank breaks the barrier); 4: sparse tables (any 64-bit
- * key) and initial values in TABLE; older peers are refused */
-#define FERRY_PROTO_VERSION 4
+ * key) and initial values in TABLE; 5: collectives (COLL, COLL_ACK,
+ * COLL_KICK); older peers are refused */
+#define FERRY_PROTO_VERSION 5
 #define FERRY_MSG_MAX (64u << 20) /* largest frame, header included */
 #define FERRY_MSG_ALIGN 8u	  /* every frame's len is a multiple: frames stay aligned */
 
@@ -56,6 +57,9 @@ enum ferry_msg_type {
 				      (transports consume it; the core never sees it) */
 	FERRY_MSG_TABLE_FREE,	  /* node -> rank 0: I destroyed this table */
 	FERRY_MSG_TABLE_FREE_ACK, /* rank 0 -> every node: all did; free it */
+	FERRY_MSG_COLL,		  /* a collective's data: one segment of one step */
+	FERRY_MSG_COLL_ACK,	  /* broadcast: a node has all of it (-> root) */
+	FERRY_MSG_COLL_KICK,	  /* to self: a started collective has frames to replay */
 	FERRY_MSG_TYPE_MAX
 };
 
