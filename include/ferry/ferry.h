@@ -362,7 +362,7 @@ enum ferry_coll_algo {
 };
 
 /* bytes from which AUTO takes the ring (measured: docs/collectives.md) */
-#define FERRY_COLL_CROSSOVER_DEFAULT (64u << 10)
+#define FERRY_COLL_CROSSOVER_DEFAULT (256u << 10)
 
 /* a started collective: ferry_coll_wait() or ferry_coll_test() collects it */
 struct ferry_coll;

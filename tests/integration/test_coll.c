@@ -268,8 +268,8 @@ static int burst_node(struct tc *c, int rank, void *arg)
 		unsigned salts[BURST];
 
 		for (int i = 0; i < BURST; i++) {
-			/* both sides of the crossover (64 KiB = 8192 doubles) */
-			cnt[i] = (size_t)((round * 7 + i * 131) % 5) == 0 ? 9000 + (size_t)i :
+			/* both sides of the crossover (256 KiB = 32768 doubles) */
+			cnt[i] = (size_t)((round * 7 + i * 131) % 5) == 0 ? 33000 + (size_t)i :
 									    (size_t)(i * 3 + 1);
 			salts[i] = salt++;
 			buf[i] = malloc(cnt[i] * sizeof(double));
