@@ -14,11 +14,15 @@
  * - arguments that break the contract fail with -EINVAL (one log line
  *   each), a 17th started collective with -EBUSY;
  * - nodes that call different collectives get -FERRY_E_MISMATCH;
+ * - a frame from a rank that is not the receiver's peer at that step, or of
+ *   a collective too far ahead, drops its sender (one log line), and the
+ *   collective under way ends with -FERRY_E_PEER;
  * - a node killed while the others are inside an all-reduce ends it at once
  *   with -FERRY_E_PEER, and the next collective fails at once too (forked
  *   processes).
  */
 #include <criterion/criterion.h>
+#include <pthread.h>
 #include <errno.h>
 #include <sched.h>
 #include <signal.h>
@@ -33,6 +37,7 @@
 
 #include "common/cluster.h"
 #include "ferry/ferry.h"
+#include "lib/core/core.h"
 
 static int64_t now_ns(void)
 {
@@ -414,6 +419,95 @@ Test(coll, nodes_that_call_different_collectives_get_a_mismatch, .timeout = 60)
 	ferry_log_set(FERRY_LOG_WARN, NULL, NULL);
 	tc_close(&c);
 	cr_assert_eq(atomic_load(&sh.failures), 0, "%s", sh.why);
+}
+
+/* ---- frames that break the protocol -------------------------------------- */
+
+static pthread_mutex_t cap_lock = PTHREAD_MUTEX_INITIALIZER;
+static char cap_last[1024];
+static int cap_errors;
+
+static void capture(enum ferry_log_level level, const char *msg, void *arg)
+{
+	pthread_mutex_lock(&cap_lock);
+	if (level == FERRY_LOG_ERROR && strstr(msg, "proto:")) {
+		cap_errors++;
+		snprintf(cap_last, sizeof(cap_last), "%s", msg);
+	}
+	pthread_mutex_unlock(&cap_lock);
+}
+
+/* @from sends @to a COLL frame of 10 float32 at @off of a ring all-reduce
+ * of 30: what rank 0's left neighbour would send at step 0 */
+static void forge(struct tc *c, int from, int to, uint64_t seq, uint64_t off)
+{
+	struct {
+		struct ferry_msg_hdr h;
+		struct ferry_msg_coll m;
+		float data[10];
+	} f;
+
+	memset(&f, 0, sizeof(f));
+	f.m = (struct ferry_msg_coll){ .seq = seq,
+				       .count = 30,
+				       .off = off,
+				       .n = 10,
+				       .kind = FERRY_COLL_KIND_ALLREDUCE,
+				       .dtype = FERRY_FLOAT32,
+				       .op = FERRY_SUM,
+				       .algo = FERRY_COLL_ALGO_RING };
+	ferry__proto_hdr_init(&f.h, FERRY_MSG_COLL, sizeof(f), (uint32_t)from, 0);
+	cr_assert_eq(ferry__send(c->fy[from], (uint32_t)to, &f, sizeof(f)), 0);
+}
+
+static int wait_proto_error(void)
+{
+	int n = 0;
+
+	for (int i = 0; i < 300 && !n; i++) {
+		usleep(10000);
+		pthread_mutex_lock(&cap_lock);
+		n = cap_errors;
+		pthread_mutex_unlock(&cap_lock);
+	}
+	return n;
+}
+
+Test(coll, a_frame_from_a_rank_that_is_not_the_peer_of_that_step_drops_it, .timeout = 60)
+{
+	float v[30] = { 0 };
+	struct ferry_coll *h;
+	struct tc c;
+	int rc;
+
+	cr_assert_eq(tc_open(&c, 3, NULL, 5000), 0);
+	for (int r = 0; r < 3; r++)
+		cr_assert_eq(ferry_coll_algo_set(c.fy[r], FERRY_COLL_ALGO_RING), 0);
+	ferry_log_set(FERRY_LOG_ERROR, capture, NULL);
+	/* rank 0 starts; on the ring its step-0 chunk (2, from 20) comes from
+	 * rank 2, and rank 1 sends it instead */
+	cr_assert_eq(ferry_allreduce_start(c.fy[0], v, v, 30, FERRY_FLOAT32, FERRY_SUM, &h), 0);
+	forge(&c, 1, 0, 0, 20);
+	cr_assert_eq(wait_proto_error(), 1, "one error line, got %d", cap_errors);
+	cr_assert(strstr(cap_last, "not this node's left neighbour"), "%s", cap_last);
+	cr_assert(strstr(cap_last, "dropping rank 1"), "%s", cap_last);
+	rc = ferry_coll_wait(h);
+	cr_assert_eq(rc, -FERRY_E_PEER, "the all-reduce under way: %s", ferry_strerror(rc));
+	ferry_log_set(FERRY_LOG_WARN, NULL, NULL);
+	tc_close(&c);
+
+	/* a frame 1000 collectives ahead of its receiver */
+	cap_errors = 0;
+	cr_assert_eq(tc_open(&c, 3, NULL, 5000), 0);
+	ferry_log_set(FERRY_LOG_ERROR, capture, NULL);
+	forge(&c, 2, 0, 1000, 20);
+	cr_assert_eq(wait_proto_error(), 1, "one error line, got %d", cap_errors);
+	cr_assert(strstr(cap_last, "too far ahead"), "%s", cap_last);
+	cr_assert(strstr(cap_last, "dropping rank 2"), "%s", cap_last);
+	rc = ferry_allreduce(c.fy[0], v, v, 30, FERRY_FLOAT32, FERRY_SUM);
+	cr_assert_eq(rc, -FERRY_E_PEER, "the next all-reduce: %s", ferry_strerror(rc));
+	ferry_log_set(FERRY_LOG_WARN, NULL, NULL);
+	tc_close(&c);
 }
 
 /* ---- a node dies mid-collective (forked processes) ------------------------ */
