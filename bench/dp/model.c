@@ -1,0 +1,278 @@
+/* SPDX-License-Identifier: MIT */
+/* model.c - ferry-dp's data, model, predictors and batch split (dp.h). */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dp.h"
+
+/* ---- data --------------------------------------------------------------- */
+
+static FILE *dp_open(const char *path, int *piped)
+{
+	size_t len = strlen(path);
+	char cmd[4200];
+
+	*piped = len > 3 && !strcmp(path + len - 3, ".gz");
+	if (!*piped)
+		return fopen(path, "rb");
+	if (strchr(path, '\'') || len > 4000)
+		return NULL;
+	snprintf(cmd, sizeof(cmd), "gzip -dc '%s'", path);
+	return popen(cmd, "r");
+}
+
+static void dp_close(FILE *f, int piped)
+{
+	if (piped)
+		pclose(f);
+	else
+		fclose(f);
+}
+
+static uint32_t be32(const uint8_t *p)
+{
+	return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+int dp_load_idx(const char *images, const char *labels, struct dp_data *d)
+{
+	uint8_t hdr[16], *buf = NULL;
+	int pi, pl, rc = -EINVAL;
+	FILE *fi = dp_open(images, &pi), *fl = dp_open(labels, &pl);
+	size_t n, dim;
+
+	memset(d, 0, sizeof(*d));
+	if (!fi || !fl) {
+		fprintf(stderr, "ferry-dp: cannot open %s or %s\n", images, labels);
+		goto out;
+	}
+	if (fread(hdr, 1, 16, fi) != 16 || be32(hdr) != 0x803) {
+		fprintf(stderr, "ferry-dp: %s is not an idx3 image file\n", images);
+		goto out;
+	}
+	n = be32(hdr + 4);
+	dim = (size_t)be32(hdr + 8) * be32(hdr + 12);
+	if (!n || !dim || dim > (1u << 20) || n > (1u << 26)) {
+		fprintf(stderr, "ferry-dp: %s: %zu images of %zu pixels?\n", images, n, dim);
+		goto out;
+	}
+	if (fread(hdr, 1, 8, fl) != 8 || be32(hdr) != 0x801 || be32(hdr + 4) != n) {
+		fprintf(stderr, "ferry-dp: %s is not the idx1 label file of %zu images\n", labels,
+			n);
+		goto out;
+	}
+	buf = malloc(n * dim);
+	d->x = malloc(n * dim * sizeof(float));
+	d->y = malloc(n);
+	if (!buf || !d->x || !d->y) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	if (fread(buf, 1, n * dim, fi) != n * dim || fread(d->y, 1, n, fl) != n) {
+		fprintf(stderr, "ferry-dp: %s or %s is shorter than its header says\n", images,
+			labels);
+		goto out;
+	}
+	for (size_t i = 0; i < n * dim; i++)
+		d->x[i] = (float)buf[i] / 255.0f;
+	for (size_t i = 0; i < n; i++)
+		if (d->y[i] >= DP_CLASSES) {
+			fprintf(stderr, "ferry-dp: %s: label %u of image %zu is not below %d\n",
+				labels, d->y[i], i, DP_CLASSES);
+			goto out;
+		}
+	d->n = n;
+	d->dim = dim;
+	rc = 0;
+out:
+	free(buf);
+	if (fi)
+		dp_close(fi, pi);
+	if (fl)
+		dp_close(fl, pl);
+	if (rc)
+		dp_data_free(d);
+	return rc;
+}
+
+static uint64_t dp_rng(uint64_t *s)
+{
+	uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+static float dp_unit(uint64_t *s)
+{
+	return (float)(dp_rng(s) >> 40) / (float)(1u << 24);
+}
+
+void dp_synthetic(struct dp_data *d, size_t n, size_t dim, uint64_t seed)
+{
+	float *centers = malloc(DP_CLASSES * dim * sizeof(float));
+	uint64_t s = seed;
+
+	d->n = n;
+	d->dim = dim;
+	d->x = malloc(n * dim * sizeof(float));
+	d->y = malloc(n);
+	if (!centers || !d->x || !d->y) {
+		free(centers);
+		dp_data_free(d);
+		return;
+	}
+	for (size_t i = 0; i < DP_CLASSES * dim; i++)
+		centers[i] = dp_unit(&s);
+	for (size_t i = 0; i < n; i++) {
+		uint8_t c = (uint8_t)(dp_rng(&s) % DP_CLASSES);
+
+		d->y[i] = c;
+		for (size_t j = 0; j < dim; j++) {
+			float v = centers[c * dim + j] + (dp_unit(&s) - 0.5f) * 1.5f;
+
+			d->x[i * dim + j] = v < 0 ? 0 : v > 1 ? 1 : v;
+		}
+	}
+	free(centers);
+}
+
+void dp_data_free(struct dp_data *d)
+{
+	free(d->x);
+	free(d->y);
+	memset(d, 0, sizeof(*d));
+}
+
+/* ---- model -------------------------------------------------------------- */
+
+/* logits of sample @x into @z, softmax in place; returns -log p[y] */
+static double dp_forward(const float *w, const float *x, size_t dim, uint8_t y, float *z)
+{
+	float mx = -INFINITY, sum = 0;
+
+	for (int c = 0; c < DP_CLASSES; c++) {
+		const float *wc = w + (size_t)c * (dim + 1);
+		float acc = wc[dim];
+
+		for (size_t j = 0; j < dim; j++)
+			acc += wc[j] * x[j];
+		z[c] = acc;
+		if (acc > mx)
+			mx = acc;
+	}
+	for (int c = 0; c < DP_CLASSES; c++) {
+		z[c] = expf(z[c] - mx);
+		sum += z[c];
+	}
+	for (int c = 0; c < DP_CLASSES; c++)
+		z[c] /= sum;
+	return -log((double)z[y] + 1e-30);
+}
+
+double dp_grad(const struct dp_data *d, const float *w, const uint32_t *idx, size_t n, float *g)
+{
+	const size_t dim = d->dim;
+	double loss = 0;
+	float z[DP_CLASSES];
+
+	for (size_t k = 0; k < n; k++) {
+		const float *x = d->x + (size_t)idx[k] * dim;
+		uint8_t y = d->y[idx[k]];
+
+		loss += dp_forward(w, x, dim, y, z);
+		for (int c = 0; c < DP_CLASSES; c++) {
+			float e = z[c] - (c == y ? 1.0f : 0.0f);
+			float *gc = g + (size_t)c * (dim + 1);
+
+			for (size_t j = 0; j < dim; j++)
+				gc[j] += e * x[j];
+			gc[dim] += e;
+		}
+	}
+	return loss;
+}
+
+void dp_eval(const struct dp_data *d, const float *w, double *loss_p, double *acc_p)
+{
+	double loss = 0;
+	size_t right = 0;
+	float z[DP_CLASSES];
+
+	for (size_t i = 0; i < d->n; i++) {
+		int best = 0;
+
+		loss += dp_forward(w, d->x + i * d->dim, d->dim, d->y[i], z);
+		for (int c = 1; c < DP_CLASSES; c++)
+			if (z[c] > z[best])
+				best = c;
+		right += best == d->y[i];
+	}
+	*loss_p = d->n ? loss / (double)d->n : 0;
+	*acc_p = d->n ? (double)right / (double)d->n : 0;
+}
+
+/* ---- predictors and the split ------------------------------------------ */
+
+static void dp_ema_observe(struct dp_predictor *p, int worker, double t)
+{
+	if (t <= 0)
+		return;
+	p->est[worker] = p->est[worker] > 0 ? p->alpha * t + (1 - p->alpha) * p->est[worker] : t;
+}
+
+static double dp_ema_predict(const struct dp_predictor *p, int worker)
+{
+	return p->est[worker];
+}
+
+void dp_predictor_ema_init(struct dp_predictor *p, double alpha)
+{
+	memset(p, 0, sizeof(*p));
+	p->name = "ema";
+	p->alpha = alpha;
+	p->observe = dp_ema_observe;
+	p->predict = dp_ema_predict;
+}
+
+void dp_lb_split(const struct dp_predictor *p, int workers, uint32_t global, uint32_t *batch)
+{
+	double speed[DP_MAX_WORKERS], total = 0, frac[DP_MAX_WORKERS];
+	uint32_t given = 0;
+
+	for (int r = 0; r < workers; r++) {
+		double t = p ? p->predict(p, r) : 0;
+
+		if (t <= 0) {
+			/* no estimate yet: even */
+			for (int q = 0; q < workers; q++)
+				batch[q] = global / (uint32_t)workers +
+					   ((uint32_t)q < global % (uint32_t)workers);
+			return;
+		}
+		speed[r] = 1.0 / t;
+		total += speed[r];
+	}
+	for (int r = 0; r < workers; r++) {
+		double share = (double)(global - (uint32_t)workers) * speed[r] / total;
+
+		batch[r] = 1 + (uint32_t)share;
+		frac[r] = share - floor(share);
+		given += batch[r];
+	}
+	/* the samples left go to the largest remainders (lowest rank on a tie) */
+	while (given < global) {
+		int best = 0;
+
+		for (int r = 1; r < workers; r++)
+			if (frac[r] > frac[best])
+				best = r;
+		batch[best]++;
+		frac[best] = -1;
+		given++;
+	}
+}
