@@ -51,6 +51,7 @@ struct dp_opts {
 	double strag_factor;
 	double jitter_p, jitter_ms;
 	double target_loss;
+	double ema_alpha; /* LB-BSP's predictor */
 	unsigned schemes; /* bits of enum dp_scheme */
 	const char *json;
 	uint64_t seed;
@@ -129,7 +130,7 @@ static void *dp_worker(void *p)
 		dp_fail(run, r, "memory", -ENOMEM);
 		goto out;
 	}
-	dp_predictor_ema_init(&pred, 0.5);
+	dp_predictor_ema_init(&pred, o->ema_alpha);
 	dp_lb_split(NULL, W, o->batch, batch);
 	for (int c = 0; c < DP_CLASSES; c++)
 		keys[c] = (uint64_t)c;
@@ -274,9 +275,9 @@ static void dp_json(FILE *f, const struct dp_opts *o, const char *data, struct d
 		"  \"data\": \"%s\",\n  \"workers\": %d,\n  \"global_batch\": %u,\n"
 		"  \"lr\": %g,\n  \"iterations\": %d,\n  \"straggler\": {\"rank\": %d, "
 		"\"factor\": %g, \"from\": %d},\n  \"jitter\": {\"p\": %g, \"ms\": %g},\n"
-		"  \"target_loss\": %g,\n  \"runs\": [\n",
+		"  \"target_loss\": %g,\n  \"ema_alpha\": %g,\n  \"runs\": [\n",
 		data, o->workers, o->batch, (double)o->lr, o->iters, o->strag_rank, o->strag_factor,
-		o->strag_from, o->jitter_p, o->jitter_ms, o->target_loss);
+		o->strag_from, o->jitter_p, o->jitter_ms, o->target_loss, o->ema_alpha);
 	for (int i = 0; i < nruns; i++) {
 		const struct dp_run *run = &runs[i];
 
@@ -304,7 +305,7 @@ static void usage(void)
 	       "       [--batch GLOBAL] [--lr LR] [--eval-every N] [--target-loss L]\n"
 	       "       [--data DIR | --images F --labels F --test-images F --test-labels F |\n"
 	       "        --synthetic N] [--straggler RANK:FACTOR[:FROM]] [--jitter P:MS]\n"
-	       "       [--seed S] [--json FILE]\n"
+	       "       [--ema-alpha A] [--seed S] [--json FILE]\n"
 	       "Defaults: all schemes, 4 workers, 1500 iterations, global batch 512, lr 0.2,\n"
 	       "Fashion-MNIST from /usr/share/datasets/fashion-mnist (Debian's\n"
 	       "dataset-fashion-mnist), no straggler, target test loss 0.5, evaluation every 50.\n");
@@ -329,6 +330,7 @@ int main(int argc, char **argv)
 		{ "straggler", required_argument, NULL, 'g' },
 		{ "jitter", required_argument, NULL, 'j' },
 		{ "seed", required_argument, NULL, 'r' },
+		{ "ema-alpha", required_argument, NULL, 'a' },
 		{ "json", required_argument, NULL, 'o' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
@@ -341,6 +343,7 @@ int main(int argc, char **argv)
 			     .strag_rank = -1,
 			     .strag_factor = 1,
 			     .target_loss = 0.5,
+			     .ema_alpha = 0.3,
 			     .schemes = (1u << DP_NSCHEMES) - 1,
 			     .seed = 1 };
 	const char *dir = "/usr/share/datasets/fashion-mnist";
@@ -411,6 +414,9 @@ int main(int argc, char **argv)
 		case 'r':
 			o.seed = strtoull(optarg, NULL, 10);
 			break;
+		case 'a':
+			o.ema_alpha = strtod(optarg, NULL);
+			break;
 		case 'o':
 			o.json = optarg;
 			break;
@@ -424,11 +430,11 @@ int main(int argc, char **argv)
 	}
 	if (o.workers < 1 || o.workers > DP_MAX_WORKERS || o.iters < 1 || o.eval_every < 1 ||
 	    o.batch < (uint32_t)o.workers || !o.schemes || o.strag_factor < 1 ||
-	    o.strag_rank >= o.workers) {
+	    o.strag_rank >= o.workers || o.ema_alpha <= 0 || o.ema_alpha > 1) {
 		fprintf(stderr,
 			"ferry-dp: bad options: 1 .. %d workers, a global batch of at least "
 			"one sample per worker, a straggler factor >= 1 on a worker that "
-			"exists\n",
+			"exists, an EMA alpha in (0, 1]\n",
 			DP_MAX_WORKERS);
 		return 2;
 	}
@@ -465,9 +471,9 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	printf("# ferry-dp: %s, %zu training / %zu test samples, %d workers, global batch %u, "
-	       "lr %g, straggler %d x%g from %d, jitter %g:%gms\n",
+	       "lr %g, straggler %d x%g from %d, jitter %g:%gms, LB-BSP EMA alpha %g\n",
 	       data_name, train.n, test.n, o.workers, o.batch, (double)o.lr, o.strag_rank,
-	       o.strag_factor, o.strag_from, o.jitter_p, o.jitter_ms);
+	       o.strag_factor, o.strag_from, o.jitter_p, o.jitter_ms, o.ema_alpha);
 	printf("# %-10s %6s %9s %9s %8s  batches\n", "scheme", "iter", "time_s", "test_loss",
 	       "test_acc");
 	for (int s = 0; s < DP_NSCHEMES; s++) {
