@@ -157,11 +157,18 @@ static void rd_progress(struct ferry_coll *c, const struct rd_geom *g)
 					t = t->next;
 				c->early_tail = t;
 			}
-			/* offsets of kept frames are checked here, as on arrival */
-			if (m->off == c->next_off[k] && m->n <= c->remaining)
+			/* offsets of kept frames are checked here, as on arrival;
+			 * the sender is the step's peer (checked then): it broke
+			 * the order, but this step's other frames are gone, so the
+			 * collective fails rather than the peer */
+			if (m->off == c->next_off[k] && m->n <= c->remaining) {
 				rd_apply(c, g, m, m + 1);
-			else
+			} else {
+				ferry_err("coll: collective %llu, step %u: rank %u sent a segment "
+					  "out of order; the collective fails",
+					  (unsigned long long)c->sig.seq, k, e->src);
 				ferry__coll_finish(c, -FERRY_E_PROTO);
+			}
 			free(e);
 			if (c->state != FERRY_COLL_RUNNING)
 				return;
