@@ -25,8 +25,11 @@ bin=$build/bench/ferry-coll-mpi
 [[ -x $bin ]] || { echo "coll-mpi-test: $bin is missing; build first" >&2; exit 2; }
 command -v mpirun >/dev/null || { echo "coll-mpi-test: no mpirun (Debian: openmpi-bin)" >&2; exit 2; }
 
-LSAN_OPTIONS="suppressions=$(realpath "$(dirname "${BASH_SOURCE[0]}")/../tests/lsan.supp")${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
-export LSAN_OPTIONS
+# Under ASan (ci/test.sh's asan-ctest) leaks are not checked here: Open MPI 4.1 keeps what
+# MPI_Init allocated after MPI_Finalize, in stacks LeakSanitizer's suppressions do not catch;
+# Ferry's own leaks are checked by test_coll, which runs the same collectives without MPI.
+ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
+export ASAN_OPTIONS
 root=()
 [[ $(id -u) -ne 0 ]] || root=(--allow-run-as-root)
 tmp=$(mktemp -d /tmp/ferry-coll-mpi.XXXXXX)
