@@ -16,6 +16,11 @@
  *              summed gradients divided by the global batch equal the full
  *              batch's mean gradient, whatever the split
  *
+ *   backup     BSP with backup workers: each update uses the first workers - B
+ *              gradients to arrive (--backups B, 1 by default), through the
+ *              parameter store, rank 0 coordinating (so rank 0 should not be
+ *              the straggler)
+ *
  * --straggler RANK:FACTOR[:FROM] slows one worker by FACTOR from iteration
  * FROM (it sleeps FACTOR - 1 times its compute time: a deterministic
  * straggler that costs no CPU); --jitter P:MS makes every worker pause a
@@ -26,6 +31,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,9 +45,10 @@ enum dp_scheme {
 	DP_ALLREDUCE,
 	DP_PS,
 	DP_LBBSP,
+	DP_BACKUP,
 	DP_NSCHEMES
 };
-static const char *const scheme_names[] = { "allreduce", "ps", "lbbsp" };
+static const char *const scheme_names[] = { "allreduce", "ps", "lbbsp", "backup" };
 
 struct dp_opts {
 	int workers, iters, eval_every;
@@ -52,6 +59,7 @@ struct dp_opts {
 	double jitter_p, jitter_ms;
 	double target_loss;
 	double ema_alpha; /* LB-BSP's predictor */
+	int backups;	  /* backup workers: updates use the first workers - backups */
 	unsigned schemes; /* bits of enum dp_scheme */
 	const char *json;
 	uint64_t seed;
@@ -237,6 +245,162 @@ out:
 	return NULL;
 }
 
+/*
+ * Backup workers (Chen et al., "Revisiting distributed synchronous SGD"):
+ * every iteration's update uses the gradients of the first W - b workers
+ * that deliver; the others' come too late and are dropped. Over the
+ * parameter store, rank 0 coordinating:
+ *
+ *   every worker: gradient at the weights of version t -> push into
+ *                 accumulator key t mod K (the sums, then the sample count)
+ *   rank 0:       pulls that key until it counts (W - b) batches, applies
+ *                 the mean, zeroes key (t + K/2) mod K, sets the weights and
+ *                 version t + 1
+ *   the others:   poll the version (a 1-float key) until it passed t, pull
+ *                 the weights, and go on from that version: a straggler
+ *                 skips the iterations it missed
+ *
+ * A push that arrives more than K/2 - 1 iterations late would land in a
+ * reused key: K = 16 leaves 7, where a 2x straggler is at most 1 behind.
+ */
+#define DP_ACC_KEYS 16
+
+static void *dp_backup_worker(void *p)
+{
+	struct dp_arg *a = p;
+	struct dp_run *run = a->run;
+	const struct dp_opts *o = run->o;
+	const struct dp_data *d = run->train;
+	const int r = a->rank, W = o->workers;
+	const size_t P = dp_params(d->dim);
+	struct ferry *fy = run->fys[r];
+	struct ferry_table *acc = NULL, *par = NULL;
+	struct ferry_worker *wk = NULL;
+	uint32_t batch[DP_MAX_WORKERS], lens[DP_CLASSES + 1];
+	uint32_t *idx = malloc(o->batch * sizeof(uint32_t));
+	float *w = calloc(P + 1, sizeof(float)), *buf = calloc(P + 1, sizeof(float));
+	uint64_t keys[DP_CLASSES + 1], rng = o->seed * 31 + (uint64_t)r;
+	size_t shard = (d->n - (size_t)r + (size_t)W - 1) / (size_t)W, cursor = 0;
+	double clock0, paused = 0;
+	int rc, t = 0;
+
+	if (!idx || !w || !buf) {
+		dp_fail(run, r, "memory", -ENOMEM);
+		goto out;
+	}
+	dp_lb_split(NULL, W, o->batch, batch);
+	for (int c = 0; c <= DP_CLASSES; c++) {
+		keys[c] = (uint64_t)c;
+		lens[c] = c < DP_CLASSES ? (uint32_t)(d->dim + 1) : 1; /* key 10: the version */
+	}
+	{
+		struct ferry_table_params ap = { .num_keys = DP_ACC_KEYS,
+						 .value_len = (uint32_t)P + 1 };
+		struct ferry_table_params pp = { .num_keys = DP_CLASSES + 1, .value_lens = lens };
+
+		rc = ferry_table_create(fy, &ap, &acc);
+		if (!rc)
+			rc = ferry_table_create(fy, &pp, &par);
+		if (!rc)
+			rc = ferry_worker_create(fy, &wk);
+		if (!rc)
+			rc = ferry_barrier(fy);
+		if (rc) {
+			dp_fail(run, r, "tables", rc);
+			goto out;
+		}
+	}
+	clock0 = now_s();
+	while (t <= o->iters) {
+		uint64_t ak = (uint64_t)(t % DP_ACC_KEYS);
+		double t0;
+
+		if (r == 0 && (t % o->eval_every == 0 || t == o->iters)) {
+			double e0 = now_s();
+			struct dp_point *pt = &run->pts[run->npts++];
+
+			pt->iter = t;
+			pt->time_s = e0 - clock0 - paused;
+			dp_eval(run->test, w, &pt->loss, &pt->acc);
+			memcpy(pt->batch, batch, sizeof(batch));
+			if (run->time_to_target < 0 && pt->loss <= o->target_loss)
+				run->time_to_target = pt->time_s;
+			paused += now_s() - e0;
+		}
+		if (t == o->iters)
+			break;
+		for (uint32_t k = 0; k < batch[r]; k++) {
+			idx[k] = (uint32_t)((cursor % shard) * (size_t)W + (size_t)r);
+			cursor++;
+		}
+		t0 = now_s();
+		memset(buf, 0, (P + 1) * sizeof(float));
+		dp_grad(d, w, idx, batch[r], buf);
+		buf[P] = (float)batch[r];
+		if (r == o->strag_rank && t >= o->strag_from)
+			sleep_s((o->strag_factor - 1) * (now_s() - t0));
+		if (o->jitter_p > 0 && (double)(rng = rng * 6364136223846793005ull + 1, rng >> 11) /
+						       (double)(1ull << 53) <
+					       o->jitter_p)
+			sleep_s(o->jitter_ms * 1e-3 * (double)((rng >> 20) & 0xffff) / 65536.0);
+		rc = ferry_push(wk, acc, &ak, 1, buf);
+		if (rc) {
+			dp_fail(run, r, "push of a gradient", rc);
+			goto out;
+		}
+		if (r == 0) {
+			uint64_t zk = (uint64_t)((t + DP_ACC_KEYS / 2) % DP_ACC_KEYS);
+			const float need = (float)(W - o->backups) * (float)batch[0];
+
+			do {
+				rc = ferry_pull(wk, acc, &ak, 1, buf);
+			} while (!rc && buf[P] < need && (sched_yield(), 1));
+			for (size_t i = 0; i < P && !rc; i++)
+				w[i] -= o->lr * buf[i] / buf[P];
+			w[P] = (float)(t + 1); /* the version, key 10 */
+			memset(buf, 0, (P + 1) * sizeof(float));
+			if (!rc)
+				rc = ferry_set(wk, acc, &zk, 1, buf);
+			/* the weights, then the version: a worker that sees the new
+			 * version pulls after the weights' set completed, and sees them */
+			if (!rc)
+				rc = ferry_set(wk, par, keys, DP_CLASSES, w);
+			if (!rc)
+				rc = ferry_set(wk, par, &keys[DP_CLASSES], 1, &w[P]);
+			t++;
+		} else {
+			uint64_t vk = DP_CLASSES;
+			float v = 0;
+
+			do {
+				rc = ferry_pull(wk, par, &vk, 1, &v);
+			} while (!rc && v < (float)(t + 1) && (sched_yield(), 1));
+			if (!rc)
+				rc = ferry_pull(wk, par, keys, DP_CLASSES + 1, w);
+			t = (int)w[P];
+		}
+		if (rc) {
+			dp_fail(run, r, "the update", rc);
+			goto out;
+		}
+	}
+	/* the others leave once rank 0 published the last version */
+	rc = ferry_barrier(fy);
+	if (rc)
+		dp_fail(run, r, "last barrier", rc);
+out:
+	if (wk)
+		ferry_worker_destroy(wk);
+	if (par)
+		ferry_table_destroy(par);
+	if (acc)
+		ferry_table_destroy(acc);
+	free(idx);
+	free(w);
+	free(buf);
+	return NULL;
+}
+
 static int dp_run_scheme(struct dp_run *run)
 {
 	const struct dp_opts *o = run->o;
@@ -256,7 +420,8 @@ static int dp_run_scheme(struct dp_run *run)
 	run->time_to_target = -1;
 	for (int r = 0; r < o->workers; r++) {
 		args[r] = (struct dp_arg){ .run = run, .rank = r };
-		pthread_create(&th[r], NULL, dp_worker, &args[r]);
+		pthread_create(&th[r], NULL,
+			       run->scheme == DP_BACKUP ? dp_backup_worker : dp_worker, &args[r]);
 	}
 	for (int r = 0; r < o->workers; r++)
 		pthread_join(th[r], NULL);
@@ -301,11 +466,11 @@ static void dp_json(FILE *f, const struct dp_opts *o, const char *data, struct d
 
 static void usage(void)
 {
-	printf("usage: ferry-dp [--scheme allreduce|ps|lbbsp|all] [--workers N] [--iters N]\n"
+	printf("usage: ferry-dp [--scheme allreduce|ps|lbbsp|backup|all] [--workers N] [--iters N]\n"
 	       "       [--batch GLOBAL] [--lr LR] [--eval-every N] [--target-loss L]\n"
 	       "       [--data DIR | --images F --labels F --test-images F --test-labels F |\n"
 	       "        --synthetic N] [--straggler RANK:FACTOR[:FROM]] [--jitter P:MS]\n"
-	       "       [--ema-alpha A] [--seed S] [--json FILE]\n"
+	       "       [--ema-alpha A] [--backups B] [--seed S] [--json FILE]\n"
 	       "Defaults: all schemes, 4 workers, 1500 iterations, global batch 512, lr 0.2,\n"
 	       "Fashion-MNIST from /usr/share/datasets/fashion-mnist (Debian's\n"
 	       "dataset-fashion-mnist), no straggler, target test loss 0.5, evaluation every 50.\n");
@@ -331,6 +496,7 @@ int main(int argc, char **argv)
 		{ "jitter", required_argument, NULL, 'j' },
 		{ "seed", required_argument, NULL, 'r' },
 		{ "ema-alpha", required_argument, NULL, 'a' },
+		{ "backups", required_argument, NULL, 'B' },
 		{ "json", required_argument, NULL, 'o' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
@@ -344,6 +510,7 @@ int main(int argc, char **argv)
 			     .strag_factor = 1,
 			     .target_loss = 0.5,
 			     .ema_alpha = 0.3,
+			     .backups = 1,
 			     .schemes = (1u << DP_NSCHEMES) - 1,
 			     .seed = 1 };
 	const char *dir = "/usr/share/datasets/fashion-mnist";
@@ -417,6 +584,9 @@ int main(int argc, char **argv)
 		case 'a':
 			o.ema_alpha = strtod(optarg, NULL);
 			break;
+		case 'B':
+			o.backups = atoi(optarg);
+			break;
 		case 'o':
 			o.json = optarg;
 			break;
@@ -430,11 +600,12 @@ int main(int argc, char **argv)
 	}
 	if (o.workers < 1 || o.workers > DP_MAX_WORKERS || o.iters < 1 || o.eval_every < 1 ||
 	    o.batch < (uint32_t)o.workers || !o.schemes || o.strag_factor < 1 ||
-	    o.strag_rank >= o.workers || o.ema_alpha <= 0 || o.ema_alpha > 1) {
+	    o.strag_rank >= o.workers || o.ema_alpha <= 0 || o.ema_alpha > 1 || o.backups < 0 ||
+	    o.backups >= o.workers) {
 		fprintf(stderr,
 			"ferry-dp: bad options: 1 .. %d workers, a global batch of at least "
 			"one sample per worker, a straggler factor >= 1 on a worker that "
-			"exists, an EMA alpha in (0, 1]\n",
+			"exists, an EMA alpha in (0, 1], fewer backups than workers\n",
 			DP_MAX_WORKERS);
 		return 2;
 	}
