@@ -328,6 +328,9 @@ FERRY_API int ferry_test(struct ferry_worker *w, uint64_t ticket);
  * They run beside tables and workers, from any application thread, one
  * collective per call; the buffers are the caller's and must not be touched
  * until the collective is done. Buffers are aligned to their element size.
+ * A node numbers its collectives in the order their calls start: threads of
+ * one node that start collectives concurrently must order them themselves,
+ * the same way on every node.
  *
  * Algorithms (by the size of the buffer, count x element size):
  *  - below the crossover (FERRY_COLL_CROSSOVER_DEFAULT; FERRY_COLL_CROSSOVER
