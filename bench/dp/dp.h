@@ -27,11 +27,26 @@ struct dp_data {
 	uint8_t *y; /* n labels, < DP_CLASSES */
 };
 
-/* a softmax regression: DP_CLASSES rows of dim + 1 weights (the last: bias) */
-static inline size_t dp_params(size_t dim)
+/*
+ * The model: softmax regression (hidden 0: DP_CLASSES rows of dim + 1
+ * weights, the last a bias) or a small MLP (hidden > 0: a ReLU layer of
+ * hidden rows of dim + 1, then DP_CLASSES rows of hidden + 1), its
+ * parameters one flat array.
+ */
+struct dp_model {
+	size_t dim;
+	size_t hidden;
+};
+
+static inline size_t dp_params(const struct dp_model *m)
 {
-	return DP_CLASSES * (dim + 1);
+	return m->hidden ? m->hidden * (m->dim + 1) + DP_CLASSES * (m->hidden + 1) :
+			   DP_CLASSES * (m->dim + 1);
 }
+
+/* starting weights, the same on every worker for one @seed: zeros for the
+ * softmax, Glorot-uniform for the MLP (zeros would keep its units alike) */
+void dp_model_init(const struct dp_model *m, float *w, uint64_t seed);
 
 /* read an idx3 image file and its idx1 label file (gzip'd when the name
  * ends in .gz; through gzip -dc); pixels scaled to [0, 1]. 0 or -errno with
@@ -43,14 +58,16 @@ void dp_data_free(struct dp_data *d);
 
 /*
  * dp_grad - add the gradient of the summed cross-entropy over samples
- * @idx[0 .. n) of @d at weights @w to @g (dp_params floats), and return
+ * @idx[0 .. n) of @d at weights @w to @g (dp_params(m) floats), and return
  * the summed loss. The mean over a batch is g / n: the sum of per-worker
  * sums divided by the global batch is the full batch's mean gradient,
  * whatever the split (LB-BSP's weighting by batch size).
  */
-double dp_grad(const struct dp_data *d, const float *w, const uint32_t *idx, size_t n, float *g);
+double dp_grad(const struct dp_model *m, const struct dp_data *d, const float *w,
+	       const uint32_t *idx, size_t n, float *g);
 /* mean loss and accuracy of @w over the whole of @d */
-void dp_eval(const struct dp_data *d, const float *w, double *loss_p, double *acc_p);
+void dp_eval(const struct dp_model *m, const struct dp_data *d, const float *w, double *loss_p,
+	     double *acc_p);
 
 /*
  * Speed predictors (pluggable): observe a worker's measured seconds per

@@ -60,6 +60,7 @@ struct dp_opts {
 	double target_loss;
 	double ema_alpha; /* LB-BSP's predictor */
 	int backups;	  /* backup workers: updates use the first workers - backups */
+	size_t hidden;	  /* 0: softmax regression; else an MLP with this many ReLU units */
 	unsigned schemes; /* bits of enum dp_scheme */
 	const char *json;
 	uint64_t seed;
@@ -74,6 +75,7 @@ struct dp_point {
 struct dp_run {
 	const struct dp_opts *o;
 	const struct dp_data *train, *test;
+	struct dp_model model;
 	enum dp_scheme scheme;
 	struct ferry *fys[DP_MAX_WORKERS];
 	struct dp_point *pts;
@@ -115,6 +117,28 @@ static int dp_fail(struct dp_run *run, int rank, const char *what, int rc)
 	return 1;
 }
 
+/*
+ * The parameter store holds the weights as keys of at most DP_KEY_LEN
+ * floats, the last one shorter (and, for the backup scheme, one more key
+ * of 1 float: the version). Return: the number of weight keys.
+ */
+#define DP_KEY_LEN 1024
+
+static size_t dp_ps_layout(size_t P, uint32_t *lens, uint64_t *keys, int version)
+{
+	size_t n = (P + DP_KEY_LEN - 1) / DP_KEY_LEN;
+
+	for (size_t k = 0; k < n; k++) {
+		keys[k] = k;
+		lens[k] = (uint32_t)(k + 1 < n ? DP_KEY_LEN : P - k * DP_KEY_LEN);
+	}
+	if (version) {
+		keys[n] = n;
+		lens[n] = 1;
+	}
+	return n;
+}
+
 static void *dp_worker(void *p)
 {
 	struct dp_arg *a = p;
@@ -122,33 +146,38 @@ static void *dp_worker(void *p)
 	const struct dp_opts *o = run->o;
 	const struct dp_data *d = run->train;
 	const int r = a->rank, W = o->workers;
-	const size_t P = dp_params(d->dim);
+	const size_t P = dp_params(&run->model);
 	struct ferry *fy = run->fys[r];
 	struct ferry_table *t = NULL;
 	struct ferry_worker *wk = NULL;
 	struct dp_predictor pred;
 	uint32_t batch[DP_MAX_WORKERS], *idx = malloc(o->batch * sizeof(uint32_t));
+	uint32_t *lens = malloc((P / DP_KEY_LEN + 2) * sizeof(uint32_t));
 	float *w = calloc(P, sizeof(float)), *buf = calloc(P + 2 + DP_MAX_WORKERS, sizeof(float));
-	uint64_t keys[DP_CLASSES], rng = o->seed * 31 + (uint64_t)r;
+	uint64_t *keys = malloc((P / DP_KEY_LEN + 2) * sizeof(uint64_t));
+	uint64_t rng = o->seed * 31 + (uint64_t)r;
+	size_t nkeys = 0;
 	size_t shard = (d->n - (size_t)r + (size_t)W - 1) / (size_t)W, cursor = 0;
 	double clock0 = 0, paused = 0;
 	int rc;
 
-	if (!idx || !w || !buf) {
+	if (!idx || !w || !buf || !lens || !keys) {
 		dp_fail(run, r, "memory", -ENOMEM);
 		goto out;
 	}
 	dp_predictor_ema_init(&pred, o->ema_alpha);
 	dp_lb_split(NULL, W, o->batch, batch);
-	for (int c = 0; c < DP_CLASSES; c++)
-		keys[c] = (uint64_t)c;
+	dp_model_init(&run->model, w, o->seed);
+	nkeys = dp_ps_layout(P, lens, keys, 0);
 	if (run->scheme == DP_PS) {
-		struct ferry_table_params tp = { .num_keys = DP_CLASSES,
-						 .value_len = (uint32_t)(d->dim + 1) };
+		struct ferry_table_params tp = { .num_keys = nkeys, .value_lens = lens };
 
 		rc = ferry_table_create(fy, &tp, &t);
 		if (!rc)
 			rc = ferry_worker_create(fy, &wk);
+		/* the starting weights (the table starts at zero) */
+		if (!rc && r == 0)
+			rc = ferry_set(wk, t, keys, nkeys, w);
 		if (rc) {
 			dp_fail(run, r, "table", rc);
 			goto out;
@@ -174,7 +203,7 @@ static void *dp_worker(void *p)
 
 				pt->iter = it;
 				pt->time_s = e0 - clock0 - paused;
-				dp_eval(run->test, w, &pt->loss, &pt->acc);
+				dp_eval(&run->model, run->test, w, &pt->loss, &pt->acc);
 				memcpy(pt->batch, batch, sizeof(batch));
 				if (run->time_to_target < 0 && pt->loss <= o->target_loss)
 					run->time_to_target = pt->time_s;
@@ -196,7 +225,7 @@ static void *dp_worker(void *p)
 		}
 		t0 = now_s();
 		memset(buf, 0, (P + 2 + DP_MAX_WORKERS) * sizeof(float));
-		buf[P] = (float)dp_grad(d, w, idx, b, buf);
+		buf[P] = (float)dp_grad(&run->model, d, w, idx, b, buf);
 		buf[P + 1] = (float)b;
 		if (r == o->strag_rank && it >= o->strag_from)
 			sleep_s((o->strag_factor - 1) * (now_s() - t0));
@@ -210,11 +239,11 @@ static void *dp_worker(void *p)
 		if (run->scheme == DP_PS) {
 			for (size_t i = 0; i < P; i++)
 				buf[i] *= -o->lr / (float)o->batch;
-			rc = ferry_push(wk, t, keys, DP_CLASSES, buf);
+			rc = ferry_push(wk, t, keys, nkeys, buf);
 			if (!rc)
 				rc = ferry_barrier(fy);
 			if (!rc)
-				rc = ferry_pull(wk, t, keys, DP_CLASSES, w);
+				rc = ferry_pull(wk, t, keys, nkeys, w);
 			if (rc) {
 				dp_fail(run, r, "push, barrier, pull", rc);
 				goto out;
@@ -240,6 +269,8 @@ out:
 	if (t)
 		ferry_table_destroy(t);
 	free(idx);
+	free(lens);
+	free(keys);
 	free(w);
 	free(buf);
 	return NULL;
@@ -272,37 +303,39 @@ static void *dp_backup_worker(void *p)
 	const struct dp_opts *o = run->o;
 	const struct dp_data *d = run->train;
 	const int r = a->rank, W = o->workers;
-	const size_t P = dp_params(d->dim);
+	const size_t P = dp_params(&run->model);
 	struct ferry *fy = run->fys[r];
 	struct ferry_table *acc = NULL, *par = NULL;
 	struct ferry_worker *wk = NULL;
-	uint32_t batch[DP_MAX_WORKERS], lens[DP_CLASSES + 1];
+	uint32_t batch[DP_MAX_WORKERS], *lens = malloc((P / DP_KEY_LEN + 3) * sizeof(uint32_t));
 	uint32_t *idx = malloc(o->batch * sizeof(uint32_t));
 	float *w = calloc(P + 1, sizeof(float)), *buf = calloc(P + 1, sizeof(float));
-	uint64_t keys[DP_CLASSES + 1], rng = o->seed * 31 + (uint64_t)r;
+	uint64_t *keys = malloc((P / DP_KEY_LEN + 3) * sizeof(uint64_t));
+	uint64_t rng = o->seed * 31 + (uint64_t)r;
+	size_t nkeys = 0;
 	size_t shard = (d->n - (size_t)r + (size_t)W - 1) / (size_t)W, cursor = 0;
 	double clock0, paused = 0;
 	int rc, t = 0;
 
-	if (!idx || !w || !buf) {
+	if (!idx || !w || !buf || !lens || !keys) {
 		dp_fail(run, r, "memory", -ENOMEM);
 		goto out;
 	}
 	dp_lb_split(NULL, W, o->batch, batch);
-	for (int c = 0; c <= DP_CLASSES; c++) {
-		keys[c] = (uint64_t)c;
-		lens[c] = c < DP_CLASSES ? (uint32_t)(d->dim + 1) : 1; /* key 10: the version */
-	}
+	dp_model_init(&run->model, w, o->seed);
+	nkeys = dp_ps_layout(P, lens, keys, 1); /* key nkeys: the version */
 	{
 		struct ferry_table_params ap = { .num_keys = DP_ACC_KEYS,
 						 .value_len = (uint32_t)P + 1 };
-		struct ferry_table_params pp = { .num_keys = DP_CLASSES + 1, .value_lens = lens };
+		struct ferry_table_params pp = { .num_keys = nkeys + 1, .value_lens = lens };
 
 		rc = ferry_table_create(fy, &ap, &acc);
 		if (!rc)
 			rc = ferry_table_create(fy, &pp, &par);
 		if (!rc)
 			rc = ferry_worker_create(fy, &wk);
+		if (!rc && r == 0)
+			rc = ferry_set(wk, par, keys, nkeys, w);
 		if (!rc)
 			rc = ferry_barrier(fy);
 		if (rc) {
@@ -321,7 +354,7 @@ static void *dp_backup_worker(void *p)
 
 			pt->iter = t;
 			pt->time_s = e0 - clock0 - paused;
-			dp_eval(run->test, w, &pt->loss, &pt->acc);
+			dp_eval(&run->model, run->test, w, &pt->loss, &pt->acc);
 			memcpy(pt->batch, batch, sizeof(batch));
 			if (run->time_to_target < 0 && pt->loss <= o->target_loss)
 				run->time_to_target = pt->time_s;
@@ -335,7 +368,7 @@ static void *dp_backup_worker(void *p)
 		}
 		t0 = now_s();
 		memset(buf, 0, (P + 1) * sizeof(float));
-		dp_grad(d, w, idx, batch[r], buf);
+		dp_grad(&run->model, d, w, idx, batch[r], buf);
 		buf[P] = (float)batch[r];
 		if (r == o->strag_rank && t >= o->strag_from)
 			sleep_s((o->strag_factor - 1) * (now_s() - t0));
@@ -357,26 +390,26 @@ static void *dp_backup_worker(void *p)
 			} while (!rc && buf[P] < need && (sched_yield(), 1));
 			for (size_t i = 0; i < P && !rc; i++)
 				w[i] -= o->lr * buf[i] / buf[P];
-			w[P] = (float)(t + 1); /* the version, key 10 */
+			w[P] = (float)(t + 1); /* the version, key nkeys */
 			memset(buf, 0, (P + 1) * sizeof(float));
 			if (!rc)
 				rc = ferry_set(wk, acc, &zk, 1, buf);
 			/* the weights, then the version: a worker that sees the new
 			 * version pulls after the weights' set completed, and sees them */
 			if (!rc)
-				rc = ferry_set(wk, par, keys, DP_CLASSES, w);
+				rc = ferry_set(wk, par, keys, nkeys, w);
 			if (!rc)
-				rc = ferry_set(wk, par, &keys[DP_CLASSES], 1, &w[P]);
+				rc = ferry_set(wk, par, &keys[nkeys], 1, &w[P]);
 			t++;
 		} else {
-			uint64_t vk = DP_CLASSES;
+			uint64_t vk = nkeys;
 			float v = 0;
 
 			do {
 				rc = ferry_pull(wk, par, &vk, 1, &v);
 			} while (!rc && v < (float)(t + 1) && (sched_yield(), 1));
 			if (!rc)
-				rc = ferry_pull(wk, par, keys, DP_CLASSES + 1, w);
+				rc = ferry_pull(wk, par, keys, nkeys + 1, w);
 			t = (int)w[P];
 		}
 		if (rc) {
@@ -395,6 +428,8 @@ out:
 		ferry_table_destroy(par);
 	if (acc)
 		ferry_table_destroy(acc);
+	free(lens);
+	free(keys);
 	free(idx);
 	free(w);
 	free(buf);
@@ -436,13 +471,14 @@ static void dp_json(FILE *f, const struct dp_opts *o, const char *data, struct d
 		    int nruns)
 {
 	fprintf(f,
-		"{\n  \"program\": \"ferry-dp\",\n  \"model\": \"softmax regression\",\n"
+		"{\n  \"program\": \"ferry-dp\",\n  \"model\": \"%s\",\n  \"hidden\": %zu,\n"
 		"  \"data\": \"%s\",\n  \"workers\": %d,\n  \"global_batch\": %u,\n"
 		"  \"lr\": %g,\n  \"iterations\": %d,\n  \"straggler\": {\"rank\": %d, "
 		"\"factor\": %g, \"from\": %d},\n  \"jitter\": {\"p\": %g, \"ms\": %g},\n"
 		"  \"target_loss\": %g,\n  \"ema_alpha\": %g,\n  \"runs\": [\n",
-		data, o->workers, o->batch, (double)o->lr, o->iters, o->strag_rank, o->strag_factor,
-		o->strag_from, o->jitter_p, o->jitter_ms, o->target_loss, o->ema_alpha);
+		o->hidden ? "mlp" : "softmax regression", o->hidden, data, o->workers, o->batch,
+		(double)o->lr, o->iters, o->strag_rank, o->strag_factor, o->strag_from, o->jitter_p,
+		o->jitter_ms, o->target_loss, o->ema_alpha);
 	for (int i = 0; i < nruns; i++) {
 		const struct dp_run *run = &runs[i];
 
@@ -470,7 +506,8 @@ static void usage(void)
 	       "       [--batch GLOBAL] [--lr LR] [--eval-every N] [--target-loss L]\n"
 	       "       [--data DIR | --images F --labels F --test-images F --test-labels F |\n"
 	       "        --synthetic N] [--straggler RANK:FACTOR[:FROM]] [--jitter P:MS]\n"
-	       "       [--ema-alpha A] [--backups B] [--seed S] [--json FILE]\n"
+	       "       [--ema-alpha A] [--backups B] [--model softmax|mlp] [--hidden N]\n"
+	       "       [--seed S] [--json FILE]\n"
 	       "Defaults: all schemes, 4 workers, 1500 iterations, global batch 512, lr 0.2,\n"
 	       "Fashion-MNIST from /usr/share/datasets/fashion-mnist (Debian's\n"
 	       "dataset-fashion-mnist), no straggler, target test loss 0.5, evaluation every 50.\n");
@@ -497,6 +534,8 @@ int main(int argc, char **argv)
 		{ "seed", required_argument, NULL, 'r' },
 		{ "ema-alpha", required_argument, NULL, 'a' },
 		{ "backups", required_argument, NULL, 'B' },
+		{ "model", required_argument, NULL, 'm' },
+		{ "hidden", required_argument, NULL, 'H' },
 		{ "json", required_argument, NULL, 'o' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
@@ -587,6 +626,19 @@ int main(int argc, char **argv)
 		case 'B':
 			o.backups = atoi(optarg);
 			break;
+		case 'm':
+			if (!strcmp(optarg, "mlp"))
+				o.hidden = o.hidden ? o.hidden : 64;
+			else if (!strcmp(optarg, "softmax"))
+				o.hidden = 0;
+			else {
+				fprintf(stderr, "ferry-dp: --model wants softmax or mlp\n");
+				return 2;
+			}
+			break;
+		case 'H':
+			o.hidden = (size_t)atol(optarg);
+			break;
 		case 'o':
 			o.json = optarg;
 			break;
@@ -641,10 +693,11 @@ int main(int argc, char **argv)
 				"samples\n");
 		return 1;
 	}
-	printf("# ferry-dp: %s, %zu training / %zu test samples, %d workers, global batch %u, "
+	printf("# ferry-dp: %s, %s, %zu training / %zu test samples, %d workers, global batch %u, "
 	       "lr %g, straggler %d x%g from %d, jitter %g:%gms, LB-BSP EMA alpha %g\n",
-	       data_name, train.n, test.n, o.workers, o.batch, (double)o.lr, o.strag_rank,
-	       o.strag_factor, o.strag_from, o.jitter_p, o.jitter_ms, o.ema_alpha);
+	       o.hidden ? "MLP" : "softmax regression", data_name, train.n, test.n, o.workers,
+	       o.batch, (double)o.lr, o.strag_rank, o.strag_factor, o.strag_from, o.jitter_p,
+	       o.jitter_ms, o.ema_alpha);
 	printf("# %-10s %6s %9s %9s %8s  batches\n", "scheme", "iter", "time_s", "test_loss",
 	       "test_acc");
 	for (int s = 0; s < DP_NSCHEMES; s++) {
@@ -655,6 +708,7 @@ int main(int argc, char **argv)
 		memset(run, 0, sizeof(*run));
 		run->o = &o;
 		run->train = &train;
+		run->model = (struct dp_model){ .dim = train.dim, .hidden = o.hidden };
 		run->test = &test;
 		run->scheme = (enum dp_scheme)s;
 		nruns++;

@@ -150,16 +150,33 @@ void dp_data_free(struct dp_data *d)
 
 /* ---- model -------------------------------------------------------------- */
 
-/* logits of sample @x into @z, softmax in place; returns -log p[y] */
-static double dp_forward(const float *w, const float *x, size_t dim, uint8_t y, float *z)
+void dp_model_init(const struct dp_model *m, float *w, uint64_t seed)
+{
+	size_t P = dp_params(m), n1;
+	uint64_t s = seed ^ 0x5eed;
+	float a1, a2;
+
+	memset(w, 0, P * sizeof(float));
+	if (!m->hidden)
+		return;
+	n1 = m->hidden * (m->dim + 1);
+	a1 = sqrtf(6.0f / (float)(m->dim + m->hidden));
+	a2 = sqrtf(6.0f / (float)(m->hidden + DP_CLASSES));
+	for (size_t i = 0; i < P; i++)
+		w[i] = (2 * dp_unit(&s) - 1) * (i < n1 ? a1 : a2);
+}
+
+/* probabilities of sample @x into @z (softmax of @DP_CLASSES rows of @in
+ * inputs + bias at @w over @x); returns -log p[y] */
+static double dp_softmax(const float *w, const float *x, size_t in, uint8_t y, float *z)
 {
 	float mx = -INFINITY, sum = 0;
 
 	for (int c = 0; c < DP_CLASSES; c++) {
-		const float *wc = w + (size_t)c * (dim + 1);
-		float acc = wc[dim];
+		const float *wc = w + (size_t)c * (in + 1);
+		float acc = wc[in];
 
-		for (size_t j = 0; j < dim; j++)
+		for (size_t j = 0; j < in; j++)
 			acc += wc[j] * x[j];
 		z[c] = acc;
 		if (acc > mx)
@@ -174,44 +191,101 @@ static double dp_forward(const float *w, const float *x, size_t dim, uint8_t y, 
 	return -log((double)z[y] + 1e-30);
 }
 
-double dp_grad(const struct dp_data *d, const float *w, const uint32_t *idx, size_t n, float *g)
+/* the MLP's hidden layer: h = relu(W1 x + b1) */
+static void dp_hidden(const struct dp_model *m, const float *w, const float *x, float *h)
 {
-	const size_t dim = d->dim;
-	double loss = 0;
-	float z[DP_CLASSES];
+	for (size_t j = 0; j < m->hidden; j++) {
+		const float *wj = w + j * (m->dim + 1);
+		float acc = wj[m->dim];
 
+		for (size_t k = 0; k < m->dim; k++)
+			acc += wj[k] * x[k];
+		h[j] = acc > 0 ? acc : 0;
+	}
+}
+
+/* probabilities into @z, the hidden layer into @h (MLP); -log p[y] */
+static double dp_forward(const struct dp_model *m, const float *w, const float *x, uint8_t y,
+			 float *h, float *z)
+{
+	if (!m->hidden)
+		return dp_softmax(w, x, m->dim, y, z);
+	dp_hidden(m, w, x, h);
+	return dp_softmax(w + m->hidden * (m->dim + 1), h, m->hidden, y, z);
+}
+
+/* g += the gradient of a softmax layer over input @x of @in (+ bias), its
+ * output error @e; @dx (may be NULL) += the error back at the input */
+static void dp_back_softmax(const float *w, const float *x, size_t in, const float *e, float *g,
+			    float *dx)
+{
+	for (int c = 0; c < DP_CLASSES; c++) {
+		float *gc = g + (size_t)c * (in + 1);
+		const float *wc = w + (size_t)c * (in + 1);
+
+		for (size_t j = 0; j < in; j++)
+			gc[j] += e[c] * x[j];
+		gc[in] += e[c];
+		if (dx)
+			for (size_t j = 0; j < in; j++)
+				dx[j] += wc[j] * e[c];
+	}
+}
+
+double dp_grad(const struct dp_model *m, const struct dp_data *d, const float *w,
+	       const uint32_t *idx, size_t n, float *g)
+{
+	const size_t dim = d->dim, H = m->hidden, n1 = H * (dim + 1);
+	float z[DP_CLASSES], e[DP_CLASSES];
+	float *h = H ? malloc(2 * H * sizeof(float)) : NULL, *dh = h ? h + H : NULL;
+	double loss = 0;
+
+	if (H && !h)
+		return NAN;
 	for (size_t k = 0; k < n; k++) {
 		const float *x = d->x + (size_t)idx[k] * dim;
 		uint8_t y = d->y[idx[k]];
 
-		loss += dp_forward(w, x, dim, y, z);
-		for (int c = 0; c < DP_CLASSES; c++) {
-			float e = z[c] - (c == y ? 1.0f : 0.0f);
-			float *gc = g + (size_t)c * (dim + 1);
+		loss += dp_forward(m, w, x, y, h, z);
+		for (int c = 0; c < DP_CLASSES; c++)
+			e[c] = z[c] - (c == y ? 1.0f : 0.0f);
+		if (!H) {
+			dp_back_softmax(w, x, dim, e, g, NULL);
+			continue;
+		}
+		memset(dh, 0, H * sizeof(float));
+		dp_back_softmax(w + n1, h, H, e, g + n1, dh);
+		for (size_t j = 0; j < H; j++) {
+			float *gj = g + j * (dim + 1);
 
-			for (size_t j = 0; j < dim; j++)
-				gc[j] += e * x[j];
-			gc[dim] += e;
+			if (h[j] <= 0)
+				continue; /* ReLU: no gradient through an inactive unit */
+			for (size_t q = 0; q < dim; q++)
+				gj[q] += dh[j] * x[q];
+			gj[dim] += dh[j];
 		}
 	}
+	free(h);
 	return loss;
 }
 
-void dp_eval(const struct dp_data *d, const float *w, double *loss_p, double *acc_p)
+void dp_eval(const struct dp_model *m, const struct dp_data *d, const float *w, double *loss_p,
+	     double *acc_p)
 {
+	float z[DP_CLASSES], *h = m->hidden ? malloc(m->hidden * sizeof(float)) : NULL;
 	double loss = 0;
 	size_t right = 0;
-	float z[DP_CLASSES];
 
-	for (size_t i = 0; i < d->n; i++) {
+	for (size_t i = 0; i < d->n && (!m->hidden || h); i++) {
 		int best = 0;
 
-		loss += dp_forward(w, d->x + i * d->dim, d->dim, d->y[i], z);
+		loss += dp_forward(m, w, d->x + i * d->dim, d->y[i], h, z);
 		for (int c = 1; c < DP_CLASSES; c++)
 			if (z[c] > z[best])
 				best = c;
 		right += best == d->y[i];
 	}
+	free(h);
 	*loss_p = d->n ? loss / (double)d->n : 0;
 	*acc_p = d->n ? (double)right / (double)d->n : 0;
 }

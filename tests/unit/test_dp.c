@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Unit: ferry-dp's math (bench/dp/model.c). LB-BSP's weighted aggregation
+ * Unit: ferry-dp's math (bench/dp/model.c). Both models' gradients against
+ * finite differences of their loss. LB-BSP's weighted aggregation
  * (per-worker gradient sums over uneven batches, summed and divided by the
  * global batch) equals the full batch's mean gradient; the split sums to the
  * global batch and follows the workers' speeds; the EMA predictor converges.
@@ -15,7 +16,8 @@
 Test(dp, lbbsp_weighted_aggregation_equals_the_full_batch_gradient)
 {
 	struct dp_data d;
-	const size_t P = dp_params(64);
+	const struct dp_model m = { .dim = 64 };
+	const size_t P = dp_params(&m);
 	const uint32_t batch[4] = { 7, 61, 1, 31 }; /* 100 samples, unevenly split */
 	float *w = malloc(P * sizeof(float)), *full = calloc(P, sizeof(float));
 	float *agg = calloc(P, sizeof(float)), *part = malloc(P * sizeof(float));
@@ -29,11 +31,11 @@ Test(dp, lbbsp_weighted_aggregation_equals_the_full_batch_gradient)
 		w[i] = (float)((int)(i % 13) - 6) * 0.01f;
 	for (uint32_t i = 0; i < 100; i++)
 		idx[i] = (i * 37) % 500;
-	loss_full = dp_grad(&d, w, idx, 100, full);
+	loss_full = dp_grad(&m, &d, w, idx, 100, full);
 	for (int r = 0; r < 4; r++) {
 		/* worker r: its own mean gradient, weighted by its share b_r / B */
 		memset(part, 0, P * sizeof(float));
-		loss_agg += dp_grad(&d, w, idx + off, batch[r], part);
+		loss_agg += dp_grad(&m, &d, w, idx + off, batch[r], part);
 		for (size_t i = 0; i < P; i++)
 			agg[i] += (part[i] / (float)batch[r]) * ((float)batch[r] / 100.0f);
 		off += batch[r];
@@ -72,4 +74,58 @@ Test(dp, the_split_sums_to_the_global_batch_and_follows_speed)
 	cr_assert(b[0] >= 145 && b[0] <= 148, "a fast worker gets %u", b[0]);
 	dp_lb_split(&p, 4, 4, b); /* at least one each */
 	cr_assert(b[0] == 1 && b[1] == 1 && b[2] == 1 && b[3] == 1);
+}
+
+/* the summed loss over @n samples at @w (dp_grad's return) */
+static double loss_at(const struct dp_model *m, const struct dp_data *d, const float *w,
+		      const uint32_t *idx, size_t n, float *scratch)
+{
+	return dp_grad(m, d, w, idx, n, scratch);
+}
+
+static void check_gradient(size_t hidden)
+{
+	struct dp_data d;
+	const struct dp_model m = { .dim = 20, .hidden = hidden };
+	const size_t P = dp_params(&m);
+	float *w = malloc(P * sizeof(float)), *g = calloc(P, sizeof(float));
+	float *scratch = calloc(P, sizeof(float));
+	uint32_t idx[8] = { 0, 3, 5, 8, 13, 21, 34, 55 };
+	int checked = 0;
+
+	dp_synthetic(&d, 64, 20, 3);
+	dp_model_init(&m, w, 11);
+	for (size_t i = 0; i < P; i++)
+		w[i] += 0.05f * (float)((int)(i % 7) - 3); /* away from zero: ReLUs both ways */
+	dp_grad(&m, &d, w, idx, 8, g);
+	for (size_t i = 0; i < P; i += 1 + P / 97) {
+		const float h = 1e-2f, w0 = w[i];
+		double up, down, num;
+
+		w[i] = w0 + h;
+		up = loss_at(&m, &d, w, idx, 8, scratch);
+		w[i] = w0 - h;
+		down = loss_at(&m, &d, w, idx, 8, scratch);
+		w[i] = w0;
+		num = (up - down) / (2 * h);
+		cr_assert(fabs(num - g[i]) <= 2e-2 * (1 + fabs(num)),
+			  "hidden %zu, parameter %zu of %zu: analytic %g, numeric %g", hidden, i, P,
+			  (double)g[i], num);
+		checked++;
+	}
+	cr_assert_gt(checked, 50);
+	free(w);
+	free(g);
+	free(scratch);
+	dp_data_free(&d);
+}
+
+Test(dp, the_softmax_gradient_matches_finite_differences)
+{
+	check_gradient(0);
+}
+
+Test(dp, the_mlp_gradient_matches_finite_differences)
+{
+	check_gradient(6);
 }
