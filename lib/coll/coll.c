@@ -149,6 +149,31 @@ static int coll_check(struct ferry *fy, uint8_t kind, const void *src, const voi
 
 /* ---- start ------------------------------------------------------------ */
 
+/* why a new collective cannot start (logged), or 0; @busy: count the
+ * collectives started and not collected too. colls->lock held */
+static int coll_refuse(struct ferry_colls *cs, uint8_t kind, bool busy)
+{
+	if (cs->broken == -FERRY_E_PEER) {
+		ferry_err("coll: %s: rank %u failed, and no collective can complete without it; "
+			  "restart the job",
+			  coll_names[kind], cs->broken_rank);
+		return cs->broken;
+	}
+	if (cs->broken) {
+		ferry_err("coll: %s: an earlier collective failed (%s) and left the nodes out of "
+			  "step; restart the job",
+			  coll_names[kind], ferry_strerror(cs->broken));
+		return cs->broken;
+	}
+	if (busy && cs->nstarted >= FERRY_COLL_MAX_ACTIVE) {
+		ferry_err("coll: %s: %d collectives started and not collected; wait for or test "
+			  "one first",
+			  coll_names[kind], FERRY_COLL_MAX_ACTIVE);
+		return -EBUSY;
+	}
+	return 0;
+}
+
 static int coll_kick(struct ferry_coll *c)
 {
 	return ferry__coll_send_ctl(c, c->fy->rank, FERRY_MSG_COLL_KICK);
@@ -191,6 +216,17 @@ static int coll_start(struct ferry *fy, uint8_t kind, const void *src, void *dst
 	bytes = count * c->esz;
 	is_root = kind == FERRY_COLL_KIND_ALLREDUCE || (uint32_t)root == fy->rank;
 
+	/* refused calls change nothing: check before touching the output */
+	pthread_mutex_lock(&cs->lock);
+	rc = coll_refuse(cs, kind, true);
+	if (!rc)
+		cs->nstarted++;
+	pthread_mutex_unlock(&cs->lock);
+	if (rc) {
+		coll_free(c);
+		return rc;
+	}
+
 	/* the working buffer: the output, or a reduce's scratch off the root */
 	if (kind == FERRY_COLL_KIND_BCAST) {
 		c->buf = (void *)src;
@@ -200,41 +236,13 @@ static int coll_start(struct ferry *fy, uint8_t kind, const void *src, void *dst
 			memcpy(dst, src, bytes);
 	} else if (count) {
 		c->scratch = malloc(bytes);
-		if (!c->scratch) {
-			coll_free(c);
-			ferry_err("coll: %s: no memory for a %zu-byte scratch buffer",
-				  coll_names[kind], bytes);
-			return -ENOMEM;
+		if (c->scratch) {
+			memcpy(c->scratch, src, bytes);
+			c->buf = c->scratch;
 		}
-		memcpy(c->scratch, src, bytes);
-		c->buf = c->scratch;
 	}
 
 	pthread_mutex_lock(&cs->lock);
-	if (cs->broken) {
-		rc = cs->broken;
-		pthread_mutex_unlock(&cs->lock);
-		if (rc == -FERRY_E_PEER)
-			ferry_err(
-				"coll: %s: rank %u failed, and no collective can complete without "
-				"it; restart the job",
-				coll_names[kind], cs->broken_rank);
-		else
-			ferry_err("coll: %s: an earlier collective failed (%s) and left the nodes "
-				  "out of step; restart the job",
-				  coll_names[kind], ferry_strerror(rc));
-		coll_free(c);
-		return rc;
-	}
-	if (cs->nstarted >= FERRY_COLL_MAX_ACTIVE) {
-		pthread_mutex_unlock(&cs->lock);
-		ferry_err("coll: %s: %d collectives started and not collected; wait for or test "
-			  "one first",
-			  coll_names[kind], FERRY_COLL_MAX_ACTIVE);
-		coll_free(c);
-		return -EBUSY;
-	}
-	cs->nstarted++;
 	if (!count || fy->world == 1) {
 		/* nothing to send: done at once, with no number (every node skips it) */
 		c->state = FERRY_COLL_DONE;
@@ -243,16 +251,22 @@ static int coll_start(struct ferry *fy, uint8_t kind, const void *src, void *dst
 		*coll_p = c;
 		return 0;
 	}
+	c->next_off = calloc(2 * (size_t)fy->world + 2, sizeof(*c->next_off));
+	/* a peer may have failed meanwhile: its listener saw no such collective */
+	rc = !c->next_off || !c->buf ? -ENOMEM : coll_refuse(cs, kind, false);
+	if (rc) {
+		cs->nstarted--;
+		pthread_mutex_unlock(&cs->lock);
+		if (rc == -ENOMEM)
+			ferry_err("coll: %s: no memory for %s", coll_names[kind],
+				  c->buf ? "its step offsets" :
+					   "a scratch buffer of the input's size");
+		coll_free(c);
+		return rc;
+	}
 	c->sig.algo = cs->algo != FERRY_COLL_ALGO_AUTO ? cs->algo :
 		      bytes < cs->crossover	       ? FERRY_COLL_ALGO_DOUBLING :
 							 FERRY_COLL_ALGO_RING;
-	c->next_off = calloc(2 * (size_t)fy->world + 2, sizeof(*c->next_off));
-	if (!c->next_off) {
-		cs->nstarted--;
-		pthread_mutex_unlock(&cs->lock);
-		coll_free(c);
-		return -ENOMEM;
-	}
 	c->sig.seq = cs->next_seq++;
 	c->state = FERRY_COLL_STARTING;
 	c->next = cs->active;

@@ -378,8 +378,15 @@ Test(coll, bad_arguments_fail_with_einval_and_one_log_line)
 		cr_assert_eq(ferry_allreduce_start(c.fy[0], a, b, 8, FERRY_FLOAT64, FERRY_MAX,
 						   &h[i]),
 			     0);
+	/* the refused call leaves its output alone */
+	for (int i = 0; i < 8; i++) {
+		a[i] = i + 1;
+		b[i] = -1;
+	}
 	rc = ferry_allreduce_start(c.fy[0], a, b, 8, FERRY_FLOAT64, FERRY_MAX, &h[16]);
 	cr_expect_eq(rc, -EBUSY, "a 17th start: %s", ferry_strerror(rc));
+	for (int i = 0; i < 8; i++)
+		cr_expect_eq(b[i], -1, "a refused call wrote its output");
 	for (int i = 0; i < 16; i++)
 		cr_expect_eq(ferry_coll_test(h[i]), 0);
 	cr_expect_eq(ferry_allreduce(c.fy[0], a, b, 8, FERRY_FLOAT64, FERRY_MAX), 0);
