@@ -7,7 +7,7 @@
 #   build  compile libferry and its Criterion tests, check formatting; run the multi-host tests
 #          (mpirun through PMIx: openmpi-bin, libpmix-dev; network namespaces: iproute2)
 #   vm     run the RDMA suites on SoftRoCE inside QEMU (ci/softroce-vm.sh)
-#   bench  plot benchmark figures
+#   bench  plot benchmark figures; Fashion-MNIST for ferry-dp (dataset-fashion-mnist)
 #
 # Idempotent: a package counts as present when dpkg says "install ok installed"; `apt-get update`
 # runs only when something is missing, at most once per call. Every apt call is bounded. Prints
@@ -16,7 +16,7 @@ set -euo pipefail
 
 readonly GROUP_BUILD="cmake gcc make pkg-config liburcu-dev libxxhash-dev libcriterion-dev libibverbs-dev librdmacm-dev clang-format libpmix-dev openmpi-bin libopenmpi-dev iproute2"
 readonly GROUP_VM="qemu-system-x86 busybox-static rdma-core ibverbs-utils rdmacm-utils perftest ibverbs-providers iproute2 cpio kmod"
-readonly GROUP_BENCH="gnuplot-nox"
+readonly GROUP_BENCH="gnuplot-nox dataset-fashion-mnist"
 
 # Bounds, in seconds; override for slow mirrors.
 readonly UPDATE_TIMEOUT=${FERRY_APT_UPDATE_TIMEOUT:-300}

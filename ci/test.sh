@@ -9,14 +9,15 @@
 #   layers      ci/check-layers.sh: transports include no lib/ header, no file over 1000 lines,
 #               no call upward between layers and no call circle (from the objects, with nm)
 #   ctest       ctest --test-dir build --output-on-failure (with mpirun_pmix: 3 ranks under mpirun
-#               meeting through PMIx, when libpmix and mpirun are there)
+#               meeting through PMIx, when libpmix and mpirun are there; and coll_mpi_quick:
+#               ferry_allreduce checked against MPI_Allreduce on 2 ranks, a few seconds)
 #   netns       ci/netns-test.sh: 3 ranks in 3 network namespaces on a bridge, torchrun variables
 #               only; again with FERRY_SOCKET_IFNAME and FERRY_BIND_ADDR=0.0.0.0; then while one
 #               namespace loses every packet for 3 s (about 10 s; needs root, skipped otherwise)
 #   asan-build  the same into build-asan/ with -DFERRY_SANITIZE=address,undefined
 #   asan-ctest  ctest there, with ASAN_OPTIONS / UBSAN_OPTIONS that abort on the first finding
 #   tsan        the threaded suites (test_store, test_onesided, test_cluster over tcp and loop,
-#               test_keymap, test_sparse, test_reconnect)
+#               test_keymap, test_sparse, test_reconnect, test_coll)
 #               built into build-tsan/ with -DFERRY_SANITIZE=thread and run with tests/tsan.supp,
 #               halting on the first report (tests/CMakeLists.txt builds them against the
 #               Criterion stand-in in tests/transport/tsan/: Criterion cannot start under TSan)
@@ -134,7 +135,7 @@ tsan_build_run()
 	cmake -S . -B build-tsan -DFERRY_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 		-DFERRY_SANITIZE=thread &&
 		cmake --build build-tsan -j"$jobs" --target test_store test_onesided test_cluster \
-			test_keymap test_sparse test_reconnect &&
+			test_keymap test_sparse test_reconnect test_coll &&
 		TSAN_OPTIONS="suppressions=$PWD/tests/tsan.supp halt_on_error=1" \
 			ctest --test-dir build-tsan -R '^test_' --output-on-failure
 }
@@ -199,7 +200,7 @@ else
 	# In the guest: the transport suite (tcp, loop and rdma cases), then every integration
 	# suite of the core again with the rdma transport (its nodes listen on the rxe address).
 	vm_args=(--build-dir build --timeout 900 --tests "${FERRY_VM_TESTS:-test_transport}")
-	for t in test_cluster test_procs test_onesided test_badinput test_death test_sparse; do
+	for t in test_cluster test_procs test_onesided test_badinput test_death test_sparse test_coll; do
 		vm_args+=(--bin "build/tests/$t"
 			--cmd "FERRY_TRANSPORT=rdma FERRY_BIND_ADDR=10.77.0.1 $t --jobs 1")
 	done

@@ -7,7 +7,8 @@
  *   lib/ferry.c, lib/cluster.c      open/close, local clusters
  *     lib/table/                    collective create/destroy
  *       lib/reloc/                  localize protocol, landing inbox
- *         lib/ops/                  pull/push/set, requests, one-sided pulls
+ *         lib/ops/ lib/coll/        pull/push/set, requests, one-sided pulls;
+ *                                   broadcast, reduce, all-reduce
  *           lib/core/               node, dispatcher, barrier, proto, bootstrap
  *             lib/dir/ lib/store/   placement, pending moves; arenas and slots
  *               transport/          tcp, rdma, loop over transport/base
@@ -16,6 +17,7 @@
  */
 #include <errno.h>
 
+#include "lib/coll/coll.h"
 #include "lib/core/core.h"
 #include "lib/ops/ops.h"
 #include "lib/reloc/reloc.h"
@@ -38,6 +40,8 @@ int ferry_open(const struct ferry_params *params, struct ferry **fy_p)
 		rc = ferry__reloc_attach(fy);
 	if (!rc)
 		rc = ferry__table_attach(fy);
+	if (!rc)
+		rc = ferry__coll_attach(fy);
 	if (rc) {
 		ferry__node_put(fy);
 		return rc;

@@ -323,6 +323,137 @@ FERRY_API int ferry_wait(struct ferry_worker *w, uint64_t ticket);
  */
 FERRY_API int ferry_test(struct ferry_worker *w, uint64_t ticket);
 
+/* ---- collectives ------------------------------------------------------ */
+
+/*
+ * Collectives over every node of the cluster (docs/collectives.md). Every
+ * node calls the same collectives in the same order, with the same count,
+ * type, operator and root; a node that finds another's call different fails
+ * that collective with -FERRY_E_MISMATCH (logged) and every later one too.
+ * They run beside tables and workers, from any application thread, one
+ * collective per call; the buffers are the caller's and must not be touched
+ * until the collective is done. Buffers are aligned to their element size.
+ * A node numbers its collectives in the order their calls start: threads of
+ * one node that start collectives concurrently must order them themselves,
+ * the same way on every node.
+ *
+ * Algorithms (by the size of the buffer, count x element size):
+ *  - below the crossover (FERRY_COLL_CROSSOVER_DEFAULT; FERRY_COLL_CROSSOVER
+ *    bytes in the environment) the latency-bound one: recursive doubling for
+ *    all-reduce and reduce (a fix-up step for a world that is not a power of
+ *    two), a binomial tree for broadcast;
+ *  - from it up the bandwidth-bound one: a ring (reduce-scatter, then
+ *    all-gather) for all-reduce and reduce, a pipelined chain along the ring
+ *    for broadcast.
+ * Every node gets bit-identical results.
+ *
+ * A peer failure ends every collective under way at once with -FERRY_E_PEER,
+ * and every later one fails at once too; so does a timeout (-ETIMEDOUT): the
+ * nodes are out of step after it.
+ */
+enum ferry_dtype {
+	FERRY_FLOAT32 = 1,
+	FERRY_FLOAT64,
+	FERRY_INT64,
+};
+
+enum ferry_redop {
+	FERRY_SUM = 1,
+	FERRY_MAX,
+	FERRY_MIN,
+};
+
+enum ferry_coll_algo {
+	FERRY_COLL_ALGO_AUTO = 0, /* by size: the crossover below */
+	FERRY_COLL_ALGO_DOUBLING, /* recursive doubling; broadcast: binomial tree */
+	FERRY_COLL_ALGO_RING,	  /* ring; broadcast: pipelined chain */
+};
+
+/* bytes from which AUTO takes the ring (measured: docs/collectives.md) */
+#define FERRY_COLL_CROSSOVER_DEFAULT (256u << 10)
+
+/* a started collective: ferry_coll_wait() or ferry_coll_test() collects it */
+struct ferry_coll;
+
+/**
+ * ferry_allreduce - combine every node's @src element by element into every
+ * node's @dst
+ * @src: @count elements; @src == @dst combines in place (no other overlap)
+ * @dst: receives the result on every node
+ * @count: elements; 0 returns at once (every node must pass 0 then)
+ * @dtype, @op: FERRY_FLOAT32 / FERRY_FLOAT64 / FERRY_INT64 (sums of which
+ *              wrap); FERRY_SUM / FERRY_MAX / FERRY_MIN
+ *
+ * Context: any application thread; blocks until done, bounded by the node's
+ * timeout. Return: 0; -EINVAL (a NULL or misaligned buffer, an unknown type
+ * or operator, overlapping buffers: logged); -EBUSY (16 collectives started
+ * and not collected); -FERRY_E_PEER, -FERRY_E_MISMATCH, -ETIMEDOUT,
+ * -FERRY_E_CLOSED, -ENOMEM.
+ */
+FERRY_API int ferry_allreduce(struct ferry *fy, const void *src, void *dst, size_t count,
+			      enum ferry_dtype dtype, enum ferry_redop op);
+
+/**
+ * ferry_reduce - as ferry_allreduce, but only @root's @dst receives the
+ * result; @dst is not used (may be NULL) on the other nodes
+ *
+ * Return: as ferry_allreduce, and -EINVAL for a root out of range.
+ */
+FERRY_API int ferry_reduce(struct ferry *fy, const void *src, void *dst, size_t count,
+			   enum ferry_dtype dtype, enum ferry_redop op, int root);
+
+/**
+ * ferry_broadcast - copy @root's @buf into every node's @buf
+ *
+ * Returns on the root once every node has the data. Return: as
+ * ferry_allreduce.
+ */
+FERRY_API int ferry_broadcast(struct ferry *fy, void *buf, size_t count, enum ferry_dtype dtype,
+			      int root);
+
+/**
+ * ferry_allreduce_start - start an all-reduce and hand back its handle
+ * @coll_p: receives the handle, written only on success
+ *
+ * The collective makes progress on the node's progress thread while the
+ * caller does other work. At most 16 per node are started and not yet
+ * collected. A start that fails leaves no handle behind. ferry_reduce_start
+ * and ferry_broadcast_start likewise.
+ */
+FERRY_API int ferry_allreduce_start(struct ferry *fy, const void *src, void *dst, size_t count,
+				    enum ferry_dtype dtype, enum ferry_redop op,
+				    struct ferry_coll **coll_p);
+FERRY_API int ferry_reduce_start(struct ferry *fy, const void *src, void *dst, size_t count,
+				 enum ferry_dtype dtype, enum ferry_redop op, int root,
+				 struct ferry_coll **coll_p);
+FERRY_API int ferry_broadcast_start(struct ferry *fy, void *buf, size_t count,
+				    enum ferry_dtype dtype, int root, struct ferry_coll **coll_p);
+
+/**
+ * ferry_coll_wait - wait for a started collective and free its handle
+ *
+ * Context: any thread, once per handle. Return: the collective's result.
+ */
+FERRY_API int ferry_coll_wait(struct ferry_coll *coll);
+
+/**
+ * ferry_coll_test - poll a started collective
+ *
+ * Return: -EAGAIN while it runs (the handle stays); otherwise its result,
+ * and the handle is freed.
+ */
+FERRY_API int ferry_coll_test(struct ferry_coll *coll);
+
+/**
+ * ferry_coll_algo_set - force an algorithm on this node (tests, benchmarks)
+ * @algo: FERRY_COLL_ALGO_AUTO restores the choice by size; FERRY_COLL_ALGO
+ *        (auto, doubling, ring) in the environment sets it at ferry_open
+ *
+ * Every node must choose alike (a difference is a -FERRY_E_MISMATCH).
+ * Context: between collectives. Return: 0 or -EINVAL.
+ */
+FERRY_API int ferry_coll_algo_set(struct ferry *fy, enum ferry_coll_algo algo);
+
 /* ---- statistics ------------------------------------------------------- */
 
 struct ferry_stats {

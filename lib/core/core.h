@@ -225,7 +225,11 @@ struct ferry {
 
 	/* listeners of peer failures (ferry__node_on_peer_failed); written
 	 * before the node starts */
-	void (*peer_failed_fns[4])(struct ferry *fy, uint32_t rank);
+	void (*peer_failed_fns[8])(struct ferry *fy, uint32_t rank);
+	/* a module's node-wide state, freed with the node (after the transport
+	 * stopped and every handle that holds a reference went): collectives */
+	void *coll;
+	void (*coll_free)(void *coll);
 	atomic_uint failures; /* peers marked failed so far: waiters re-check on change */
 
 	/* barrier: rank 0 counts, everyone waits for the release */
@@ -263,6 +267,10 @@ int ferry__node_create(const struct ferry_params *params, struct ferry **fy_p);
 int ferry__node_start(struct ferry *fy, const struct ferry_tp_handler *handler);
 void ferry__node_close(struct ferry *fy);
 int ferry__send(struct ferry *fy, uint32_t dst, const void *frame, size_t len);
+/* the same for a frame in pieces (header and body, data, padding) */
+int ferry__sendv(struct ferry *fy, uint32_t dst, const struct iovec *iov, int iovcnt);
+/* take a reference on the node (a handle that outlives ferry_close) */
+void ferry__node_get(struct ferry *fy);
 void ferry__node_put(struct ferry *fy);
 int ferry__node_poll(struct ferry *fy, unsigned flags);
 int ferry__cond_wait_until(pthread_cond_t *c, pthread_mutex_t *m, const struct timespec *ts);

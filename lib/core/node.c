@@ -29,21 +29,30 @@ int ferry__cond_wait_until(pthread_cond_t *c, pthread_mutex_t *m, const struct t
 	return pthread_cond_timedwait(c, m, ts);
 }
 
-int ferry__send(struct ferry *fy, uint32_t dst, const void *frame, size_t len)
+int ferry__sendv(struct ferry *fy, uint32_t dst, const struct iovec *iov, int iovcnt)
 {
-	struct iovec iov = { .iov_base = (void *)frame, .iov_len = len };
+	size_t len = 0;
 	int rc;
 
 	if (atomic_load_explicit(&fy->closed, memory_order_acquire))
 		return -FERRY_E_CLOSED;
 	if (dst != fy->rank && atomic_load_explicit(&fy->failed[dst], memory_order_relaxed))
 		return -FERRY_E_PEER;
-	rc = fy->tp->ops->send(fy->tp, dst, &iov, 1);
+	rc = fy->tp->ops->send(fy->tp, dst, iov, iovcnt);
 	if (rc)
 		return rc;
+	for (int i = 0; i < iovcnt; i++)
+		len += iov[i].iov_len;
 	atomic_fetch_add_explicit(&fy->msgs_sent, 1, memory_order_relaxed);
 	atomic_fetch_add_explicit(&fy->bytes_sent, len, memory_order_relaxed);
 	return 0;
+}
+
+int ferry__send(struct ferry *fy, uint32_t dst, const void *frame, size_t len)
+{
+	struct iovec iov = { .iov_base = (void *)frame, .iov_len = len };
+
+	return ferry__sendv(fy, dst, &iov, 1);
 }
 
 /* ---- open / close ----------------------------------------------------- */
@@ -79,6 +88,8 @@ static const struct ferry_tp_ops *node_pick_transport(enum ferry_transport_kind 
 
 static void node_free(struct ferry *fy)
 {
+	if (fy->coll_free)
+		fy->coll_free(fy->coll);
 	free(fy->cfg);
 	free(fy->tp);
 	free(fy->failed);
@@ -92,6 +103,11 @@ static void node_free(struct ferry *fy)
 	pthread_mutex_destroy(&fy->lock);
 	pthread_cond_destroy(&fy->cond);
 	free(fy);
+}
+
+void ferry__node_get(struct ferry *fy)
+{
+	atomic_fetch_add(&fy->refs, 1);
 }
 
 void ferry__node_put(struct ferry *fy)

@@ -98,6 +98,10 @@ static size_t proto_body_size(uint8_t type)
 		return sizeof(struct ferry_msg_table);
 	case FERRY_MSG_CHUNK:
 		return sizeof(struct ferry_msg_chunk);
+	case FERRY_MSG_COLL:
+	case FERRY_MSG_COLL_ACK:
+	case FERRY_MSG_COLL_KICK:
+		return sizeof(struct ferry_msg_coll);
 	}
 	return 0;
 }
@@ -219,6 +223,56 @@ static const char *proto_check_inbox(uint64_t addr, uint64_t rkey, uint32_t entr
 	return NULL;
 }
 
+/*
+ * A collective's frame: known kind, type and operator (none for a
+ * broadcast), a root in the world, a step below 2 world + 2 (the ring has
+ * 2 (world - 1) steps, recursive doubling log2(world) + 2), a segment inside
+ * the collective's count, and exactly its elements after the body. What only
+ * the collective can check (the sender is the peer of that step, the
+ * segment is the next one expected, the signature matches) lib/coll/ checks.
+ */
+static int proto_parse_coll(uint8_t type, const uint8_t *p, size_t left,
+			    const struct ferry_proto_limits *lim, struct ferry_proto_view *v,
+			    const char **why_p)
+{
+	const struct ferry_msg_coll *m = v->body;
+	uint32_t esz = ferry__dtype_size(m->dtype);
+
+	if (!lim)
+		PROTO_FAIL("coll: no world");
+	if (m->kind < FERRY_COLL_KIND_ALLREDUCE || m->kind > FERRY_COLL_KIND_BCAST)
+		PROTO_FAIL("coll: unknown collective");
+	if (!esz)
+		PROTO_FAIL("coll: unknown element type");
+	if (m->kind == FERRY_COLL_KIND_BCAST ? m->op != 0 : (m->op < 1 || m->op > 3))
+		PROTO_FAIL("coll: unknown operator");
+	if (m->algo < 1 || m->algo > 2)
+		PROTO_FAIL("coll: unknown algorithm");
+	if (m->root >= lim->world || (m->kind == FERRY_COLL_KIND_ALLREDUCE && m->root))
+		PROTO_FAIL("coll: root out of range");
+	if (m->step >= 2 * (uint64_t)lim->world + 2)
+		PROTO_FAIL("coll: step out of range");
+	if (m->count == 0 || m->count > UINT64_MAX / esz)
+		PROTO_FAIL("coll: element count out of range");
+	if (type != FERRY_MSG_COLL) {
+		if (m->n || m->off || m->step)
+			PROTO_FAIL("coll: segment on a frame without data");
+		if (type == FERRY_MSG_COLL_ACK && m->kind != FERRY_COLL_KIND_BCAST)
+			PROTO_FAIL("coll: acknowledgement of a collective other than a broadcast");
+		if (!proto_pad_ok(left, 0))
+			PROTO_FAIL("trailing bytes after the body");
+		return 0;
+	}
+	if (m->n == 0 || m->off > m->count || m->n > m->count - m->off)
+		PROTO_FAIL("coll: segment outside the collective");
+	if (!proto_pad_ok(left, (size_t)m->n * esz))
+		PROTO_FAIL("coll: data bytes differ from the segment's elements");
+	v->coll = m;
+	v->data = p;
+	v->count = m->n;
+	return 0;
+}
+
 int ferry__proto_parse(const void *buf, size_t len, const struct ferry_proto_limits *lim,
 		       struct ferry_proto_view *view, const char **why_p)
 {
@@ -335,6 +389,11 @@ int ferry__proto_parse(const void *buf, size_t len, const struct ferry_proto_lim
 			PROTO_FAIL("trailing bytes after the body");
 		return 0;
 	}
+	case FERRY_MSG_COLL:
+	case FERRY_MSG_COLL_ACK:
+	case FERRY_MSG_COLL_KICK:
+		view->coll = view->body;
+		return proto_parse_coll(hdr->type, p, left, lim, view, why_p);
 	default:
 		if (!proto_pad_ok(left, 0))
 			PROTO_FAIL("trailing bytes after the body");

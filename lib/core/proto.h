@@ -104,6 +104,39 @@ struct ferry_msg_chunk {
 	uint64_t rkey;
 };
 
+/*
+ * FERRY_MSG_COLL: one segment of one step of a collective (lib/coll/), then
+ * n elements of the collective's type; _COLL_ACK and _COLL_KICK: the body
+ * only (n = 0, off = 0). Every field but off, n and step is the collective's
+ * signature, the same in every frame of it: a node that receives one that
+ * differs from its own call fails that collective with -FERRY_E_MISMATCH.
+ */
+enum ferry_coll_kind {
+	FERRY_COLL_KIND_ALLREDUCE = 1,
+	FERRY_COLL_KIND_REDUCE,
+	FERRY_COLL_KIND_BCAST,
+};
+
+struct ferry_msg_coll {
+	uint64_t seq;	/* the sender's collective number: every node calls
+			 * collectives in one order, numbered from 0 */
+	uint64_t count; /* elements of the whole collective */
+	uint64_t off;	/* first element of this segment */
+	uint32_t n;	/* elements in this segment (0: ACK, KICK) */
+	uint32_t step;	/* the algorithm's step, < 2 world + 2 */
+	uint8_t kind;	/* enum ferry_coll_kind */
+	uint8_t dtype;	/* enum ferry_dtype */
+	uint8_t op;	/* enum ferry_redop; 0 for a broadcast */
+	uint8_t algo;	/* enum ferry_coll_algo, never AUTO */
+	uint32_t root;	/* reduce, broadcast: the root; 0 for an all-reduce */
+};
+
+/* bytes per element of an enum ferry_dtype, 0 for an unknown one */
+static inline uint32_t ferry__dtype_size(uint32_t dtype)
+{
+	return dtype >= 1 && dtype <= 3 ? (dtype == 1 ? 4u : 8u) : 0u;
+}
+
 /* FERRY_MSG_TABLE: the fields that must agree; _TABLE_ACK: status + field */
 struct ferry_msg_table {
 	uint64_t num_keys;
@@ -177,6 +210,8 @@ struct ferry_proto_view {
 	const uint32_t *idx;		      /* REPLY */
 	const uint64_t *slots;		      /* REPLY with FERRY_REPLY_F_SLOTS */
 	const struct ferry_msg_arena *arenas; /* TABLE_ACK with a trailer */
+	const struct ferry_msg_coll *coll;    /* COLL, COLL_ACK, COLL_KICK */
+	const void *data;		      /* COLL: the segment's elements */
 	const float *vals;		      /* values, where the type has them */
 	size_t nvals;			      /* floats at vals */
 };

@@ -689,6 +689,9 @@ Test(proto, frame_shorter_than_its_fixed_body)
 		{ FERRY_MSG_RESUME, sizeof(struct ferry_msg_resume) },
 		{ FERRY_MSG_ACK, sizeof(struct ferry_msg_ack) },
 		{ FERRY_MSG_CHUNK, sizeof(struct ferry_msg_chunk) },
+		{ FERRY_MSG_COLL, sizeof(struct ferry_msg_coll) },
+		{ FERRY_MSG_COLL_ACK, sizeof(struct ferry_msg_coll) },
+		{ FERRY_MSG_COLL_KICK, sizeof(struct ferry_msg_coll) },
 	};
 
 	/* every type but BYE, which is a bare header (below) */
@@ -1894,4 +1897,139 @@ Test(proto, fuzz_random_frames_parse_or_are_refused, .timeout = 60)
 	cr_assert_gt(accepted, ITERS / 100);
 	cr_assert_gt(refused_hdr, ITERS / 100);
 	cr_assert_gt(refused_body, ITERS / 100);
+}
+
+/* ---- collectives ------------------------------------------------------------ */
+
+/* a COLL frame: @m, then @n elements of @esz bytes (+ @extra bytes) */
+static struct fr coll_frame(uint8_t type, struct ferry_msg_coll m, size_t data_bytes, long extra)
+{
+	struct ferry_frame f;
+	uint8_t *p;
+
+	ferry__frame_begin(&f);
+	p = ferry__frame_put(&f, sizeof(m) + data_bytes + (extra > 0 ? (size_t)extra : 0));
+	cr_assert_not_null(p);
+	memcpy(p, &m, sizeof(m));
+	return fr_take(&f, type, 1, 0);
+}
+
+static struct ferry_msg_coll good_coll(void)
+{
+	return (struct ferry_msg_coll){ .seq = 7,
+					.count = 11,
+					.off = 4,
+					.n = 3,
+					.step = 2,
+					.kind = FERRY_COLL_KIND_ALLREDUCE,
+					.dtype = FERRY_FLOAT32,
+					.op = FERRY_SUM,
+					.algo = FERRY_COLL_ALGO_RING };
+}
+
+Test(proto, coll_frames_pass_with_their_segment)
+{
+	struct ferry_msg_coll m = good_coll();
+	struct ferry_proto_view v;
+	struct fr x = coll_frame(FERRY_MSG_COLL, m, 3 * 4, 0);
+
+	expect_ok(&x, &lim_fixed, &v, "a float32 segment of 3");
+	cr_assert_not_null(v.coll);
+	cr_assert_eq(v.coll->n, 3);
+	cr_assert_eq(v.data, (const uint8_t *)fr_body(&x) + sizeof(m));
+	fr_free(&x);
+	m.kind = FERRY_COLL_KIND_BCAST;
+	m.op = 0;
+	m.root = WORLD - 1;
+	m.n = 0;
+	m.off = 0;
+	m.step = 0;
+	x = coll_frame(FERRY_MSG_COLL_ACK, m, 0, 0);
+	expect_ok(&x, &lim_fixed, &v, "a broadcast acknowledgement");
+	fr_free(&x);
+}
+
+Test(proto, coll_frames_with_a_bad_field_are_refused)
+{
+	static const struct {
+		const char *what, *reason;
+		int field;
+		uint64_t value;
+	} cases[] = {
+		{ "kind 0", "collective", 0, 0 },
+		{ "kind 4", "collective", 0, 4 },
+		{ "dtype 0", "element type", 1, 0 },
+		{ "dtype 4", "element type", 1, 4 },
+		{ "op 0", "operator", 2, 0 },
+		{ "op 4", "operator", 2, 4 },
+		{ "algo 0", "algorithm", 3, 0 },
+		{ "algo 3", "algorithm", 3, 3 },
+		{ "root of an all-reduce", "root", 4, 1 },
+		{ "step 2 world + 2", "step", 5, 2 * WORLD + 2 },
+		{ "count 0", "count", 6, 0 },
+		{ "off past count", "outside", 7, 10 },
+		{ "n 0", "outside", 8, 0 },
+		{ "off + n past count", "outside", 8, 8 },
+	};
+
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		struct ferry_msg_coll m = good_coll();
+		struct fr x;
+
+		switch (cases[i].field) {
+		case 0:
+			m.kind = (uint8_t)cases[i].value;
+			break;
+		case 1:
+			m.dtype = (uint8_t)cases[i].value;
+			break;
+		case 2:
+			m.op = (uint8_t)cases[i].value;
+			break;
+		case 3:
+			m.algo = (uint8_t)cases[i].value;
+			break;
+		case 4:
+			m.root = (uint32_t)cases[i].value;
+			break;
+		case 5:
+			m.step = (uint32_t)cases[i].value;
+			break;
+		case 6:
+			m.count = cases[i].value;
+			break;
+		case 7:
+			m.off = cases[i].value;
+			break;
+		case 8:
+			m.n = (uint32_t)cases[i].value;
+			break;
+		}
+		x = coll_frame(FERRY_MSG_COLL, m, 3 * 4, 0);
+		expect_body_bad(&x, &lim_fixed, cases[i].reason, cases[i].what);
+		fr_free(&x);
+	}
+	{
+		struct ferry_msg_coll m = good_coll();
+		struct fr x = coll_frame(FERRY_MSG_COLL, m, 2 * 4, 0); /* 3 announced, 2 sent */
+
+		expect_body_bad(&x, &lim_fixed, "data bytes", "a segment one element short");
+		fr_free(&x);
+		x = coll_frame(FERRY_MSG_COLL, m, 3 * 4, 8); /* a word too many */
+		expect_body_bad(&x, &lim_fixed, "data bytes", "a segment with a word too many");
+		fr_free(&x);
+		x = coll_frame(FERRY_MSG_COLL_ACK, m, 0, 0); /* a segment on an ack */
+		expect_body_bad(&x, &lim_fixed, "segment", "an acknowledgement with a segment");
+		fr_free(&x);
+		m.off = m.n = m.step = 0;
+		x = coll_frame(FERRY_MSG_COLL_ACK, m, 0, 0); /* of an all-reduce */
+		expect_body_bad(&x, &lim_fixed, "acknowledgement", "an all-reduce acknowledged");
+		fr_free(&x);
+		m.kind = FERRY_COLL_KIND_BCAST;
+		m.op = 0;
+		m.root = WORLD;
+		x = coll_frame(FERRY_MSG_COLL_KICK, m, 0, 0);
+		expect_body_bad(&x, &lim_fixed, "root", "a root outside the world");
+		fr_free(&x);
+	}
 }

@@ -34,8 +34,8 @@
 /* 2: landing inboxes (table trailer, move entries); 3: barrier releases carry a
  * status (a failed rank breaks the barrier); 4: sessions that survive a lost
  * link (RESUME after the HELLO, ACK), sparse tables (any 64-bit key) and
- * initial values in TABLE, CHUNK (arenas registered a chunk at a time);
- * older peers are refused */
+ * initial values in TABLE, CHUNK (arenas registered a chunk at a time),
+ * collectives (COLL, COLL_ACK, COLL_KICK); older peers are refused */
 #define FERRY_PROTO_VERSION 4
 #define FERRY_MSG_MAX (64u << 20) /* largest frame, header included */
 #define FERRY_MSG_ALIGN 8u	  /* every frame's len is a multiple: frames stay aligned */
@@ -62,6 +62,9 @@ enum ferry_msg_type {
 				      session resumes (transports only) */
 	FERRY_MSG_ACK,		  /* frames delivered so far (transports only) */
 	FERRY_MSG_CHUNK,	  /* node -> every node: a chunk of my arena, and its rkey */
+	FERRY_MSG_COLL,		  /* a collective's data: one segment of one step */
+	FERRY_MSG_COLL_ACK,	  /* broadcast: a node has all of it (-> root) */
+	FERRY_MSG_COLL_KICK,	  /* to self: a started collective has frames to replay */
 	FERRY_MSG_TYPE_MAX
 };
 

@@ -1,0 +1,328 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * ferry-coll-mpi - ferry_allreduce against Open MPI's MPI_Allreduce, on the
+ * same processes, buffers and sizes, as nccl-tests reports them:
+ *
+ *   mpirun -np 2 --bind-to core ferry-coll-mpi [--min 8] [--max 64M]
+ *          [--json FILE] [--iters N] [--warmup N] [--algo auto|doubling|ring]
+ *          [--dtype float32|float64|int64] [--op sum|max|min] [--quick]
+ *
+ * Ferry takes rank and world from Open MPI's environment and meets its
+ * peers through mpirun's PMIx server (lib/core/config.c, pmix.c). For each
+ * size (powers of two, in bytes), MPI first and then Ferry, each warmed up
+ * and then timed over the same number of iterations; a row's time is the
+ * slowest rank's mean (MPI_Allreduce of the times with MPI_MAX).
+ *
+ *   algbw = bytes / time                          (GB/s, 10^9)
+ *   busbw = algbw x 2 (n - 1) / n                 (what each link carries)
+ *   ratio = Ferry's busbw / MPI's (> 1: Ferry moves more), and time
+ *           Ferry / MPI (< 1: Ferry is faster)
+ *
+ * Before timing, each size's results are compared: both reduce the same
+ * small integers, so they must agree bit for bit; a difference exits 1.
+ * The program never passes or fails on speed.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <mpi.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/utsname.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ferry/ferry.h"
+
+struct row {
+	size_t bytes;
+	int iters;
+	double mpi_us, ferry_us;
+	const char *algo;
+};
+
+static double now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static size_t parse_size(const char *s)
+{
+	char *end;
+	double v = strtod(s, &end);
+
+	if (*end == 'K' || *end == 'k')
+		v *= 1024;
+	else if (*end == 'M' || *end == 'm')
+		v *= 1024 * 1024;
+	else if (*end == 'G' || *end == 'g')
+		v *= 1024.0 * 1024 * 1024;
+	return (size_t)v;
+}
+
+static size_t dt_size(enum ferry_dtype t)
+{
+	return t == FERRY_FLOAT32 ? 4 : 8;
+}
+
+static MPI_Datatype dt_mpi(enum ferry_dtype t)
+{
+	return t == FERRY_FLOAT32 ? MPI_FLOAT : t == FERRY_FLOAT64 ? MPI_DOUBLE : MPI_INT64_T;
+}
+
+static MPI_Op op_mpi(enum ferry_redop op)
+{
+	return op == FERRY_SUM ? MPI_SUM : op == FERRY_MAX ? MPI_MAX : MPI_MIN;
+}
+
+static void fill(void *buf, enum ferry_dtype t, size_t n, int rank)
+{
+	for (size_t i = 0; i < n; i++) {
+		int64_t v = (int64_t)((rank * 7 + i * 13) % 41) - 20;
+
+		if (t == FERRY_FLOAT32)
+			((float *)buf)[i] = (float)v;
+		else if (t == FERRY_FLOAT64)
+			((double *)buf)[i] = (double)v;
+		else
+			((int64_t *)buf)[i] = v;
+	}
+}
+
+static void usage(void)
+{
+	fprintf(stderr,
+		"usage: mpirun -np N [--bind-to core] ferry-coll-mpi [--min BYTES] [--max BYTES]\n"
+		"       [--iters N] [--warmup N] [--algo auto|doubling|ring]\n"
+		"       [--dtype float32|float64|int64] [--op sum|max|min] [--json FILE] [--quick]\n");
+}
+
+int main(int argc, char **argv)
+{
+	static const struct option lopts[] = {
+		{ "min", required_argument, NULL, 'a' },
+		{ "max", required_argument, NULL, 'b' },
+		{ "iters", required_argument, NULL, 'n' },
+		{ "warmup", required_argument, NULL, 'w' },
+		{ "algo", required_argument, NULL, 'g' },
+		{ "dtype", required_argument, NULL, 't' },
+		{ "op", required_argument, NULL, 'o' },
+		{ "json", required_argument, NULL, 'j' },
+		{ "quick", no_argument, NULL, 'q' },
+		{ "help", no_argument, NULL, 'h' },
+		{ NULL, 0, NULL, 0 },
+	};
+	size_t min = 8, max = 64u << 20;
+	int iters = 0, warmup = -1, quick = 0, rank, world, rc, opt, nrows = 0, bad = 0;
+	enum ferry_coll_algo algo = FERRY_COLL_ALGO_AUTO;
+	enum ferry_dtype dtype = FERRY_FLOAT32;
+	enum ferry_redop op = FERRY_SUM;
+	const char *json = NULL, *dname = "float32", *oname = "sum", *aname = "auto";
+	struct row rows[64];
+	struct ferry *fy;
+	char cmd[1024] = "";
+	void *src, *dst, *chk;
+
+	MPI_Init(&argc, &argv);
+	MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+	MPI_Comm_size(MPI_COMM_WORLD, &world);
+	for (int i = 0; i < argc; i++) {
+		strncat(cmd, argv[i], sizeof(cmd) - strlen(cmd) - 2);
+		strncat(cmd, i + 1 < argc ? " " : "", sizeof(cmd) - strlen(cmd) - 1);
+	}
+	while ((opt = getopt_long(argc, argv, "h", lopts, NULL)) != -1) {
+		switch (opt) {
+		case 'a':
+			min = parse_size(optarg);
+			break;
+		case 'b':
+			max = parse_size(optarg);
+			break;
+		case 'n':
+			iters = atoi(optarg);
+			break;
+		case 'w':
+			warmup = atoi(optarg);
+			break;
+		case 'g':
+			aname = optarg;
+			algo = !strcmp(optarg, "doubling") ? FERRY_COLL_ALGO_DOUBLING :
+			       !strcmp(optarg, "ring")	   ? FERRY_COLL_ALGO_RING :
+							     FERRY_COLL_ALGO_AUTO;
+			break;
+		case 't':
+			dname = optarg;
+			dtype = !strcmp(optarg, "float64") ? FERRY_FLOAT64 :
+				!strcmp(optarg, "int64")   ? FERRY_INT64 :
+							     FERRY_FLOAT32;
+			break;
+		case 'o':
+			oname = optarg;
+			op = !strcmp(optarg, "max") ? FERRY_MAX :
+			     !strcmp(optarg, "min") ? FERRY_MIN :
+						      FERRY_SUM;
+			break;
+		case 'j':
+			json = optarg;
+			break;
+		case 'q':
+			quick = 1;
+			break;
+		default:
+			if (rank == 0)
+				usage();
+			MPI_Finalize();
+			return opt == 'h' ? 0 : 2;
+		}
+	}
+	if (quick) {
+		if (max > (1u << 20))
+			max = 1u << 20;
+		if (!iters)
+			iters = 20;
+	}
+	if (min < dt_size(dtype))
+		min = dt_size(dtype);
+
+	rc = ferry_open(NULL, &fy);
+	if (rc) {
+		fprintf(stderr, "ferry-coll-mpi: rank %d: ferry_open: %s\n", rank,
+			ferry_strerror(rc));
+		MPI_Abort(MPI_COMM_WORLD, 1);
+	}
+	if (ferry_rank(fy) != rank || ferry_world(fy) != world) {
+		fprintf(stderr, "ferry-coll-mpi: Ferry says rank %d of %d, MPI %d of %d\n",
+			ferry_rank(fy), ferry_world(fy), rank, world);
+		MPI_Abort(MPI_COMM_WORLD, 1);
+	}
+	ferry_coll_algo_set(fy, algo);
+	src = aligned_alloc(64, max);
+	dst = aligned_alloc(64, max);
+	chk = aligned_alloc(64, max);
+	if (!src || !dst || !chk)
+		MPI_Abort(MPI_COMM_WORLD, 1);
+
+	for (size_t bytes = min; bytes <= max && nrows < 64; bytes *= 2) {
+		size_t n = bytes / dt_size(dtype);
+		int it = iters		      ? iters :
+			 bytes <= (64u << 10) ? 1000 :
+						(int)((256ull << 20) / bytes);
+		int wu = warmup >= 0 ? warmup : it / 10 + 2;
+		double t0, tm, tf, tmax;
+
+		if (it < 5)
+			it = 5;
+		fill(src, dtype, n, rank);
+		/* the same answer, bit for bit */
+		MPI_Allreduce(src, chk, (int)n, dt_mpi(dtype), op_mpi(op), MPI_COMM_WORLD);
+		rc = ferry_allreduce(fy, src, dst, n, dtype, op);
+		if (rc || memcmp(chk, dst, bytes)) {
+			fprintf(stderr, "ferry-coll-mpi: rank %d: %zu bytes: %s\n", rank, bytes,
+				rc ? ferry_strerror(rc) : "Ferry's result differs from MPI's");
+			bad = 1;
+			break;
+		}
+
+		for (int i = 0; i < wu; i++)
+			MPI_Allreduce(src, dst, (int)n, dt_mpi(dtype), op_mpi(op), MPI_COMM_WORLD);
+		MPI_Barrier(MPI_COMM_WORLD);
+		t0 = now_s();
+		for (int i = 0; i < it; i++)
+			MPI_Allreduce(src, dst, (int)n, dt_mpi(dtype), op_mpi(op), MPI_COMM_WORLD);
+		tm = (now_s() - t0) / it;
+
+		for (int i = 0; i < wu && !rc; i++)
+			rc = ferry_allreduce(fy, src, dst, n, dtype, op);
+		MPI_Barrier(MPI_COMM_WORLD);
+		t0 = now_s();
+		for (int i = 0; i < it && !rc; i++)
+			rc = ferry_allreduce(fy, src, dst, n, dtype, op);
+		tf = (now_s() - t0) / it;
+		if (rc) {
+			fprintf(stderr, "ferry-coll-mpi: rank %d: ferry_allreduce: %s\n", rank,
+				ferry_strerror(rc));
+			bad = 1;
+			break;
+		}
+
+		MPI_Allreduce(&tm, &tmax, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+		tm = tmax;
+		MPI_Allreduce(&tf, &tmax, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+		tf = tmax;
+		rows[nrows++] = (struct row){
+			.bytes = bytes,
+			.iters = it,
+			.mpi_us = tm * 1e6,
+			.ferry_us = tf * 1e6,
+			.algo = algo == FERRY_COLL_ALGO_RING	     ? "ring" :
+				algo == FERRY_COLL_ALGO_DOUBLING     ? "doubling" :
+				bytes < FERRY_COLL_CROSSOVER_DEFAULT ? "doubling" :
+								       "ring",
+		};
+	}
+	MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+
+	if (rank == 0 && !bad) {
+		const double bus = 2.0 * (world - 1) / world;
+		struct utsname u;
+		FILE *f = json ? fopen(json, "w") : NULL;
+
+		printf("# ferry-coll-mpi: %d ranks, %s %s, Ferry algorithm %s; times: the slowest "
+		       "rank's mean\n",
+		       world, dname, oname, aname);
+		printf("# %10s %6s %9s | %11s %9s %9s | %11s %9s %9s | %7s %7s\n", "bytes", "iters",
+		       "algo", "mpi_us", "mpi_alg", "mpi_bus", "ferry_us", "ferry_alg", "ferry_bus",
+		       "t_f/m", "bus_f/m");
+		for (int i = 0; i < nrows; i++) {
+			const struct row *r = &rows[i];
+			double am = (double)r->bytes / r->mpi_us / 1e3,
+			       af = (double)r->bytes / r->ferry_us / 1e3;
+
+			printf("  %10zu %6d %9s | %11.2f %9.3f %9.3f | %11.2f %9.3f %9.3f | %7.2f "
+			       "%7.2f\n",
+			       r->bytes, r->iters, r->algo, r->mpi_us, am, am * bus, r->ferry_us,
+			       af, af * bus, r->ferry_us / r->mpi_us, af / am);
+		}
+		if (json && !f)
+			fprintf(stderr, "ferry-coll-mpi: cannot write %s: %s\n", json,
+				strerror(errno));
+		if (f) {
+			uname(&u);
+			fprintf(f,
+				"{\n  \"program\": \"ferry-coll-mpi\",\n  \"ferry_version\": \"%s\",\n"
+				"  \"kernel\": \"%s %s\",\n  \"cores\": %ld,\n  \"ranks\": %d,\n"
+				"  \"dtype\": \"%s\",\n  \"op\": \"%s\",\n  \"algo\": \"%s\",\n"
+				"  \"command\": \"%s\",\n  \"results\": [\n",
+				ferry_version(), u.sysname, u.release,
+				sysconf(_SC_NPROCESSORS_ONLN), world, dname, oname, aname, cmd);
+			for (int i = 0; i < nrows; i++) {
+				const struct row *r = &rows[i];
+				double am = (double)r->bytes / r->mpi_us / 1e3,
+				       af = (double)r->bytes / r->ferry_us / 1e3;
+
+				fprintf(f,
+					"    {\"bytes\": %zu, \"iters\": %d, \"ferry_algo\": \"%s\", "
+					"\"mpi_us\": %.3f, \"mpi_algbw_gbs\": %.4f, "
+					"\"mpi_busbw_gbs\": %.4f, \"ferry_us\": %.3f, "
+					"\"ferry_algbw_gbs\": %.4f, \"ferry_busbw_gbs\": %.4f, "
+					"\"time_ratio_ferry_over_mpi\": %.3f, "
+					"\"busbw_ratio_ferry_over_mpi\": %.3f}%s\n",
+					r->bytes, r->iters, r->algo, r->mpi_us, am, am * bus,
+					r->ferry_us, af, af * bus, r->ferry_us / r->mpi_us, af / am,
+					i + 1 < nrows ? "," : "");
+			}
+			fprintf(f, "  ]\n}\n");
+			fclose(f);
+		}
+	}
+	ferry_close(fy);
+	free(src);
+	free(dst);
+	free(chk);
+	MPI_Finalize();
+	return bad;
+}

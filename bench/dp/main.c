@@ -1,0 +1,757 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * ferry-dp - synchronous data-parallel SGD on Ferry (issue 18, items 3, 4):
+ * softmax regression, one worker per node, the nodes threads of this
+ * process (ferry_local_cluster_open), every scheme on the same data, the same
+ * global batch and the same straggler:
+ *
+ *   allreduce  BSP: each worker's summed gradient over global / workers
+ *              samples, ferry_allreduce (sum), every worker applies the same
+ *              update (the lecture's algorithm)
+ *   ps         BSP through the parameter store: push -lr g / global into a
+ *              table of the weights, barrier, pull the weights
+ *   lbbsp      LB-BSP: as allreduce, but at every iteration boundary each
+ *              worker's batch is recomputed from its measured time per sample
+ *              (a pluggable predictor, EMA here), the global batch fixed; the
+ *              summed gradients divided by the global batch equal the full
+ *              batch's mean gradient, whatever the split
+ *
+ *   backup     BSP with backup workers: each update uses the first workers - B
+ *              gradients to arrive (--backups B, 1 by default), through the
+ *              parameter store, rank 0 coordinating (so rank 0 should not be
+ *              the straggler)
+ *
+ * --straggler RANK:FACTOR[:FROM] slows one worker by FACTOR from iteration
+ * FROM (it sleeps FACTOR - 1 times its compute time: a deterministic
+ * straggler that costs no CPU); --jitter P:MS makes every worker pause a
+ * random 0 .. MS ms with probability P per iteration. Time is rank 0's wall
+ * clock with evaluation taken out (every node waits at a barrier while rank
+ * 0 evaluates on the test set). JSON with --json FILE.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "dp.h"
+#include "ferry/ferry.h"
+
+enum dp_scheme {
+	DP_ALLREDUCE,
+	DP_PS,
+	DP_LBBSP,
+	DP_BACKUP,
+	DP_NSCHEMES
+};
+static const char *const scheme_names[] = { "allreduce", "ps", "lbbsp", "backup" };
+
+struct dp_opts {
+	int workers, iters, eval_every;
+	uint32_t batch;
+	float lr;
+	int strag_rank, strag_from;
+	double strag_factor;
+	double jitter_p, jitter_ms;
+	double target_loss;
+	double ema_alpha; /* LB-BSP's predictor */
+	int backups;	  /* backup workers: updates use the first workers - backups */
+	size_t hidden;	  /* 0: softmax regression; else an MLP with this many ReLU units */
+	unsigned schemes; /* bits of enum dp_scheme */
+	const char *json;
+	uint64_t seed;
+};
+
+struct dp_point {
+	int iter;
+	double time_s, loss, acc;
+	uint32_t batch[DP_MAX_WORKERS];
+};
+
+struct dp_run {
+	const struct dp_opts *o;
+	const struct dp_data *train, *test;
+	struct dp_model model;
+	enum dp_scheme scheme;
+	struct ferry *fys[DP_MAX_WORKERS];
+	struct dp_point *pts;
+	int npts;
+	double time_to_target; /* -1: never */
+	int failed;
+	char why[256];
+};
+
+static double now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void sleep_s(double s)
+{
+	struct timespec ts;
+
+	if (s <= 0)
+		return;
+	ts.tv_sec = (time_t)s;
+	ts.tv_nsec = (long)((s - (double)ts.tv_sec) * 1e9);
+	nanosleep(&ts, NULL);
+}
+
+struct dp_arg {
+	struct dp_run *run;
+	int rank;
+};
+
+static int dp_fail(struct dp_run *run, int rank, const char *what, int rc)
+{
+	if (!__atomic_fetch_add(&run->failed, 1, __ATOMIC_SEQ_CST))
+		snprintf(run->why, sizeof(run->why), "rank %d: %s: %s", rank, what,
+			 ferry_strerror(rc));
+	return 1;
+}
+
+/*
+ * The parameter store holds the weights as keys of at most DP_KEY_LEN
+ * floats, the last one shorter (and, for the backup scheme, one more key
+ * of 1 float: the version). Return: the number of weight keys.
+ */
+#define DP_KEY_LEN 1024
+
+static size_t dp_ps_layout(size_t P, uint32_t *lens, uint64_t *keys, int version)
+{
+	size_t n = (P + DP_KEY_LEN - 1) / DP_KEY_LEN;
+
+	for (size_t k = 0; k < n; k++) {
+		keys[k] = k;
+		lens[k] = (uint32_t)(k + 1 < n ? DP_KEY_LEN : P - k * DP_KEY_LEN);
+	}
+	if (version) {
+		keys[n] = n;
+		lens[n] = 1;
+	}
+	return n;
+}
+
+static void *dp_worker(void *p)
+{
+	struct dp_arg *a = p;
+	struct dp_run *run = a->run;
+	const struct dp_opts *o = run->o;
+	const struct dp_data *d = run->train;
+	const int r = a->rank, W = o->workers;
+	const size_t P = dp_params(&run->model);
+	struct ferry *fy = run->fys[r];
+	struct ferry_table *t = NULL;
+	struct ferry_worker *wk = NULL;
+	struct dp_predictor pred;
+	uint32_t batch[DP_MAX_WORKERS], *idx = malloc(o->batch * sizeof(uint32_t));
+	uint32_t *lens = malloc((P / DP_KEY_LEN + 2) * sizeof(uint32_t));
+	float *w = calloc(P, sizeof(float)), *buf = calloc(P + 2 + DP_MAX_WORKERS, sizeof(float));
+	uint64_t *keys = malloc((P / DP_KEY_LEN + 2) * sizeof(uint64_t));
+	uint64_t rng = o->seed * 31 + (uint64_t)r;
+	size_t nkeys = 0;
+	size_t shard = (d->n - (size_t)r + (size_t)W - 1) / (size_t)W, cursor = 0;
+	double clock0 = 0, paused = 0;
+	int rc;
+
+	if (!idx || !w || !buf || !lens || !keys) {
+		dp_fail(run, r, "memory", -ENOMEM);
+		goto out;
+	}
+	dp_predictor_ema_init(&pred, o->ema_alpha);
+	dp_lb_split(NULL, W, o->batch, batch);
+	dp_model_init(&run->model, w, o->seed);
+	nkeys = dp_ps_layout(P, lens, keys, 0);
+	if (run->scheme == DP_PS) {
+		struct ferry_table_params tp = { .num_keys = nkeys, .value_lens = lens };
+
+		rc = ferry_table_create(fy, &tp, &t);
+		if (!rc)
+			rc = ferry_worker_create(fy, &wk);
+		/* the starting weights (the table starts at zero) */
+		if (!rc && r == 0)
+			rc = ferry_set(wk, t, keys, nkeys, w);
+		if (rc) {
+			dp_fail(run, r, "table", rc);
+			goto out;
+		}
+	}
+	rc = ferry_barrier(fy);
+	if (rc) {
+		dp_fail(run, r, "barrier", rc);
+		goto out;
+	}
+	clock0 = now_s();
+	for (int it = 0; it <= o->iters; it++) {
+		uint32_t b = batch[r];
+		double t0, step;
+
+		if (it % o->eval_every == 0 || it == o->iters) {
+			/* everybody waits while rank 0 evaluates: out of the clock */
+			double e0 = now_s();
+
+			rc = ferry_barrier(fy);
+			if (!rc && r == 0) {
+				struct dp_point *pt = &run->pts[run->npts++];
+
+				pt->iter = it;
+				pt->time_s = e0 - clock0 - paused;
+				dp_eval(&run->model, run->test, w, &pt->loss, &pt->acc);
+				memcpy(pt->batch, batch, sizeof(batch));
+				if (run->time_to_target < 0 && pt->loss <= o->target_loss)
+					run->time_to_target = pt->time_s;
+			}
+			if (!rc)
+				rc = ferry_barrier(fy);
+			if (rc) {
+				dp_fail(run, r, "barrier", rc);
+				goto out;
+			}
+			paused += now_s() - e0;
+			if (it == o->iters)
+				break;
+		}
+		/* the next b samples of this worker's shard (i = r, r + W, ...) */
+		for (uint32_t k = 0; k < b; k++) {
+			idx[k] = (uint32_t)((cursor % shard) * (size_t)W + (size_t)r);
+			cursor++;
+		}
+		t0 = now_s();
+		memset(buf, 0, (P + 2 + DP_MAX_WORKERS) * sizeof(float));
+		buf[P] = (float)dp_grad(&run->model, d, w, idx, b, buf);
+		buf[P + 1] = (float)b;
+		if (r == o->strag_rank && it >= o->strag_from)
+			sleep_s((o->strag_factor - 1) * (now_s() - t0));
+		if (o->jitter_p > 0 && (double)(rng = rng * 6364136223846793005ull + 1, rng >> 11) /
+						       (double)(1ull << 53) <
+					       o->jitter_p)
+			sleep_s(o->jitter_ms * 1e-3 * (double)((rng >> 20) & 0xffff) / 65536.0);
+		step = now_s() - t0;
+		buf[P + 2 + r] = (float)(step / b);
+
+		if (run->scheme == DP_PS) {
+			for (size_t i = 0; i < P; i++)
+				buf[i] *= -o->lr / (float)o->batch;
+			rc = ferry_push(wk, t, keys, nkeys, buf);
+			if (!rc)
+				rc = ferry_barrier(fy);
+			if (!rc)
+				rc = ferry_pull(wk, t, keys, nkeys, w);
+			if (rc) {
+				dp_fail(run, r, "push, barrier, pull", rc);
+				goto out;
+			}
+			continue;
+		}
+		rc = ferry_allreduce(fy, buf, buf, P + 2 + (size_t)W, FERRY_FLOAT32, FERRY_SUM);
+		if (rc) {
+			dp_fail(run, r, "allreduce", rc);
+			goto out;
+		}
+		for (size_t i = 0; i < P; i++)
+			w[i] -= o->lr * buf[i] / buf[P + 1];
+		if (run->scheme == DP_LBBSP) {
+			for (int q = 0; q < W; q++)
+				pred.observe(&pred, q, buf[P + 2 + q]);
+			dp_lb_split(&pred, W, o->batch, batch);
+		}
+	}
+out:
+	if (wk)
+		ferry_worker_destroy(wk);
+	if (t)
+		ferry_table_destroy(t);
+	free(idx);
+	free(lens);
+	free(keys);
+	free(w);
+	free(buf);
+	return NULL;
+}
+
+/*
+ * Backup workers (Chen et al., "Revisiting distributed synchronous SGD"):
+ * every iteration's update uses the gradients of the first W - b workers
+ * that deliver; the others' come too late and are dropped. Over the
+ * parameter store, rank 0 coordinating:
+ *
+ *   every worker: gradient at the weights of version t -> push into
+ *                 accumulator key t mod K (the sums, then the sample count)
+ *   rank 0:       pulls that key until it counts (W - b) batches, applies
+ *                 the mean, zeroes key (t + K/2) mod K, sets the weights and
+ *                 version t + 1
+ *   the others:   poll the version (a 1-float key) until it passed t, pull
+ *                 the weights, and go on from that version: a straggler
+ *                 skips the iterations it missed
+ *
+ * A push that arrives more than K/2 - 1 iterations late would land in a
+ * reused key: K = 16 leaves 7, where a 2x straggler is at most 1 behind.
+ */
+#define DP_ACC_KEYS 16
+
+static void *dp_backup_worker(void *p)
+{
+	struct dp_arg *a = p;
+	struct dp_run *run = a->run;
+	const struct dp_opts *o = run->o;
+	const struct dp_data *d = run->train;
+	const int r = a->rank, W = o->workers;
+	const size_t P = dp_params(&run->model);
+	struct ferry *fy = run->fys[r];
+	struct ferry_table *acc = NULL, *par = NULL;
+	struct ferry_worker *wk = NULL;
+	uint32_t batch[DP_MAX_WORKERS], *lens = malloc((P / DP_KEY_LEN + 3) * sizeof(uint32_t));
+	uint32_t *idx = malloc(o->batch * sizeof(uint32_t));
+	float *w = calloc(P + 1, sizeof(float)), *buf = calloc(P + 1, sizeof(float));
+	uint64_t *keys = malloc((P / DP_KEY_LEN + 3) * sizeof(uint64_t));
+	uint64_t rng = o->seed * 31 + (uint64_t)r;
+	size_t nkeys = 0;
+	size_t shard = (d->n - (size_t)r + (size_t)W - 1) / (size_t)W, cursor = 0;
+	double clock0, paused = 0;
+	int rc, t = 0;
+
+	if (!idx || !w || !buf || !lens || !keys) {
+		dp_fail(run, r, "memory", -ENOMEM);
+		goto out;
+	}
+	dp_lb_split(NULL, W, o->batch, batch);
+	dp_model_init(&run->model, w, o->seed);
+	nkeys = dp_ps_layout(P, lens, keys, 1); /* key nkeys: the version */
+	{
+		struct ferry_table_params ap = { .num_keys = DP_ACC_KEYS,
+						 .value_len = (uint32_t)P + 1 };
+		struct ferry_table_params pp = { .num_keys = nkeys + 1, .value_lens = lens };
+
+		rc = ferry_table_create(fy, &ap, &acc);
+		if (!rc)
+			rc = ferry_table_create(fy, &pp, &par);
+		if (!rc)
+			rc = ferry_worker_create(fy, &wk);
+		if (!rc && r == 0)
+			rc = ferry_set(wk, par, keys, nkeys, w);
+		if (!rc)
+			rc = ferry_barrier(fy);
+		if (rc) {
+			dp_fail(run, r, "tables", rc);
+			goto out;
+		}
+	}
+	clock0 = now_s();
+	while (t <= o->iters) {
+		uint64_t ak = (uint64_t)(t % DP_ACC_KEYS);
+		double t0;
+
+		if (r == 0 && (t % o->eval_every == 0 || t == o->iters)) {
+			double e0 = now_s();
+			struct dp_point *pt = &run->pts[run->npts++];
+
+			pt->iter = t;
+			pt->time_s = e0 - clock0 - paused;
+			dp_eval(&run->model, run->test, w, &pt->loss, &pt->acc);
+			memcpy(pt->batch, batch, sizeof(batch));
+			if (run->time_to_target < 0 && pt->loss <= o->target_loss)
+				run->time_to_target = pt->time_s;
+			paused += now_s() - e0;
+		}
+		if (t == o->iters)
+			break;
+		for (uint32_t k = 0; k < batch[r]; k++) {
+			idx[k] = (uint32_t)((cursor % shard) * (size_t)W + (size_t)r);
+			cursor++;
+		}
+		t0 = now_s();
+		memset(buf, 0, (P + 1) * sizeof(float));
+		dp_grad(&run->model, d, w, idx, batch[r], buf);
+		buf[P] = (float)batch[r];
+		if (r == o->strag_rank && t >= o->strag_from)
+			sleep_s((o->strag_factor - 1) * (now_s() - t0));
+		if (o->jitter_p > 0 && (double)(rng = rng * 6364136223846793005ull + 1, rng >> 11) /
+						       (double)(1ull << 53) <
+					       o->jitter_p)
+			sleep_s(o->jitter_ms * 1e-3 * (double)((rng >> 20) & 0xffff) / 65536.0);
+		rc = ferry_push(wk, acc, &ak, 1, buf);
+		if (rc) {
+			dp_fail(run, r, "push of a gradient", rc);
+			goto out;
+		}
+		if (r == 0) {
+			uint64_t zk = (uint64_t)((t + DP_ACC_KEYS / 2) % DP_ACC_KEYS);
+			const float need = (float)(W - o->backups) * (float)batch[0];
+
+			do {
+				rc = ferry_pull(wk, acc, &ak, 1, buf);
+			} while (!rc && buf[P] < need && (sched_yield(), 1));
+			for (size_t i = 0; i < P && !rc; i++)
+				w[i] -= o->lr * buf[i] / buf[P];
+			w[P] = (float)(t + 1); /* the version, key nkeys */
+			memset(buf, 0, (P + 1) * sizeof(float));
+			if (!rc)
+				rc = ferry_set(wk, acc, &zk, 1, buf);
+			/* the weights, then the version: a worker that sees the new
+			 * version pulls after the weights' set completed, and sees them */
+			if (!rc)
+				rc = ferry_set(wk, par, keys, nkeys, w);
+			if (!rc)
+				rc = ferry_set(wk, par, &keys[nkeys], 1, &w[P]);
+			t++;
+		} else {
+			uint64_t vk = nkeys;
+			float v = 0;
+
+			do {
+				rc = ferry_pull(wk, par, &vk, 1, &v);
+			} while (!rc && v < (float)(t + 1) && (sched_yield(), 1));
+			if (!rc)
+				rc = ferry_pull(wk, par, keys, nkeys + 1, w);
+			t = (int)w[P];
+		}
+		if (rc) {
+			dp_fail(run, r, "the update", rc);
+			goto out;
+		}
+	}
+	/* the others leave once rank 0 published the last version */
+	rc = ferry_barrier(fy);
+	if (rc)
+		dp_fail(run, r, "last barrier", rc);
+out:
+	if (wk)
+		ferry_worker_destroy(wk);
+	if (par)
+		ferry_table_destroy(par);
+	if (acc)
+		ferry_table_destroy(acc);
+	free(lens);
+	free(keys);
+	free(idx);
+	free(w);
+	free(buf);
+	return NULL;
+}
+
+static int dp_run_scheme(struct dp_run *run)
+{
+	const struct dp_opts *o = run->o;
+	struct ferry_params p;
+	pthread_t th[DP_MAX_WORKERS];
+	struct dp_arg args[DP_MAX_WORKERS];
+	int rc;
+
+	ferry_params_init(&p);
+	p.transport = FERRY_TRANSPORT_TCP;
+	rc = ferry_local_cluster_open(o->workers, &p, run->fys);
+	if (rc) {
+		fprintf(stderr, "ferry-dp: cluster: %s\n", ferry_strerror(rc));
+		return rc;
+	}
+	run->pts = calloc((size_t)o->iters / (size_t)o->eval_every + 2, sizeof(*run->pts));
+	run->time_to_target = -1;
+	for (int r = 0; r < o->workers; r++) {
+		args[r] = (struct dp_arg){ .run = run, .rank = r };
+		pthread_create(&th[r], NULL,
+			       run->scheme == DP_BACKUP ? dp_backup_worker : dp_worker, &args[r]);
+	}
+	for (int r = 0; r < o->workers; r++)
+		pthread_join(th[r], NULL);
+	for (int r = 0; r < o->workers; r++)
+		ferry_close(run->fys[r]);
+	if (run->failed)
+		fprintf(stderr, "ferry-dp: %s: %s\n", scheme_names[run->scheme], run->why);
+	return run->failed ? -EIO : 0;
+}
+
+static void dp_json(FILE *f, const struct dp_opts *o, const char *data, struct dp_run *runs,
+		    int nruns)
+{
+	fprintf(f,
+		"{\n  \"program\": \"ferry-dp\",\n  \"model\": \"%s\",\n  \"hidden\": %zu,\n"
+		"  \"data\": \"%s\",\n  \"workers\": %d,\n  \"global_batch\": %u,\n"
+		"  \"lr\": %g,\n  \"iterations\": %d,\n  \"straggler\": {\"rank\": %d, "
+		"\"factor\": %g, \"from\": %d},\n  \"jitter\": {\"p\": %g, \"ms\": %g},\n"
+		"  \"target_loss\": %g,\n  \"ema_alpha\": %g,\n  \"runs\": [\n",
+		o->hidden ? "mlp" : "softmax regression", o->hidden, data, o->workers, o->batch,
+		(double)o->lr, o->iters, o->strag_rank, o->strag_factor, o->strag_from, o->jitter_p,
+		o->jitter_ms, o->target_loss, o->ema_alpha);
+	for (int i = 0; i < nruns; i++) {
+		const struct dp_run *run = &runs[i];
+
+		fprintf(f, "    {\"scheme\": \"%s\", \"time_to_target_s\": %.4f, \"points\": [\n",
+			scheme_names[run->scheme], run->time_to_target);
+		for (int k = 0; k < run->npts; k++) {
+			const struct dp_point *pt = &run->pts[k];
+
+			fprintf(f,
+				"      {\"iter\": %d, \"time_s\": %.4f, \"test_loss\": %.5f, "
+				"\"test_acc\": %.4f, \"batch\": [",
+				pt->iter, pt->time_s, pt->loss, pt->acc);
+			for (int q = 0; q < o->workers; q++)
+				fprintf(f, "%u%s", pt->batch[q], q + 1 < o->workers ? ", " : "");
+			fprintf(f, "]}%s\n", k + 1 < run->npts ? "," : "");
+		}
+		fprintf(f, "    ]}%s\n", i + 1 < nruns ? "," : "");
+	}
+	fprintf(f, "  ]\n}\n");
+}
+
+static void usage(void)
+{
+	printf("usage: ferry-dp [--scheme allreduce|ps|lbbsp|backup|all] [--workers N] [--iters N]\n"
+	       "       [--batch GLOBAL] [--lr LR] [--eval-every N] [--target-loss L]\n"
+	       "       [--data DIR | --images F --labels F --test-images F --test-labels F |\n"
+	       "        --synthetic N] [--straggler RANK:FACTOR[:FROM]] [--jitter P:MS]\n"
+	       "       [--ema-alpha A] [--backups B] [--model softmax|mlp] [--hidden N]\n"
+	       "       [--seed S] [--json FILE]\n"
+	       "Defaults: all schemes, 4 workers, 1500 iterations, global batch 512, lr 0.2,\n"
+	       "Fashion-MNIST from /usr/share/datasets/fashion-mnist (Debian's\n"
+	       "dataset-fashion-mnist), no straggler, target test loss 0.5, evaluation every 50.\n");
+}
+
+int main(int argc, char **argv)
+{
+	static const struct option lopts[] = {
+		{ "scheme", required_argument, NULL, 's' },
+		{ "workers", required_argument, NULL, 'w' },
+		{ "iters", required_argument, NULL, 'i' },
+		{ "batch", required_argument, NULL, 'b' },
+		{ "lr", required_argument, NULL, 'l' },
+		{ "eval-every", required_argument, NULL, 'e' },
+		{ "target-loss", required_argument, NULL, 't' },
+		{ "data", required_argument, NULL, 'd' },
+		{ "images", required_argument, NULL, 'I' },
+		{ "labels", required_argument, NULL, 'L' },
+		{ "test-images", required_argument, NULL, 'J' },
+		{ "test-labels", required_argument, NULL, 'K' },
+		{ "synthetic", required_argument, NULL, 'S' },
+		{ "straggler", required_argument, NULL, 'g' },
+		{ "jitter", required_argument, NULL, 'j' },
+		{ "seed", required_argument, NULL, 'r' },
+		{ "ema-alpha", required_argument, NULL, 'a' },
+		{ "backups", required_argument, NULL, 'B' },
+		{ "model", required_argument, NULL, 'm' },
+		{ "hidden", required_argument, NULL, 'H' },
+		{ "json", required_argument, NULL, 'o' },
+		{ "help", no_argument, NULL, 'h' },
+		{ NULL, 0, NULL, 0 },
+	};
+	struct dp_opts o = { .workers = 4,
+			     .iters = 1500,
+			     .eval_every = 50,
+			     .batch = 512,
+			     .lr = 0.2f,
+			     .strag_rank = -1,
+			     .strag_factor = 1,
+			     .target_loss = 0.5,
+			     .ema_alpha = 0.3,
+			     .backups = 1,
+			     .schemes = (1u << DP_NSCHEMES) - 1,
+			     .seed = 1 };
+	const char *dir = "/usr/share/datasets/fashion-mnist";
+	char ti[4096], tl[4096], vi[4096], vl[4096], data_name[4200];
+	const char *images = NULL, *labels = NULL, *timages = NULL, *tlabels = NULL;
+	size_t synthetic = 0;
+	struct dp_data train, test;
+	struct dp_run runs[DP_NSCHEMES];
+	int opt, nruns = 0, bad = 0;
+
+	while ((opt = getopt_long(argc, argv, "h", lopts, NULL)) != -1) {
+		switch (opt) {
+		case 's':
+			o.schemes = 0;
+			for (int s = 0; s < DP_NSCHEMES; s++)
+				if (!strcmp(optarg, scheme_names[s]) || !strcmp(optarg, "all"))
+					o.schemes |= 1u << s;
+			break;
+		case 'w':
+			o.workers = atoi(optarg);
+			break;
+		case 'i':
+			o.iters = atoi(optarg);
+			break;
+		case 'b':
+			o.batch = (uint32_t)atoi(optarg);
+			break;
+		case 'l':
+			o.lr = strtof(optarg, NULL);
+			break;
+		case 'e':
+			o.eval_every = atoi(optarg);
+			break;
+		case 't':
+			o.target_loss = strtod(optarg, NULL);
+			break;
+		case 'd':
+			dir = optarg;
+			break;
+		case 'I':
+			images = optarg;
+			break;
+		case 'L':
+			labels = optarg;
+			break;
+		case 'J':
+			timages = optarg;
+			break;
+		case 'K':
+			tlabels = optarg;
+			break;
+		case 'S':
+			synthetic = (size_t)atol(optarg);
+			break;
+		case 'g':
+			if (sscanf(optarg, "%d:%lf:%d", &o.strag_rank, &o.strag_factor,
+				   &o.strag_from) < 2) {
+				fprintf(stderr, "ferry-dp: --straggler wants RANK:FACTOR[:FROM]\n");
+				return 2;
+			}
+			break;
+		case 'j':
+			if (sscanf(optarg, "%lf:%lf", &o.jitter_p, &o.jitter_ms) != 2) {
+				fprintf(stderr, "ferry-dp: --jitter wants P:MS\n");
+				return 2;
+			}
+			break;
+		case 'r':
+			o.seed = strtoull(optarg, NULL, 10);
+			break;
+		case 'a':
+			o.ema_alpha = strtod(optarg, NULL);
+			break;
+		case 'B':
+			o.backups = atoi(optarg);
+			break;
+		case 'm':
+			if (!strcmp(optarg, "mlp"))
+				o.hidden = o.hidden ? o.hidden : 64;
+			else if (!strcmp(optarg, "softmax"))
+				o.hidden = 0;
+			else {
+				fprintf(stderr, "ferry-dp: --model wants softmax or mlp\n");
+				return 2;
+			}
+			break;
+		case 'H':
+			o.hidden = (size_t)atol(optarg);
+			break;
+		case 'o':
+			o.json = optarg;
+			break;
+		case 'h':
+			usage();
+			return 0;
+		default:
+			usage();
+			return 2;
+		}
+	}
+	if (o.workers < 1 || o.workers > DP_MAX_WORKERS || o.iters < 1 || o.eval_every < 1 ||
+	    o.batch < (uint32_t)o.workers || !o.schemes || o.strag_factor < 1 ||
+	    o.strag_rank >= o.workers || o.ema_alpha <= 0 || o.ema_alpha > 1 || o.backups < 0 ||
+	    o.backups >= o.workers) {
+		fprintf(stderr,
+			"ferry-dp: bad options: 1 .. %d workers, a global batch of at least "
+			"one sample per worker, a straggler factor >= 1 on a worker that "
+			"exists, an EMA alpha in (0, 1], fewer backups than workers\n",
+			DP_MAX_WORKERS);
+		return 2;
+	}
+	if (synthetic) {
+		dp_synthetic(&train, synthetic, 784, o.seed);
+		dp_synthetic(&test, synthetic / 6 + 1, 784, o.seed);
+		snprintf(data_name, sizeof(data_name), "synthetic %zu x 784", synthetic);
+		if (!train.x || !test.x)
+			return 1;
+	} else {
+		if (!images) {
+			snprintf(ti, sizeof(ti), "%s/train-images-idx3-ubyte.gz", dir);
+			snprintf(tl, sizeof(tl), "%s/train-labels-idx1-ubyte.gz", dir);
+			snprintf(vi, sizeof(vi), "%s/t10k-images-idx3-ubyte.gz", dir);
+			snprintf(vl, sizeof(vl), "%s/t10k-labels-idx1-ubyte.gz", dir);
+			images = ti, labels = tl, timages = vi, tlabels = vl;
+		}
+		if (!labels || !timages || !tlabels) {
+			fprintf(stderr, "ferry-dp: --images needs --labels, --test-images and "
+					"--test-labels\n");
+			return 2;
+		}
+		if (dp_load_idx(images, labels, &train) || dp_load_idx(timages, tlabels, &test)) {
+			fprintf(stderr,
+				"ferry-dp: no data; install Debian's dataset-fashion-mnist, "
+				"give --data DIR or --images ..., or use --synthetic N\n");
+			return 1;
+		}
+		snprintf(data_name, sizeof(data_name), "%s", images);
+	}
+	if (train.dim != test.dim || train.n < (size_t)o.workers) {
+		fprintf(stderr, "ferry-dp: training and test sets differ in features, or too few "
+				"samples\n");
+		return 1;
+	}
+	printf("# ferry-dp: %s, %s, %zu training / %zu test samples, %d workers, global batch %u, "
+	       "lr %g, straggler %d x%g from %d, jitter %g:%gms, LB-BSP EMA alpha %g\n",
+	       o.hidden ? "MLP" : "softmax regression", data_name, train.n, test.n, o.workers,
+	       o.batch, (double)o.lr, o.strag_rank, o.strag_factor, o.strag_from, o.jitter_p,
+	       o.jitter_ms, o.ema_alpha);
+	printf("# %-10s %6s %9s %9s %8s  batches\n", "scheme", "iter", "time_s", "test_loss",
+	       "test_acc");
+	for (int s = 0; s < DP_NSCHEMES; s++) {
+		struct dp_run *run = &runs[nruns];
+
+		if (!(o.schemes & (1u << s)))
+			continue;
+		memset(run, 0, sizeof(*run));
+		run->o = &o;
+		run->train = &train;
+		run->model = (struct dp_model){ .dim = train.dim, .hidden = o.hidden };
+		run->test = &test;
+		run->scheme = (enum dp_scheme)s;
+		nruns++;
+		if (dp_run_scheme(run)) {
+			bad = 1;
+			continue;
+		}
+		for (int k = 0; k < run->npts; k++) {
+			const struct dp_point *pt = &run->pts[k];
+
+			printf("  %-10s %6d %9.3f %9.4f %8.4f  [", scheme_names[s], pt->iter,
+			       pt->time_s, pt->loss, pt->acc);
+			for (int q = 0; q < o.workers; q++)
+				printf("%u%s", pt->batch[q], q + 1 < o.workers ? " " : "]\n");
+		}
+		printf("# %s: test loss %.3f reached after %.3f s (-1: never)\n", scheme_names[s],
+		       o.target_loss, run->time_to_target);
+	}
+	if (nruns > 1) {
+		double base = -1;
+
+		for (int i = 0; i < nruns; i++)
+			if (runs[i].scheme == DP_ALLREDUCE)
+				base = runs[i].time_to_target;
+		for (int i = 0; i < nruns && base > 0; i++)
+			if (runs[i].time_to_target > 0)
+				printf("# %s: %.2fx sooner than allreduce (BSP)\n",
+				       scheme_names[runs[i].scheme], base / runs[i].time_to_target);
+	}
+	if (o.json) {
+		FILE *f = fopen(o.json, "w");
+
+		if (!f) {
+			fprintf(stderr, "ferry-dp: cannot write %s: %s\n", o.json, strerror(errno));
+			bad = 1;
+		} else {
+			dp_json(f, &o, data_name, runs, nruns);
+			fclose(f);
+		}
+	}
+	for (int i = 0; i < nruns; i++)
+		free(runs[i].pts);
+	dp_data_free(&train);
+	dp_data_free(&test);
+	return bad;
+}

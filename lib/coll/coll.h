@@ -1,0 +1,151 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * coll.h - collectives (lib/coll/): broadcast, reduce, all-reduce over every
+ * node, on messages (docs/collectives.md has the algorithms and figures).
+ *
+ *   coll.c   public calls, numbering, the node's list of collectives under
+ *            way, frames that came early, peer failures, waiting
+ *     rd.c ring.c tree.c   the algorithms: a plan per node, what to send
+ *                          when a collective starts, what to do with each
+ *                          frame (progress thread)
+ *       base.c   segments to frames, the reduction kernels, completion
+ *
+ * Threads: the caller of a collective copies its input, sends the first
+ * step's frames (no lock held: a send may wait for room) and hands the
+ * collective to the progress thread, which runs every later step as frames
+ * arrive: reduce, forward, complete. Everything of a collective after its
+ * start is under colls->lock, which the progress thread takes per frame.
+ *
+ *   collective state (struct ferry_coll)   caller until RUNNING, then the
+ *                                          progress thread, under colls->lock
+ *   colls->active, ahead, next_seq, broken colls->lock
+ *   coll->done                             set under the lock (release); read
+ *                                          by the waiter without it first
+ */
+#ifndef FERRY_LIB_COLL_H
+#define FERRY_LIB_COLL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "lib/core/core.h"
+
+/* collectives started and not yet collected, per node */
+#define FERRY_COLL_MAX_ACTIVE 16
+/*
+ * A frame may belong to a collective this node has not started yet, but no
+ * further ahead than this: a node completes no all-reduce or reduce before
+ * every node started it, and a broadcast's root waits for every node's
+ * acknowledgement, so a live peer is never more than FERRY_COLL_MAX_ACTIVE +
+ * 2 collectives ahead. A frame beyond the window is a protocol error.
+ */
+#define FERRY_COLL_WINDOW (4 * FERRY_COLL_MAX_ACTIVE)
+/* largest segment: one frame's data (a whole step is several frames) */
+#define FERRY_COLL_SEG_BYTES (1u << 20)
+
+enum ferry_coll_state {
+	FERRY_COLL_STARTING = 1, /* its caller sends the first step: frames wait */
+	FERRY_COLL_RUNNING,	 /* the progress thread runs it */
+	FERRY_COLL_DONE,
+};
+
+/* a frame kept until its collective (or, recursive doubling, its step) is
+ * ready: a copy of the whole frame. Bound: see FERRY_COLL_WINDOW and each
+ * algorithm's file. */
+struct ferry_coll_early {
+	struct ferry_coll_early *next;
+	uint32_t src;
+	uint32_t len;
+	uint64_t frame[]; /* 8-aligned, as on_msg gave it */
+};
+
+struct ferry_coll {
+	struct ferry *fy;
+	struct ferry_colls *colls;
+	struct ferry_coll *next;   /* colls->active */
+	struct ferry_msg_coll sig; /* seq, count, kind, dtype, op, algo, root */
+	uint32_t esz;
+	const void *src;
+	void *buf;     /* the working buffer: dst, or scratch (reduce, not root) */
+	void *scratch; /* owned */
+	enum ferry_coll_state state;
+	atomic_bool done;
+	int status;
+	struct ferry_coll_early *early, *early_tail; /* in arrival order */
+	bool replay; /* RUNNING, its KICK not handled yet: new frames queue behind
+		      * the kept ones, so a sender's segments stay in order */
+
+	/* algorithm state (rd.c, ring.c, tree.c); progress thread, under the lock */
+	uint32_t cur;	    /* recursive doubling: the step under way */
+	uint64_t remaining; /* elements still to receive (doubling: in step cur) */
+	uint64_t *next_off; /* per step: the next segment expected (world x 2 + 2) */
+	uint32_t acks;	    /* broadcast root: nodes that have the data */
+	uint8_t *acked;	    /* broadcast root: per rank */
+};
+
+struct ferry_colls {
+	struct ferry *fy;
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	uint64_t next_seq;
+	struct ferry_coll *active; /* started and not done: at most FERRY_COLL_MAX_ACTIVE */
+	unsigned nstarted;	   /* started and not collected */
+	/* frames of collectives this node has not started (FERRY_COLL_WINDOW) */
+	struct ferry_coll_early *ahead, *ahead_tail;
+	int broken; /* 0, or the status every later collective fails with */
+	uint32_t broken_rank;
+	enum ferry_coll_algo algo; /* forced, or AUTO */
+	size_t crossover;	   /* bytes */
+};
+
+/* ---- base.c ---------------------------------------------------------- */
+
+/* send elements [off, off + n) of @c's working buffer to @dst as step @step,
+ * in segments of at most FERRY_COLL_SEG_BYTES. Any thread; 0 or a negative
+ * errno */
+int ferry__coll_send(struct ferry_coll *c, uint32_t dst, uint32_t step, uint64_t off, uint64_t n);
+/* a frame without data (ACK, KICK) of @c to @dst */
+int ferry__coll_send_ctl(struct ferry_coll *c, uint32_t dst, uint8_t type);
+/* acc[i] = op(first, second) for i < n, first = in when @in_first, else acc:
+ * a fixed operand order, so every node computes the same bits */
+void ferry__coll_reduce(const struct ferry_coll *c, void *acc, const void *in, size_t n,
+			bool in_first);
+/* @c is over with @status: off the active list, waiter woken. Lock held. */
+void ferry__coll_finish(struct ferry_coll *c, int status);
+/* keep a frame for later in @c's early list; lock held; 0 or -ENOMEM */
+int ferry__coll_keep(struct ferry_coll *c, uint32_t src, const void *frame, size_t len);
+/* elements [lo, hi) of chunk @i of @count split @n ways */
+static inline uint64_t ferry__coll_chunk_lo(uint64_t count, uint32_t n, uint32_t i)
+{
+	return (uint64_t)((unsigned __int128)count * i / n);
+}
+
+/*
+ * The algorithms. start: the caller's thread, no lock, state STARTING: send
+ * the first step. on_frame: the progress thread, lock held, a frame of @c
+ * whose signature matched: check the sender and segment for this step
+ * (return a static reason on a protocol error, NULL otherwise), apply,
+ * forward, finish @c when done. run: the progress thread, lock held, just
+ * after @c went RUNNING and its early frames were replayed.
+ */
+struct ferry_coll_algo_ops {
+	int (*start)(struct ferry_coll *c);
+	const char *(*on_frame)(struct ferry_coll *c, uint32_t src, uint8_t type,
+				const struct ferry_msg_coll *m, const void *data);
+	void (*run)(struct ferry_coll *c);
+	/* steps this node takes (next_off entries) */
+	uint32_t (*nsteps)(const struct ferry_coll *c);
+};
+
+extern const struct ferry_coll_algo_ops ferry__coll_rd;	   /* rd.c */
+extern const struct ferry_coll_algo_ops ferry__coll_ring;  /* ring.c */
+extern const struct ferry_coll_algo_ops ferry__coll_tree;  /* tree.c: binomial tree */
+extern const struct ferry_coll_algo_ops ferry__coll_chain; /* tree.c: pipelined chain */
+
+/* coll.c: register the frame handlers and the failure listener (ferry_open) */
+int ferry__coll_attach(struct ferry *fy);
+
+#endif /* FERRY_LIB_COLL_H */

@@ -1,0 +1,607 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Integration: the collectives (lib/coll/) against references computed
+ * here. Nodes are threads of this process (tests/common/cluster.h); with
+ * FERRY_TRANSPORT=loop (or rdma, in the VM) they run over that transport.
+ *
+ * - every collective, type and operator, in place and not, both algorithms
+ *   (forced with ferry_coll_algo_set), for 1 .. 8 nodes and counts 0, 1, 2,
+ *   3, 7, 13, 100, 1001 and one past a segment: bit-exact (the inputs are
+ *   small integers, so every order of summation gives the same result);
+ *   a reduce leaves the non-roots' output untouched;
+ * - many collectives back to back, started 16 at a time and collected by
+ *   wait and by test, in mixed sizes (both algorithms by size);
+ * - arguments that break the contract fail with -EINVAL (one log line
+ *   each), a 17th started collective with -EBUSY;
+ * - nodes that call different collectives get -FERRY_E_MISMATCH;
+ * - a frame from a rank that is not the receiver's peer at that step, or of
+ *   a collective too far ahead, drops its sender (one log line), and the
+ *   collective under way ends with -FERRY_E_PEER;
+ * - a node killed while the others are inside an all-reduce ends it at once
+ *   with -FERRY_E_PEER, and the next collective fails at once too (forked
+ *   processes).
+ */
+#include <criterion/criterion.h>
+#include <pthread.h>
+#include <errno.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/cluster.h"
+#include "ferry/ferry.h"
+#include "lib/core/core.h"
+
+static int64_t now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static size_t esz(enum ferry_dtype t)
+{
+	return t == FERRY_FLOAT32 ? 4 : 8;
+}
+
+/* small integers: any order of summation is exact in every type */
+static int64_t input(int rank, size_t i, unsigned salt)
+{
+	return (int64_t)((rank * 7 + i * 13 + salt * 5) % 41) - 20;
+}
+
+static void put(void *buf, enum ferry_dtype t, size_t i, int64_t v)
+{
+	if (t == FERRY_FLOAT32)
+		((float *)buf)[i] = (float)v;
+	else if (t == FERRY_FLOAT64)
+		((double *)buf)[i] = (double)v;
+	else
+		((int64_t *)buf)[i] = v;
+}
+
+static void fill(void *buf, enum ferry_dtype t, size_t count, int rank, unsigned salt)
+{
+	for (size_t i = 0; i < count; i++)
+		put(buf, t, i, input(rank, i, salt));
+}
+
+static int64_t reference(int world, enum ferry_redop op, size_t i, unsigned salt)
+{
+	int64_t acc = input(0, i, salt);
+
+	for (int r = 1; r < world; r++) {
+		int64_t x = input(r, i, salt);
+
+		acc = op == FERRY_SUM ? acc + x :
+		      op == FERRY_MAX ? (x > acc ? x : acc) :
+					(x < acc ? x : acc);
+	}
+	return acc;
+}
+
+/* first index where @buf differs from the reference, or -1 */
+static long check(const void *buf, enum ferry_dtype t, size_t count, int world, enum ferry_redop op,
+		  unsigned salt)
+{
+	for (size_t i = 0; i < count; i++) {
+		void *want = malloc(8);
+		int same;
+
+		put(want, t, 0, reference(world, op, i, salt));
+		same = !memcmp((const uint8_t *)buf + i * esz(t), want, esz(t));
+		free(want);
+		if (!same)
+			return (long)i;
+	}
+	return -1;
+}
+
+struct shared {
+	atomic_int failures;
+	char why[512];
+};
+
+static int failf(struct shared *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static int failf(struct shared *s, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (atomic_fetch_add(&s->failures, 1) == 0) {
+		va_start(ap, fmt);
+		vsnprintf(s->why, sizeof(s->why), fmt, ap);
+		va_end(ap);
+	}
+	return 1;
+}
+
+/* ---- every collective against its reference ---------------------------- */
+
+static const size_t counts[] = { 0, 1, 2, 3, 7, 13, 100, 1001 };
+#define NCOUNTS (sizeof(counts) / sizeof(counts[0]))
+static const enum ferry_dtype dtypes[] = { FERRY_FLOAT32, FERRY_FLOAT64, FERRY_INT64 };
+static const enum ferry_redop ops[] = { FERRY_SUM, FERRY_MAX, FERRY_MIN };
+static const char *const dnames[] = { "?", "float32", "float64", "int64" };
+static const char *const onames[] = { "?", "sum", "max", "min" };
+
+struct matrix {
+	struct shared sh;
+	enum ferry_coll_algo algo;
+	int big; /* also counts past one segment */
+};
+
+static int one_case(struct ferry *fy, struct shared *sh, int rank, int world, int kind,
+		    size_t count, enum ferry_dtype t, enum ferry_redop op, int inplace, int root,
+		    unsigned salt)
+{
+	size_t bytes = count * esz(t);
+	uint8_t *src = malloc(bytes + 8), *dst = malloc(bytes + 8);
+	const char *what = kind == 0 ? "allreduce" : kind == 1 ? "reduce" : "broadcast";
+	int rc, bad = 0;
+	long at;
+
+	fill(src, t, count, rank, salt);
+	memset(dst, 0xa5, bytes + 8);
+	if (kind == 0) {
+		rc = ferry_allreduce(fy, src, inplace ? src : dst, count, t, op);
+	} else if (kind == 1) {
+		rc = ferry_reduce(fy, src, inplace && rank == root ? src : dst, count, t, op, root);
+	} else {
+		if (rank != root)
+			memset(src, 0x5a, bytes);
+		rc = ferry_broadcast(fy, src, count, t, root);
+	}
+	if (rc) {
+		bad = failf(sh, "rank %d: %s of %zu %s %s (world %d, root %d): %s", rank, what,
+			    count, dnames[t], onames[op], world, root, ferry_strerror(rc));
+		goto out;
+	}
+	if (kind == 2) {
+		uint8_t *want = malloc(bytes + 8);
+
+		fill(want, t, count, root, salt);
+		if (memcmp(want, src, bytes))
+			bad = failf(sh, "rank %d: broadcast of %zu %s from %d (world %d) differs",
+				    rank, count, dnames[t], root, world);
+		free(want);
+		goto out;
+	}
+	if (kind == 1 && rank != root) {
+		for (size_t i = 0; i < bytes + 8; i++)
+			if (dst[i] != 0xa5) {
+				bad = failf(sh, "rank %d: reduce to %d wrote a non-root's output",
+					    rank, root);
+				break;
+			}
+		goto out;
+	}
+	at = check(inplace ? src : dst, t, count, world, op, salt);
+	if (at >= 0)
+		bad = failf(sh,
+			    "rank %d: %s of %zu %s %s (%s, world %d, root %d): element %ld "
+			    "differs from the reference",
+			    rank, what, count, dnames[t], onames[op],
+			    inplace ? "in place" : "out of place", world, root, at);
+	if (!inplace && dst[bytes] != 0xa5)
+		bad = failf(sh, "rank %d: %s wrote past the end of its output", rank, what);
+out:
+	free(src);
+	free(dst);
+	return bad;
+}
+
+static int matrix_node(struct tc *c, int rank, void *arg)
+{
+	struct matrix *m = arg;
+	struct ferry *fy = c->fy[rank];
+	unsigned salt = 0;
+	int rc;
+
+	rc = ferry_coll_algo_set(fy, m->algo);
+	if (rc)
+		return failf(&m->sh, "algo_set: %s", ferry_strerror(rc));
+	for (size_t ci = 0; ci < NCOUNTS + (size_t)m->big; ci++) {
+		/* one past a 1 MiB segment of float64, odd */
+		size_t count = ci < NCOUNTS ? counts[ci] : (1u << 17) + 3;
+
+		for (int di = 0; di < 3; di++)
+			for (int oi = 0; oi < 3; oi++) {
+				int inplace = (int)((ci + di + oi) % 2);
+				int root = (int)((ci + di) % (size_t)c->n);
+
+				if (one_case(fy, &m->sh, rank, c->n, 0, count, dtypes[di], ops[oi],
+					     inplace, 0, salt++) ||
+				    one_case(fy, &m->sh, rank, c->n, 1, count, dtypes[di], ops[oi],
+					     !inplace, root, salt++))
+					return 1;
+			}
+		for (int di = 0; di < 3; di++)
+			if (one_case(fy, &m->sh, rank, c->n, 2, count, dtypes[di], FERRY_SUM, 0,
+				     (int)((ci + di + 1) % (size_t)c->n), salt++))
+				return 1;
+	}
+	return 0;
+}
+
+static void run_matrix(enum ferry_coll_algo algo)
+{
+	for (int n = 1; n <= TC_MAX; n++) {
+		struct matrix m = { .algo = algo, .big = n <= 3 || n == 5 || n == 8 };
+		struct tc c;
+
+		cr_assert_eq(tc_open(&c, n, NULL, 20000), 0, "open %d nodes", n);
+		tc_run(&c, matrix_node, &m);
+		tc_close(&c);
+		cr_assert_eq(atomic_load(&m.sh.failures), 0, "%d nodes: %s", n, m.sh.why);
+	}
+}
+
+Test(coll, every_collective_matches_the_reference_by_recursive_doubling, .timeout = 300)
+{
+	run_matrix(FERRY_COLL_ALGO_DOUBLING);
+}
+
+Test(coll, every_collective_matches_the_reference_on_the_ring, .timeout = 300)
+{
+	run_matrix(FERRY_COLL_ALGO_RING);
+}
+
+/* ---- back to back, started many at a time -------------------------------- */
+
+#define BURST 16
+#define ROUNDS 40
+
+static int burst_node(struct tc *c, int rank, void *arg)
+{
+	struct shared *sh = arg;
+	struct ferry *fy = c->fy[rank];
+	unsigned salt = 1000;
+
+	for (int round = 0; round < ROUNDS; round++) {
+		struct ferry_coll *h[BURST];
+		double *buf[BURST];
+		size_t cnt[BURST];
+		unsigned salts[BURST];
+
+		for (int i = 0; i < BURST; i++) {
+			/* both sides of the crossover (256 KiB = 32768 doubles) */
+			cnt[i] = (size_t)((round * 7 + i * 131) % 5) == 0 ? 33000 + (size_t)i :
+									    (size_t)(i * 3 + 1);
+			salts[i] = salt++;
+			buf[i] = malloc(cnt[i] * sizeof(double));
+			fill(buf[i], FERRY_FLOAT64, cnt[i], rank, salts[i]);
+			int rc = ferry_allreduce_start(fy, buf[i], buf[i], cnt[i], FERRY_FLOAT64,
+						       FERRY_SUM, &h[i]);
+			if (rc)
+				return failf(sh, "rank %d: start %d of round %d: %s", rank, i,
+					     round, ferry_strerror(rc));
+		}
+		/* collect in reverse order, half of them by polling */
+		for (int i = BURST - 1; i >= 0; i--) {
+			int rc;
+
+			if (i % 2) {
+				int64_t until = now_ns() + 20000000000ll;
+
+				while ((rc = ferry_coll_test(h[i])) == -EAGAIN && now_ns() < until)
+					sched_yield();
+			} else {
+				rc = ferry_coll_wait(h[i]);
+			}
+			if (rc)
+				return failf(sh, "rank %d: collective %d of round %d: %s", rank, i,
+					     round, ferry_strerror(rc));
+			if (check(buf[i], FERRY_FLOAT64, cnt[i], c->n, FERRY_SUM, salts[i]) >= 0)
+				return failf(sh, "rank %d: collective %d of round %d differs", rank,
+					     i, round);
+			free(buf[i]);
+		}
+	}
+	return 0;
+}
+
+Test(coll, many_collectives_back_to_back_started_sixteen_at_a_time, .timeout = 300)
+{
+	for (int n = 2; n <= 5; n += 3) {
+		struct shared sh = { 0 };
+		struct tc c;
+
+		cr_assert_eq(tc_open(&c, n, NULL, 20000), 0);
+		tc_run(&c, burst_node, &sh);
+		tc_close(&c);
+		cr_assert_eq(atomic_load(&sh.failures), 0, "%d nodes: %s", n, sh.why);
+	}
+}
+
+/* ---- bad arguments ------------------------------------------------------ */
+
+static atomic_int log_errors;
+
+static void count_errors(enum ferry_log_level level, const char *msg, void *arg)
+{
+	if (level == FERRY_LOG_ERROR)
+		atomic_fetch_add(&log_errors, 1);
+}
+
+#define EXPECT_EINVAL(call)                                                                    \
+	do {                                                                                   \
+		int before = atomic_load(&log_errors);                                         \
+		int rc_ = (call);                                                              \
+		cr_expect_eq(rc_, -EINVAL, "%s: %d (%s)", #call, rc_, ferry_strerror(rc_));    \
+		cr_expect_eq(atomic_load(&log_errors) - before, 1, "%s: log lines: %d", #call, \
+			     atomic_load(&log_errors) - before);                               \
+	} while (0)
+
+Test(coll, bad_arguments_fail_with_einval_and_one_log_line)
+{
+	struct tc c;
+	struct ferry *fy;
+	struct ferry_coll *h[17];
+	double a[8] = { 0 }, b[8];
+	int rc;
+
+	cr_assert_eq(tc_open(&c, 2, NULL, 20000), 0);
+	fy = c.fy[0];
+	ferry_log_set(FERRY_LOG_ERROR, count_errors, NULL);
+	EXPECT_EINVAL(ferry_allreduce(NULL, a, b, 8, FERRY_FLOAT64, FERRY_SUM));
+	EXPECT_EINVAL(ferry_allreduce(fy, a, b, 8, (enum ferry_dtype)9, FERRY_SUM));
+	EXPECT_EINVAL(ferry_allreduce(fy, a, b, 8, FERRY_FLOAT64, (enum ferry_redop)0));
+	EXPECT_EINVAL(ferry_allreduce(fy, NULL, b, 8, FERRY_FLOAT64, FERRY_SUM));
+	EXPECT_EINVAL(ferry_allreduce(fy, a, NULL, 8, FERRY_FLOAT64, FERRY_SUM));
+	EXPECT_EINVAL(ferry_allreduce(fy, (char *)a + 1, b, 4, FERRY_FLOAT64, FERRY_SUM));
+	EXPECT_EINVAL(ferry_allreduce(fy, a, a + 1, 4, FERRY_FLOAT64, FERRY_SUM));
+	EXPECT_EINVAL(ferry_allreduce(fy, a, b, SIZE_MAX / 4, FERRY_FLOAT64, FERRY_SUM));
+	EXPECT_EINVAL(ferry_reduce(fy, a, b, 8, FERRY_FLOAT64, FERRY_SUM, 2));
+	EXPECT_EINVAL(ferry_reduce(fy, a, b, 8, FERRY_FLOAT64, FERRY_SUM, -1));
+	EXPECT_EINVAL(ferry_reduce(fy, a, NULL, 8, FERRY_FLOAT64, FERRY_SUM, 0));
+	EXPECT_EINVAL(ferry_broadcast(fy, a, 8, FERRY_INT64, 5));
+	EXPECT_EINVAL(ferry_broadcast(fy, NULL, 8, FERRY_INT64, 0));
+	EXPECT_EINVAL(ferry_allreduce_start(fy, a, b, 8, FERRY_FLOAT64, FERRY_SUM, NULL));
+	EXPECT_EINVAL(ferry_coll_wait(NULL));
+	EXPECT_EINVAL(ferry_coll_algo_set(fy, (enum ferry_coll_algo)7));
+	/* nothing was numbered: the two nodes are still in step */
+	ferry_log_set(FERRY_LOG_WARN, NULL, NULL);
+	tc_close(&c);
+
+	/* one node: collectives finish at once, but stay counted until collected */
+	cr_assert_eq(tc_open(&c, 1, NULL, 20000), 0);
+	for (int i = 0; i < 16; i++)
+		cr_assert_eq(ferry_allreduce_start(c.fy[0], a, b, 8, FERRY_FLOAT64, FERRY_MAX,
+						   &h[i]),
+			     0);
+	/* the refused call leaves its output alone */
+	for (int i = 0; i < 8; i++) {
+		a[i] = i + 1;
+		b[i] = -1;
+	}
+	rc = ferry_allreduce_start(c.fy[0], a, b, 8, FERRY_FLOAT64, FERRY_MAX, &h[16]);
+	cr_expect_eq(rc, -EBUSY, "a 17th start: %s", ferry_strerror(rc));
+	for (int i = 0; i < 8; i++)
+		cr_expect_eq(b[i], -1, "a refused call wrote its output");
+	for (int i = 0; i < 16; i++)
+		cr_expect_eq(ferry_coll_test(h[i]), 0);
+	cr_expect_eq(ferry_allreduce(c.fy[0], a, b, 8, FERRY_FLOAT64, FERRY_MAX), 0);
+	tc_close(&c);
+}
+
+/* ---- different calls ------------------------------------------------------ */
+
+static int mismatch_node(struct tc *c, int rank, void *arg)
+{
+	struct shared *sh = arg;
+	float v[12] = { 0 };
+	int rc;
+
+	/* first an agreed one, then rank 1 passes another count */
+	rc = ferry_allreduce(c->fy[rank], v, v, 10, FERRY_FLOAT32, FERRY_SUM);
+	if (rc)
+		return failf(sh, "rank %d: the agreed all-reduce: %s", rank, ferry_strerror(rc));
+	rc = ferry_allreduce(c->fy[rank], v, v, rank == 1 ? 11 : 10, FERRY_FLOAT32, FERRY_SUM);
+	if (rc != -FERRY_E_MISMATCH)
+		return failf(sh, "rank %d: different counts gave %s", rank, ferry_strerror(rc));
+	rc = ferry_broadcast(c->fy[rank], v, 4, FERRY_FLOAT32, 0);
+	if (rc != -FERRY_E_MISMATCH)
+		return failf(sh, "rank %d: the collective after a mismatch gave %s", rank,
+			     ferry_strerror(rc));
+	return 0;
+}
+
+Test(coll, nodes_that_call_different_collectives_get_a_mismatch, .timeout = 60)
+{
+	struct shared sh = { 0 };
+	struct tc c;
+
+	cr_assert_eq(tc_open(&c, 2, NULL, 5000), 0);
+	ferry_log_set(FERRY_LOG_NONE, NULL, NULL);
+	tc_run(&c, mismatch_node, &sh);
+	ferry_log_set(FERRY_LOG_WARN, NULL, NULL);
+	tc_close(&c);
+	cr_assert_eq(atomic_load(&sh.failures), 0, "%s", sh.why);
+}
+
+/* ---- frames that break the protocol -------------------------------------- */
+
+static pthread_mutex_t cap_lock = PTHREAD_MUTEX_INITIALIZER;
+static char cap_last[1024];
+static int cap_errors;
+
+static void capture(enum ferry_log_level level, const char *msg, void *arg)
+{
+	pthread_mutex_lock(&cap_lock);
+	if (level == FERRY_LOG_ERROR && strstr(msg, "proto:")) {
+		cap_errors++;
+		snprintf(cap_last, sizeof(cap_last), "%s", msg);
+	}
+	pthread_mutex_unlock(&cap_lock);
+}
+
+/* @from sends @to a COLL frame of 10 float32 at @off of a ring all-reduce
+ * of 30: what rank 0's left neighbour would send at step 0 */
+static void forge(struct tc *c, int from, int to, uint64_t seq, uint64_t off)
+{
+	struct {
+		struct ferry_msg_hdr h;
+		struct ferry_msg_coll m;
+		float data[10];
+	} f;
+
+	memset(&f, 0, sizeof(f));
+	f.m = (struct ferry_msg_coll){ .seq = seq,
+				       .count = 30,
+				       .off = off,
+				       .n = 10,
+				       .kind = FERRY_COLL_KIND_ALLREDUCE,
+				       .dtype = FERRY_FLOAT32,
+				       .op = FERRY_SUM,
+				       .algo = FERRY_COLL_ALGO_RING };
+	ferry__proto_hdr_init(&f.h, FERRY_MSG_COLL, sizeof(f), (uint32_t)from, 0);
+	cr_assert_eq(ferry__send(c->fy[from], (uint32_t)to, &f, sizeof(f)), 0);
+}
+
+static int wait_proto_error(void)
+{
+	int n = 0;
+
+	for (int i = 0; i < 300 && !n; i++) {
+		usleep(10000);
+		pthread_mutex_lock(&cap_lock);
+		n = cap_errors;
+		pthread_mutex_unlock(&cap_lock);
+	}
+	return n;
+}
+
+Test(coll, a_frame_from_a_rank_that_is_not_the_peer_of_that_step_drops_it, .timeout = 60)
+{
+	float v[30] = { 0 };
+	struct ferry_coll *h;
+	struct tc c;
+	int rc;
+
+	cr_assert_eq(tc_open(&c, 3, NULL, 5000), 0);
+	for (int r = 0; r < 3; r++)
+		cr_assert_eq(ferry_coll_algo_set(c.fy[r], FERRY_COLL_ALGO_RING), 0);
+	ferry_log_set(FERRY_LOG_ERROR, capture, NULL);
+	/* rank 0 starts; on the ring its step-0 chunk (2, from 20) comes from
+	 * rank 2, and rank 1 sends it instead */
+	cr_assert_eq(ferry_allreduce_start(c.fy[0], v, v, 30, FERRY_FLOAT32, FERRY_SUM, &h), 0);
+	forge(&c, 1, 0, 0, 20);
+	cr_assert_eq(wait_proto_error(), 1, "one error line, got %d", cap_errors);
+	cr_assert(strstr(cap_last, "not this node's left neighbour"), "%s", cap_last);
+	cr_assert(strstr(cap_last, "dropping rank 1"), "%s", cap_last);
+	rc = ferry_coll_wait(h);
+	cr_assert_eq(rc, -FERRY_E_PEER, "the all-reduce under way: %s", ferry_strerror(rc));
+	ferry_log_set(FERRY_LOG_WARN, NULL, NULL);
+	tc_close(&c);
+
+	/* a frame 1000 collectives ahead of its receiver */
+	cap_errors = 0;
+	cr_assert_eq(tc_open(&c, 3, NULL, 5000), 0);
+	ferry_log_set(FERRY_LOG_ERROR, capture, NULL);
+	forge(&c, 2, 0, 1000, 20);
+	cr_assert_eq(wait_proto_error(), 1, "one error line, got %d", cap_errors);
+	cr_assert(strstr(cap_last, "too far ahead"), "%s", cap_last);
+	cr_assert(strstr(cap_last, "dropping rank 2"), "%s", cap_last);
+	rc = ferry_allreduce(c.fy[0], v, v, 30, FERRY_FLOAT32, FERRY_SUM);
+	cr_assert_eq(rc, -FERRY_E_PEER, "the next all-reduce: %s", ferry_strerror(rc));
+	ferry_log_set(FERRY_LOG_WARN, NULL, NULL);
+	tc_close(&c);
+}
+
+/* ---- a node dies mid-collective (forked processes) ------------------------ */
+
+#define DNODES 3
+#define DEAD 2
+#define DCOUNT (4u << 20) /* floats: 16 MiB, the ring */
+
+struct death {
+	volatile int ready, inside, killed, finished;
+	volatile int64_t kill_ns;
+	struct shared sh;
+};
+
+static void wait_flag(volatile int *f, int want)
+{
+	for (int64_t until = now_ns() + 30000000000ll; *f < want && now_ns() < until;)
+		usleep(1000);
+}
+
+static int death_child(int rank, struct ferry_params *p, struct death *d)
+{
+	struct ferry *fy;
+	float *buf = calloc(DCOUNT, sizeof(float));
+	int64_t t0;
+	int rc;
+
+	if (!buf || ferry_open(p, &fy))
+		return 10;
+	/* all three in step first */
+	rc = ferry_allreduce(fy, buf, buf, 1000, FERRY_FLOAT32, FERRY_SUM);
+	if (rc)
+		return failf(&d->sh, "rank %d: first all-reduce: %s", rank, ferry_strerror(rc));
+	__atomic_fetch_add(&d->ready, 1, __ATOMIC_SEQ_CST);
+	if (rank == DEAD)
+		for (;;)
+			pause();	  /* stopped, then killed, by the parent */
+	wait_flag(&d->ready, DNODES + 1); /* the parent stopped rank 2 */
+	__atomic_fetch_add(&d->inside, 1, __ATOMIC_SEQ_CST);
+	rc = ferry_allreduce(fy, buf, buf, DCOUNT, FERRY_FLOAT32, FERRY_SUM);
+	t0 = now_ns();
+	if (rc != -FERRY_E_PEER)
+		return failf(&d->sh, "rank %d: the all-reduce across the death gave %s", rank,
+			     ferry_strerror(rc));
+	if (!d->killed || t0 - d->kill_ns > 2000000000ll)
+		return failf(&d->sh, "rank %d: the all-reduce ended %.0f ms after the kill", rank,
+			     (double)(t0 - d->kill_ns) / 1e6);
+	t0 = now_ns();
+	rc = ferry_broadcast(fy, buf, 10, FERRY_FLOAT32, 0);
+	if (rc != -FERRY_E_PEER || now_ns() - t0 > 1000000000ll)
+		return failf(&d->sh, "rank %d: the next collective should fail at once: %s", rank,
+			     ferry_strerror(rc));
+	__atomic_fetch_add(&d->finished, 1, __ATOMIC_SEQ_CST);
+	wait_flag(&d->finished, DNODES - 1);
+	ferry_close(fy);
+	free(buf);
+	return 0;
+}
+
+Test(coll, a_node_killed_mid_collective_ends_it_at_once_everywhere, .timeout = 120)
+{
+	struct death *d =
+		mmap(NULL, sizeof(*d), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	struct ferry_params p;
+	pid_t pids[DNODES];
+	int rc;
+
+	cr_assert_neq(d, MAP_FAILED);
+	ferry_params_init(&p);
+	/* processes: the loop transport works inside one process only */
+	p.transport = getenv("FERRY_TRANSPORT") && strcmp(getenv("FERRY_TRANSPORT"), "loop") ?
+			      FERRY_TRANSPORT_AUTO :
+			      FERRY_TRANSPORT_TCP;
+	p.timeout_ms = 20000;
+	rc = ferry_local_cluster_fork(DNODES, &p, pids);
+	if (rc >= 0 && rc < DNODES)
+		_exit(death_child(rc, &p, d));
+	cr_assert_eq(rc, FERRY_LOCAL_PARENT, "fork: %s", ferry_strerror(rc));
+	wait_flag(&d->ready, DNODES);
+	cr_assert_eq(d->ready, DNODES, "the nodes did not start: %s", d->sh.why);
+	tc_stop_proc(pids[DEAD]);
+	__atomic_fetch_add(&d->ready, 1, __ATOMIC_SEQ_CST);
+	wait_flag(&d->inside, DNODES - 1);
+	usleep(300000); /* let them get into the ring */
+	d->kill_ns = now_ns();
+	d->killed = 1;
+	kill(pids[DEAD], SIGKILL);
+	tc_wait_procs(pids, DNODES, DEAD, d->sh.why);
+	cr_assert_eq(atomic_load(&d->sh.failures), 0, "%s", d->sh.why);
+}
