@@ -261,8 +261,10 @@ Test(death, a_killed_node_fails_waits_at_once_and_live_keys_stay_usable, .timeou
 	wait_flag(&d->inflight1);
 	usleep(200000); /* the push and the localize are queued at the stopped node */
 	d->kill_ns = now_ns();
-	kill(pids[DEAD], SIGKILL);
+	/* before the kill: a survivor may see the death (its port refuses at
+	 * once) before kill() returns here */
 	d->killed = 1;
+	kill(pids[DEAD], SIGKILL);
 	tc_wait_procs(pids, NODES, DEAD, d->why);
 	cr_assert_eq(d->failures, 0, "%s", d->why);
 	munmap(d, sizeof(*d));
