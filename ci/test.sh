@@ -153,6 +153,10 @@ tsan_build_run()
 fuzz_build_run()
 {
 	local t secs=${FERRY_FUZZ_SECONDS:-15} out=build-fuzz/fuzz regress=()
+	if ! command -v clang-14 >/dev/null; then
+		echo "fuzz: clang-14 not found; install it with bash ci/deps.sh fuzz, or skip with --no-fuzz"
+		return 1
+	fi
 	CC=clang-14 cmake -S . -B build-fuzz -DFERRY_FUZZ=ON -DFERRY_TESTS=OFF -DFERRY_WERROR=ON \
 		-DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null &&
 		cmake --build build-fuzz -j"$jobs" --target ferry_fuzz >/dev/null || return 1
