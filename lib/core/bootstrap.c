@@ -8,6 +8,13 @@
  *     | BS_HELLO {rank, world, address} ----> | collect world-1 hellos
  *     | <--- BS_LIST {status, cluster id,     | or time out, naming the
  *     |       missing ranks, world addresses} | ranks that never came
+ *
+ * Anyone who reaches the port may connect (there is no authentication yet:
+ * docs/security.md), so rank 0 never waits on one connection: it polls the
+ * listener and every connection still to introduce itself at once, each
+ * with BS_HELLO_MS to send its whole hello, and bounds how many wait (see
+ * struct bs_pending). The messages are checked by pure functions
+ * (ferry__bs_*_parse) that the fuzz targets call too.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
