@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # ci/deps.sh - install the Debian/Ubuntu packages Ferry needs, and only those that are missing.
 #
-#   bash ci/deps.sh [build|vm|bench|all]...     (default: all)
+#   bash ci/deps.sh [build|fuzz|vm|bench|all]...     (default: all)
 #
 # Groups:
 #   build  compile libferry and its Criterion tests, check formatting; run the multi-host tests
 #          (mpirun through PMIx: openmpi-bin, libpmix-dev; network namespaces: iproute2)
+#   fuzz   build and run the libFuzzer targets in fuzz/ (clang-14 and its libFuzzer)
 #   vm     run the RDMA suites on SoftRoCE inside QEMU (ci/softroce-vm.sh)
 #   bench  plot benchmark figures; Fashion-MNIST for ferry-dp (dataset-fashion-mnist)
 #
@@ -15,6 +16,7 @@
 set -euo pipefail
 
 readonly GROUP_BUILD="cmake gcc make pkg-config liburcu-dev libxxhash-dev libcriterion-dev libibverbs-dev librdmacm-dev clang-format libpmix-dev openmpi-bin libopenmpi-dev iproute2"
+readonly GROUP_FUZZ="clang-14 libfuzzer-14-dev"
 readonly GROUP_VM="qemu-system-x86 busybox-static rdma-core ibverbs-utils rdmacm-utils perftest ibverbs-providers iproute2 cpio kmod"
 readonly GROUP_BENCH="gnuplot-nox dataset-fashion-mnist"
 
@@ -24,13 +26,14 @@ readonly INSTALL_TIMEOUT=${FERRY_APT_INSTALL_TIMEOUT:-900}
 
 usage()
 {
-	sed -n '2,14s/^# \{0,1\}//p' "$0"
+	sed -n '2,15s/^# \{0,1\}//p' "$0"
 }
 
 group_packages()
 {
 	case $1 in
 	build) echo "$GROUP_BUILD" ;;
+	fuzz) echo "$GROUP_FUZZ" ;;
 	vm) echo "$GROUP_VM" ;;
 	bench) echo "$GROUP_BENCH" ;;
 	*) return 1 ;;
@@ -54,15 +57,15 @@ for arg in "$@"; do
 		usage
 		exit 0
 		;;
-	all) groups+=(build vm bench) ;;
-	build | vm | bench) groups+=("$arg") ;;
+	all) groups+=(build fuzz vm bench) ;;
+	build | fuzz | vm | bench) groups+=("$arg") ;;
 	*)
-		echo "deps: unknown group '$arg' (want build, vm, bench or all)" >&2
+		echo "deps: unknown group '$arg' (want build, fuzz, vm, bench or all)" >&2
 		exit 2
 		;;
 	esac
 done
-[[ ${#groups[@]} -gt 0 ]] || groups=(build vm bench)
+[[ ${#groups[@]} -gt 0 ]] || groups=(build fuzz vm bench)
 
 if ! command -v dpkg-query >/dev/null 2>&1; then
 	echo "deps: dpkg-query not found: this script knows Debian and Ubuntu only; install by hand:" >&2

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # ci/test.sh - Ferry's whole test run, as CI runs it (`bash .ci/run`) and as people run it.
 #
-#   bash ci/test.sh [--quick] [--no-asan] [--no-tsan] [--no-vm] [--no-format] [--jobs N]
+#   bash ci/test.sh [--quick] [--no-asan] [--no-tsan] [--no-fuzz] [--no-vm] [--no-format] [--jobs N]
 #
 # Stages, each bounded with timeout(1), in this order:
-#   deps        ci/deps.sh build (and vm unless --no-vm)
+#   deps        ci/deps.sh build (and fuzz unless --no-fuzz, vm unless --no-vm)
 #   build       cmake -S . -B build -DFERRY_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo; build
 #   layers      ci/check-layers.sh: transports include no lib/ header, no file over 1000 lines,
 #               no call upward between layers and no call circle (from the objects, with nm)
@@ -21,13 +21,18 @@
 #               built into build-tsan/ with -DFERRY_SANITIZE=thread and run with tests/tsan.supp,
 #               halting on the first report (tests/CMakeLists.txt builds them against the
 #               Criterion stand-in in tests/transport/tsan/: Criterion cannot start under TSan)
+#   fuzz        the libFuzzer targets (fuzz/): a clang-14 tree in build-fuzz/ with -DFERRY_FUZZ=ON
+#               (ASan+UBSan), the inputs that once crashed (fuzz/regress/), then each target for
+#               FERRY_FUZZ_SECONDS (default 15) from the generated seeds; fails on any crash, leak,
+#               timeout or sanitizer report (the artifact lands in build-fuzz/artifacts/)
 #   vm          ci/softroce-vm.sh --build-dir build: the test binaries on SoftRoCE in QEMU
 #   format      clang-format --dry-run -Werror over the C sources (--no-format skips it)
 #
 # Options:
-#   --quick     build + ctest only (no asan, no tsan, no vm): the developer's loop
+#   --quick     build + ctest only (no asan, no tsan, no fuzz, no vm): the developer's loop
 #   --no-asan   skip the address/undefined sanitizer build and run
 #   --no-tsan   skip the ThreadSanitizer build and run
+#   --no-fuzz   skip the fuzz targets
 #   --no-vm     skip the SoftRoCE VM
 #   --format    check formatting against .clang-format (the default; --no-format skips it)
 #   --jobs N    build parallelism (default 2)
@@ -43,17 +48,23 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 asan=1
 tsan=1
+fuzz=1
 vm=1
 asan_why=--no-asan
 tsan_why=--no-tsan
+fuzz_why=--no-fuzz
 vm_why=--no-vm
 format=1
 jobs=2
 while [[ $# -gt 0 ]]; do
 	case $1 in
-	--quick) asan=0; tsan=0; vm=0; asan_why=--quick; tsan_why=--quick; vm_why=--quick ;;
+	--quick)
+		asan=0; tsan=0; fuzz=0; vm=0
+		asan_why=--quick; tsan_why=--quick; fuzz_why=--quick; vm_why=--quick
+		;;
 	--no-asan) asan=0 ;;
 	--no-tsan) tsan=0 ;;
+	--no-fuzz) fuzz=0 ;;
 	--no-vm) vm=0 ;;
 	--format) format=1 ;;
 	--no-format) format=0 ;;
@@ -139,18 +150,51 @@ tsan_build_run()
 		TSAN_OPTIONS="suppressions=$PWD/tests/tsan.supp halt_on_error=1" \
 			ctest --test-dir build-tsan -R '^test_' --output-on-failure
 }
+# each target: the inputs that once crashed it, then FERRY_FUZZ_SECONDS of fuzzing; one line each
+fuzz_build_run()
+{
+	local t secs=${FERRY_FUZZ_SECONDS:-15} out=build-fuzz/fuzz regress=()
+	if ! command -v clang-14 >/dev/null; then
+		echo "fuzz: clang-14 not found; install it with bash ci/deps.sh fuzz, or skip with --no-fuzz"
+		return 1
+	fi
+	CC=clang-14 cmake -S . -B build-fuzz -DFERRY_FUZZ=ON -DFERRY_TESTS=OFF -DFERRY_WERROR=ON \
+		-DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null &&
+		cmake --build build-fuzz -j"$jobs" --target ferry_fuzz >/dev/null || return 1
+	rm -rf build-fuzz/seeds && "$out"/gen_seeds build-fuzz/seeds || return 1
+	mkdir -p build-fuzz/artifacts
+	for t in frame handshake bootstrap table; do
+		mapfile -t regress < <(compgen -G "fuzz/regress/$t-*" || true)
+		if [[ ${#regress[@]} -gt 0 ]] &&
+			! "$out/fuzz_$t" "${regress[@]}" >"build-fuzz/fuzz_$t.log" 2>&1; then
+			tail -n 40 "build-fuzz/fuzz_$t.log"
+			echo "fuzz_$t: an input of fuzz/regress/ crashes it again"
+			return 1
+		fi
+		mkdir -p "build-fuzz/corpus/$t"
+		if ! "$out/fuzz_$t" -max_total_time="$secs" -print_final_stats=1 \
+			-artifact_prefix="build-fuzz/artifacts/$t-" "build-fuzz/corpus/$t" \
+			"build-fuzz/seeds/$t" >"build-fuzz/fuzz_$t.log" 2>&1; then
+			tail -n 40 "build-fuzz/fuzz_$t.log"
+			echo "fuzz_$t: FAILED; the input is in build-fuzz/artifacts/ (replay: $out/fuzz_$t FILE)"
+			return 1
+		fi
+		echo "fuzz_$t: $(grep -o 'Done [0-9]* runs in [0-9]* second(s)' "build-fuzz/fuzz_$t.log"), $(grep -o 'cov: [0-9]*' "build-fuzz/fuzz_$t.log" | tail -n 1), no crash"
+	done
+}
 check_format()
 {
 	local files=()
 	mapfile -t files < <(git ls-files -- '*.c' '*.h')
 	[[ ${#files[@]} -eq 0 ]] || clang-format --dry-run -Werror "${files[@]}"
 }
-export -f configure_build tsan_build_run check_format
+export -f configure_build tsan_build_run fuzz_build_run check_format
 export jobs
 
 echo "ci/test.sh: $(uname -srm), $(nproc) cpus, CI=${CI:-false}, budget ${budget}s"
 
 dep_groups=(build)
+[[ $fuzz -eq 0 ]] || dep_groups+=(fuzz)
 [[ $vm -eq 0 ]] || dep_groups+=(vm)
 stage deps 1200 bash ci/deps.sh "${dep_groups[@]}" || true
 
@@ -189,6 +233,13 @@ if [[ $tsan -eq 1 ]]; then
 	stage tsan 300 bash -c tsan_build_run || true
 else
 	skip tsan "$tsan_why"
+fi
+
+# about 75 s on the 2-core development machine: the clang tree's build, then 4 targets x 15 s
+if [[ $fuzz -eq 1 ]]; then
+	stage fuzz 120 bash -c fuzz_build_run || true
+else
+	skip fuzz "$fuzz_why"
 fi
 
 if [[ $vm -eq 0 ]]; then

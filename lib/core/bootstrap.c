@@ -8,6 +8,13 @@
  *     | BS_HELLO {rank, world, address} ----> | collect world-1 hellos
  *     | <--- BS_LIST {status, cluster id,     | or time out, naming the
  *     |       missing ranks, world addresses} | ranks that never came
+ *
+ * Anyone who reaches the port may connect (there is no authentication yet:
+ * docs/security.md), so rank 0 never waits on one connection: it polls the
+ * listener and every connection still to introduce itself at once, each
+ * with BS_HELLO_MS to send its whole hello, and bounds how many wait (see
+ * struct bs_pending). The messages are checked by pure functions
+ * (ferry__bs_*_parse) that the fuzz targets call too.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -29,27 +36,9 @@
 #include "lib/core/pmix.h"
 #include "transport/base/log.h"
 
-#define BS_MAGIC 0x46594253u /* "FYBS" */
-#define BS_VERSION 1
-#define BS_MISSING_MAX 16
-
-struct bs_hello {
-	uint32_t magic;
-	uint32_t version;
-	uint32_t rank;
-	uint32_t world;
-	struct ferry_addr addr;
-};
-
-struct bs_list {
-	uint32_t magic;
-	int32_t status;
-	uint64_t cluster_id;
-	uint32_t world;
-	uint32_t nmissing;
-	uint32_t missing[BS_MISSING_MAX];
-	/* then world struct ferry_addr */
-};
+#define BS_PENDING_MAX 256 /* connections accepted that have not introduced themselves */
+#define BS_PER_SOURCE 64   /* of those, from one address: the oldest gives way */
+#define BS_HELLO_MS 1000   /* a connection's time to introduce itself */
 
 static int64_t bs_now_ms(void)
 {
@@ -159,7 +148,7 @@ static void bs_name_missing(char *buf, size_t len, const uint32_t *missing, uint
 }
 
 /* rank 0 refuses a hello: say why, for the person who started the nodes */
-static void bs_refuse_log(const struct bs_hello *h, uint32_t world)
+static void bs_refuse_log(const struct ferry_bs_hello *h, uint32_t world)
 {
 	if (h->world != world)
 		ferry_err("bootstrap: rank %u was started with a world of %u nodes, but rank 0 "
@@ -186,10 +175,10 @@ static void bs_refuse_log(const struct bs_hello *h, uint32_t world)
 static int bs_probe_rank0(const struct ferry_config *c)
 {
 	int64_t deadline = bs_now_ms() + (c->timeout_ms < 2000 ? c->timeout_ms : 2000);
-	struct bs_hello h = { .magic = BS_MAGIC,
-			      .version = BS_VERSION,
-			      .world = (uint32_t)c->world };
-	struct bs_list list = { 0 };
+	struct ferry_bs_hello h = { .magic = FERRY_BS_MAGIC,
+				    .version = FERRY_BS_VERSION,
+				    .world = (uint32_t)c->world };
+	struct ferry_bs_list list = { 0 };
 	struct sockaddr_in sa;
 	int fd, ferry = 0;
 
@@ -197,7 +186,7 @@ static int bs_probe_rank0(const struct ferry_config *c)
 		fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
 		if (fd >= 0 && !connect(fd, (struct sockaddr *)&sa, sizeof(sa)) &&
 		    !bs_io(fd, &h, sizeof(h), deadline, 1) &&
-		    !bs_io(fd, &list, sizeof(list), deadline, 0) && list.magic == BS_MAGIC)
+		    !bs_io(fd, &list, sizeof(list), deadline, 0) && list.magic == FERRY_BS_MAGIC)
 			ferry = 1;
 		if (fd >= 0)
 			close(fd);
@@ -216,25 +205,306 @@ static int bs_probe_rank0(const struct ferry_config *c)
 	return -EADDRINUSE;
 }
 
+/* ---- the messages: pure checks, shared with the fuzz targets -------------- */
+
+int ferry__bs_hello_parse(const void *buf, size_t len, uint32_t world, struct ferry_bs_hello *h_p)
+{
+	struct ferry_bs_hello h;
+
+	if (len < sizeof(h))
+		return -FERRY_E_PROTO;
+	memcpy(&h, buf, sizeof(h));
+	if (h.magic != FERRY_BS_MAGIC || h.version != FERRY_BS_VERSION ||
+	    h.addr.len > FERRY_TP_ADDR_MAX)
+		return -FERRY_E_PROTO;
+	*h_p = h;
+	if (h.world != world || h.rank == 0 || h.rank >= world)
+		return -FERRY_E_MISMATCH;
+	return 0;
+}
+
+int ferry__bs_list_parse(const struct ferry_config *c, const void *buf, size_t len,
+			 struct ferry_bs_list *list_p, char *why, size_t wlen)
+{
+	struct ferry_bs_list list;
+
+	if (len < sizeof(list)) {
+		snprintf(why, wlen,
+			 "bootstrap: rank 0 at %s:%d answered with %zu bytes, short of an "
+			 "address list",
+			 c->rdv_host, c->rdv_port, len);
+		return -FERRY_E_PROTO;
+	}
+	memcpy(&list, buf, sizeof(list));
+	if (list.magic != FERRY_BS_MAGIC || list.status > 0 ||
+	    list.nmissing > FERRY_BS_MISSING_MAX) {
+		snprintf(why, wlen, "bootstrap: rank 0 at %s:%d answered with garbage", c->rdv_host,
+			 c->rdv_port);
+		return -FERRY_E_PROTO;
+	}
+	if (list.status) {
+		char names[256];
+
+		bs_name_missing(names, sizeof(names), list.missing, list.nmissing);
+		if (list.status == -FERRY_E_NOJOIN)
+			snprintf(why, wlen, "bootstrap: rank 0 gave up: rank%s %s never joined",
+				 list.nmissing > 1 ? "s" : "", names);
+		else if (list.status == -FERRY_E_MISMATCH && list.world &&
+			 list.world != (uint32_t)c->world)
+			snprintf(why, wlen,
+				 "bootstrap: rank 0 at %s:%d runs a world of %u nodes, but this "
+				 "node (rank %d) was started with a world of %d (from %s); start "
+				 "every node with the same world size",
+				 c->rdv_host, c->rdv_port, list.world, c->rank, c->world,
+				 c->rank_src);
+		else if (list.status == -FERRY_E_MISMATCH && list.world)
+			snprintf(why, wlen,
+				 "bootstrap: two processes claim rank %d: rank 0 at %s:%d has one "
+				 "already; give every process its own rank (this one's came from "
+				 "%s)",
+				 c->rank, c->rdv_host, c->rdv_port, c->rank_src);
+		else
+			snprintf(why, wlen, "bootstrap: rank 0 refused rank %d: %s", c->rank,
+				 ferry_strerror(list.status));
+		return list.status;
+	}
+	if (list.world != (uint32_t)c->world) {
+		snprintf(why, wlen,
+			 "bootstrap: rank 0 runs a world of %u nodes, this node (rank %d) a world "
+			 "of %d; start every node with the same world size",
+			 list.world, c->rank, c->world);
+		return -FERRY_E_MISMATCH;
+	}
+	*list_p = list;
+	return 0;
+}
+
+int ferry__bs_addrs_check(const struct ferry_addr *addrs, uint32_t world, char *why, size_t wlen)
+{
+	for (uint32_t r = 0; r < world; r++)
+		if (addrs[r].len > FERRY_TP_ADDR_MAX) {
+			snprintf(why, wlen, "bootstrap: rank 0 sent an address of %u bytes",
+				 addrs[r].len);
+			return -FERRY_E_PROTO;
+		}
+	return 0;
+}
+
+/* ---- rank 0: the rendezvous ------------------------------------------------ */
+
+/*
+ * A connection accepted that has not introduced itself yet. Rank 0 serves
+ * them all at once (poll): each has BS_HELLO_MS to send its hello, at most
+ * BS_PER_SOURCE wait from one address and BS_PENDING_MAX in all; a newcomer
+ * past a bound closes the oldest one waiting (a real rank sends its hello
+ * right after connecting, so the oldest is an idle one), so silent or slow
+ * connections cannot hold the real ranks back.
+ */
+struct bs_pending {
+	int fd;		 /* -1: a free slot */
+	uint32_t source; /* IPv4 address, network order */
+	int64_t until;	 /* closed then if still silent */
+	size_t off;	 /* bytes of the hello in */
+	struct ferry_bs_hello h;
+};
+
+/* rank 0's rendezvous state; bs_serve()'s thread only */
+struct bs_server {
+	const struct ferry_config *c;
+	uint32_t world, joined;
+	int *fds; /* per rank: its connection, -1 until it joined */
+	struct ferry_addr *addrs;
+	struct bs_pending pend[BS_PENDING_MAX];
+	unsigned silent;     /* closed for silence, or to make room */
+	char silent_who[64]; /* the address of the last of them */
+};
+
+static void bs_pending_close(struct bs_server *s, struct bs_pending *p, int silent)
+{
+	if (silent) {
+		struct in_addr a = { .s_addr = p->source };
+
+		s->silent++;
+		inet_ntop(AF_INET, &a, s->silent_who, sizeof(s->silent_who));
+	}
+	close(p->fd);
+	p->fd = -1;
+}
+
+/* a slot for a connection from @source: a free one, or the oldest of the
+ * source's when it has BS_PER_SOURCE waiting, or the oldest of all */
+static struct bs_pending *bs_pending_slot(struct bs_server *s, uint32_t source)
+{
+	struct bs_pending *free_slot = NULL, *oldest = NULL, *oldest_src = NULL;
+	unsigned from_src = 0;
+
+	for (int i = 0; i < BS_PENDING_MAX; i++) {
+		struct bs_pending *p = &s->pend[i];
+
+		if (p->fd < 0) {
+			if (!free_slot)
+				free_slot = p;
+			continue;
+		}
+		if (!oldest || p->until < oldest->until)
+			oldest = p;
+		if (p->source == source) {
+			from_src++;
+			if (!oldest_src || p->until < oldest_src->until)
+				oldest_src = p;
+		}
+	}
+	if (from_src >= BS_PER_SOURCE) {
+		bs_pending_close(s, oldest_src, 1);
+		return oldest_src;
+	}
+	if (free_slot)
+		return free_slot;
+	bs_pending_close(s, oldest, 1);
+	return oldest;
+}
+
+static void bs_accept(struct bs_server *s, int lfd)
+{
+	struct sockaddr_in sa = { 0 };
+	socklen_t salen = sizeof(sa);
+	struct bs_pending *p;
+	int fd, one = 1;
+
+	fd = accept4(lfd, (struct sockaddr *)&sa, &salen, SOCK_CLOEXEC | SOCK_NONBLOCK);
+	if (fd < 0)
+		return;
+	if (sa.sin_family != AF_INET)
+		sa.sin_addr.s_addr = 0;
+	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	p = bs_pending_slot(s, sa.sin_addr.s_addr);
+	p->fd = fd;
+	p->source = sa.sin_addr.s_addr;
+	p->until = bs_now_ms() + BS_HELLO_MS;
+	p->off = 0;
+}
+
+/* @p's socket is readable: take what it sent; a whole hello joins or is refused */
+static void bs_pending_input(struct bs_server *s, struct bs_pending *p, int64_t deadline)
+{
+	ssize_t n = recv(p->fd, (uint8_t *)&p->h + p->off, sizeof(p->h) - p->off, 0);
+	struct ferry_bs_hello h;
+	int rc;
+
+	if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK))
+		return;
+	if (n <= 0) {
+		bs_pending_close(s, p, 1);
+		return;
+	}
+	p->off += (size_t)n;
+	if (p->off < sizeof(p->h))
+		return;
+	rc = ferry__bs_hello_parse(&p->h, sizeof(p->h), s->world, &h);
+	if (rc == -FERRY_E_PROTO) {
+		ferry_warn("bootstrap: dropped a rendezvous connection that did not "
+			   "introduce itself as a Ferry node");
+		bs_pending_close(s, p, 0);
+		return;
+	}
+	if (rc || s->fds[h.rank] >= 0) {
+		/* the world lets the node say which sizes differ */
+		struct ferry_bs_list nack = { .magic = FERRY_BS_MAGIC,
+					      .status = -FERRY_E_MISMATCH,
+					      .world = s->world };
+		int64_t by = bs_now_ms() + BS_HELLO_MS;
+
+		bs_refuse_log(&h, s->world);
+		bs_io(p->fd, &nack, sizeof(nack), by < deadline ? by : deadline, 1);
+		bs_pending_close(s, p, 0);
+		return;
+	}
+	s->fds[h.rank] = p->fd;
+	s->addrs[h.rank] = h.addr;
+	s->joined++;
+	p->fd = -1;
+}
+
+/* serve the rendezvous until every rank joined or @deadline: each turn polls
+ * the listener and every connection still to introduce itself */
+static void bs_gather(struct bs_server *s, int lfd, int64_t deadline)
+{
+	struct pollfd pfd[1 + BS_PENDING_MAX];
+	int idx[1 + BS_PENDING_MAX];
+
+	while (s->joined < s->world) {
+		int64_t now = bs_now_ms(), wake = deadline;
+		int n = 1, rc;
+
+		if (now >= deadline)
+			break;
+		pfd[0] = (struct pollfd){ .fd = lfd, .events = POLLIN };
+		for (int i = 0; i < BS_PENDING_MAX; i++) {
+			struct bs_pending *p = &s->pend[i];
+
+			if (p->fd < 0)
+				continue;
+			if (p->until <= now) {
+				bs_pending_close(s, p, 1);
+				continue;
+			}
+			if (p->until < wake)
+				wake = p->until;
+			pfd[n] = (struct pollfd){ .fd = p->fd, .events = POLLIN };
+			idx[n++] = i;
+		}
+		rc = poll(pfd, (nfds_t)n, (int)(wake - now));
+		if (rc <= 0)
+			continue;
+		/* the ones waiting first: a newcomer may close the oldest of them */
+		for (int j = 1; j < n; j++)
+			if (pfd[j].revents && s->pend[idx[j]].fd >= 0)
+				bs_pending_input(s, &s->pend[idx[j]], deadline);
+		if (pfd[0].revents & POLLIN)
+			bs_accept(s, lfd);
+	}
+	for (int i = 0; i < BS_PENDING_MAX; i++)
+		if (s->pend[i].fd >= 0)
+			bs_pending_close(s, &s->pend[i], 1);
+	if (s->silent)
+		ferry_warn("bootstrap: closed %u rendezvous connection%s that did not introduce "
+			   "%s within %d ms or gave way to newer ones (the last from %s); "
+			   "something other than this cluster's ranks connects to %s:%d",
+			   s->silent, s->silent > 1 ? "s" : "",
+			   s->silent > 1 ? "themselves" : "itself", BS_HELLO_MS, s->silent_who,
+			   s->c->rdv_host, s->c->rdv_port);
+}
+
 static int bs_serve(const struct ferry_config *c, const struct ferry_addr *mine,
 		    struct ferry_addr *addrs, uint64_t *cluster_id_p)
 {
 	int64_t deadline = bs_now_ms() + c->timeout_ms;
-	uint32_t world = (uint32_t)c->world, joined = 1;
-	size_t list_len = sizeof(struct bs_list) + world * sizeof(struct ferry_addr);
-	struct bs_list *list;
-	int *fds, lfd, rc = 0;
+	uint32_t world = (uint32_t)c->world;
+	size_t list_len = sizeof(struct ferry_bs_list) + world * sizeof(struct ferry_addr);
+	struct ferry_bs_list *list;
+	struct bs_server *s;
+	int lfd, rc = 0;
 	uint64_t id;
 
-	fds = malloc(world * sizeof(*fds));
+	s = calloc(1, sizeof(*s));
 	list = calloc(1, list_len);
-	if (!fds || !list) {
-		free(fds);
+	if (s)
+		s->fds = malloc(world * sizeof(*s->fds));
+	if (!s || !s->fds || !list) {
+		if (s)
+			free(s->fds);
+		free(s);
 		free(list);
 		return -ENOMEM;
 	}
+	s->c = c;
+	s->world = world;
+	s->joined = 1;
+	s->addrs = addrs;
 	for (uint32_t r = 0; r < world; r++)
-		fds[r] = -1;
+		s->fds[r] = -1;
+	for (int i = 0; i < BS_PENDING_MAX; i++)
+		s->pend[i].fd = -1;
 	addrs[0] = *mine;
 
 	lfd = c->rdv_fd;
@@ -253,56 +523,17 @@ static int bs_serve(const struct ferry_config *c, const struct ferry_addr *mine,
 		}
 	}
 
-	while (joined < world) {
-		struct pollfd pfd = { .fd = lfd, .events = POLLIN };
-		int64_t left = deadline - bs_now_ms();
-		struct bs_hello h;
-		int fd, one = 1;
-
-		if (left <= 0)
-			break;
-		rc = poll(&pfd, 1, (int)left);
-		if (rc <= 0)
-			continue;
-		fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
-		if (fd < 0)
-			continue;
-		setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-		/* a stranger gets at most a second of our time */
-		rc = bs_io(fd, &h, sizeof(h),
-			   bs_now_ms() + 1000 < deadline ? bs_now_ms() + 1000 : deadline, 0);
-		if (rc || h.magic != BS_MAGIC || h.version != BS_VERSION ||
-		    h.addr.len > FERRY_TP_ADDR_MAX) {
-			ferry_warn("bootstrap: dropped a rendezvous connection that did not "
-				   "introduce itself as a Ferry node");
-			close(fd);
-			continue;
-		}
-		if (h.world != world || h.rank == 0 || h.rank >= world || fds[h.rank] >= 0) {
-			/* the world lets the node say which sizes differ */
-			struct bs_list nack = { .magic = BS_MAGIC,
-						.status = -FERRY_E_MISMATCH,
-						.world = world };
-
-			bs_refuse_log(&h, world);
-			bs_io(fd, &nack, sizeof(nack), deadline, 1);
-			close(fd);
-			continue;
-		}
-		fds[h.rank] = fd;
-		addrs[h.rank] = h.addr;
-		joined++;
-	}
+	bs_gather(s, lfd, deadline);
 
 	if (getrandom(&id, sizeof(id), 0) != sizeof(id))
 		id = (uint64_t)bs_now_ms() ^ ((uint64_t)getpid() << 32);
-	list->magic = BS_MAGIC;
+	list->magic = FERRY_BS_MAGIC;
 	list->world = world;
 	list->cluster_id = id;
 	for (uint32_t r = 1; r < world; r++)
-		if (fds[r] < 0 && list->nmissing < BS_MISSING_MAX)
+		if (s->fds[r] < 0 && list->nmissing < FERRY_BS_MISSING_MAX)
 			list->missing[list->nmissing++] = r;
-	if (joined < world) {
+	if (s->joined < world) {
 		char names[256];
 
 		bs_name_missing(names, sizeof(names), list->missing, list->nmissing);
@@ -310,8 +541,8 @@ static int bs_serve(const struct ferry_config *c, const struct ferry_addr *mine,
 			  "at %s:%d; check that they were started with the same rendezvous and "
 			  "can reach it",
 			  c->timeout_ms, list->nmissing > 1 ? "s" : "", names,
-			  world - joined > list->nmissing ? " (and more)" : "", world, c->rdv_host,
-			  c->rdv_port);
+			  world - s->joined > list->nmissing ? " (and more)" : "", world,
+			  c->rdv_host, c->rdv_port);
 		list->status = -FERRY_E_NOJOIN;
 		rc = -FERRY_E_NOJOIN;
 	} else {
@@ -320,19 +551,20 @@ static int bs_serve(const struct ferry_config *c, const struct ferry_addr *mine,
 		*cluster_id_p = id;
 	}
 	for (uint32_t r = 1; r < world; r++) {
-		if (fds[r] < 0)
+		if (s->fds[r] < 0)
 			continue;
-		if (bs_io(fds[r], list, rc ? sizeof(*list) : list_len, bs_now_ms() + 5000, 1) &&
+		if (bs_io(s->fds[r], list, rc ? sizeof(*list) : list_len, bs_now_ms() + 5000, 1) &&
 		    !rc) {
 			ferry_err("bootstrap: could not send the address list to rank %u", r);
 			rc = -FERRY_E_PEER;
 		}
-		close(fds[r]);
+		close(s->fds[r]);
 	}
 	if (c->rdv_fd < 0)
 		close(lfd);
 out_free:
-	free(fds);
+	free(s->fds);
+	free(s);
 	free(list);
 	return rc;
 }
@@ -341,10 +573,11 @@ static int bs_join(const struct ferry_config *c, const struct ferry_addr *mine,
 		   struct ferry_addr *addrs, uint64_t *cluster_id_p)
 {
 	int64_t deadline = bs_now_ms() + c->timeout_ms;
-	struct bs_hello h = { .magic = BS_MAGIC, .version = BS_VERSION };
-	struct bs_list list;
+	struct ferry_bs_hello h = { .magic = FERRY_BS_MAGIC, .version = FERRY_BS_VERSION };
+	struct ferry_bs_list raw, list;
 	struct sockaddr_in sa;
 	int fd = -1, rc, one = 1;
+	char why[512];
 
 	rc = bs_resolve(c->rdv_host, c->rdv_port, &sa, c->rdv_var);
 	if (rc)
@@ -372,7 +605,7 @@ static int bs_join(const struct ferry_config *c, const struct ferry_addr *mine,
 	h.addr = *mine;
 	rc = bs_io(fd, &h, sizeof(h), deadline, 1);
 	if (!rc)
-		rc = bs_io(fd, &list, sizeof(list), deadline + 2000, 0);
+		rc = bs_io(fd, &raw, sizeof(raw), deadline + 2000, 0);
 	if (rc) {
 		ferry_err("bootstrap: rank %d got no address list from rank 0 at %s:%d (%s); "
 			  "see rank 0's log",
@@ -380,44 +613,11 @@ static int bs_join(const struct ferry_config *c, const struct ferry_addr *mine,
 		close(fd);
 		return rc == -ECONNRESET ? -FERRY_E_PEER : -ETIMEDOUT;
 	}
-	if (list.magic != BS_MAGIC || list.status > 0 || list.nmissing > BS_MISSING_MAX) {
-		ferry_err("bootstrap: rank 0 at %s:%d answered with garbage", c->rdv_host,
-			  c->rdv_port);
+	rc = ferry__bs_list_parse(c, &raw, sizeof(raw), &list, why, sizeof(why));
+	if (rc) {
+		ferry_err("%s", why);
 		close(fd);
-		return -FERRY_E_PROTO;
-	}
-	if (list.status) {
-		char names[256];
-
-		bs_name_missing(names, sizeof(names), list.missing, list.nmissing);
-		if (list.status == -FERRY_E_NOJOIN)
-			ferry_err("bootstrap: rank 0 gave up: rank%s %s never joined",
-				  list.nmissing > 1 ? "s" : "", names);
-		else if (list.status == -FERRY_E_MISMATCH && list.world &&
-			 list.world != (uint32_t)c->world)
-			ferry_err(
-				"bootstrap: rank 0 at %s:%d runs a world of %u nodes, but this node "
-				"(rank %d) was started with a world of %d (from %s); start every "
-				"node with the same world size",
-				c->rdv_host, c->rdv_port, list.world, c->rank, c->world,
-				c->rank_src);
-		else if (list.status == -FERRY_E_MISMATCH && list.world)
-			ferry_err(
-				"bootstrap: two processes claim rank %d: rank 0 at %s:%d has one "
-				"already; give every process its own rank (this one's came from %s)",
-				c->rank, c->rdv_host, c->rdv_port, c->rank_src);
-		else
-			ferry_err("bootstrap: rank 0 refused rank %d: %s", c->rank,
-				  ferry_strerror(list.status));
-		close(fd);
-		return list.status;
-	}
-	if (list.world != (uint32_t)c->world) {
-		ferry_err("bootstrap: rank 0 runs a world of %u nodes, this node (rank %d) a world "
-			  "of %d; start every node with the same world size",
-			  list.world, c->rank, c->world);
-		close(fd);
-		return -FERRY_E_MISMATCH;
+		return rc;
 	}
 	rc = bs_io(fd, addrs, (size_t)c->world * sizeof(struct ferry_addr), deadline + 2000, 0);
 	close(fd);
@@ -426,11 +626,11 @@ static int bs_join(const struct ferry_config *c, const struct ferry_addr *mine,
 			  strerror(-rc));
 		return -FERRY_E_PEER;
 	}
-	for (int r = 0; r < c->world; r++)
-		if (addrs[r].len > FERRY_TP_ADDR_MAX) {
-			ferry_err("bootstrap: rank 0 sent an address of %u bytes", addrs[r].len);
-			return -FERRY_E_PROTO;
-		}
+	rc = ferry__bs_addrs_check(addrs, (uint32_t)c->world, why, sizeof(why));
+	if (rc) {
+		ferry_err("%s", why);
+		return rc;
+	}
 	*cluster_id_p = list.cluster_id;
 	return 0;
 }

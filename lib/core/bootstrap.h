@@ -15,6 +15,69 @@ struct ferry_addr {
 };
 
 /*
+ * The rendezvous messages (docs/protocol.md, "bootstrap"), host order on
+ * every supported machine (little-endian):
+ *   rank r -> rank 0: struct ferry_bs_hello
+ *   rank 0 -> rank r: struct ferry_bs_list, then (status 0) world
+ *                     struct ferry_addr, rank order
+ */
+#define FERRY_BS_MAGIC 0x46594253u /* "FYBS" */
+#define FERRY_BS_VERSION 1
+#define FERRY_BS_MISSING_MAX 16
+
+struct ferry_bs_hello {
+	uint32_t magic;
+	uint32_t version;
+	uint32_t rank;
+	uint32_t world;
+	struct ferry_addr addr;
+};
+
+struct ferry_bs_list {
+	uint32_t magic;
+	int32_t status; /* 0, or a negative errno: the node may not join */
+	uint64_t cluster_id;
+	uint32_t world;
+	uint32_t nmissing;
+	uint32_t missing[FERRY_BS_MISSING_MAX];
+	/* then world struct ferry_addr */
+};
+
+/*
+ * ferry__bs_hello_parse - rank 0's check of a BS_HELLO (pure: no I/O, no log)
+ * @buf, @len: what the connection sent (len < sizeof(struct ferry_bs_hello):
+ *             not a hello)
+ * @world: rank 0's world size
+ * @h_p: the hello, written on 0 and on -FERRY_E_MISMATCH
+ *
+ * Whether a second node claims the same rank is the caller's to check.
+ * Context: any thread. Return: 0; -FERRY_E_PROTO when it is not a Ferry
+ * node's hello (magic, version, address length); -FERRY_E_MISMATCH when it is
+ * one that cannot join this world (its world size differs, or its rank is 0
+ * or not below the world size).
+ */
+int ferry__bs_hello_parse(const void *buf, size_t len, uint32_t world, struct ferry_bs_hello *h_p);
+
+/*
+ * ferry__bs_list_parse - a node's check of rank 0's BS_LIST header (pure)
+ * @c: the node's configuration (rank, world, rendezvous: for the message)
+ * @buf, @len: the header rank 0 sent (sizeof(struct ferry_bs_list) bytes)
+ * @list_p: the header, written when the return is 0
+ * @why, @wlen: on failure, the line to log (cause and fix)
+ *
+ * Context: any thread. Return: 0 when world addresses follow and should be
+ * read (then ferry__bs_addrs_check() them); -FERRY_E_PROTO (garbage), the
+ * refusal's status (-FERRY_E_NOJOIN, -FERRY_E_MISMATCH, another negative
+ * errno) or -FERRY_E_MISMATCH (rank 0 runs another world size).
+ */
+int ferry__bs_list_parse(const struct ferry_config *c, const void *buf, size_t len,
+			 struct ferry_bs_list *list_p, char *why, size_t wlen);
+
+/* ferry__bs_addrs_check - @world addresses from rank 0 each fit their buffer.
+ * Return: 0 or -FERRY_E_PROTO with @why. Context: any thread. */
+int ferry__bs_addrs_check(const struct ferry_addr *addrs, uint32_t world, char *why, size_t wlen);
+
+/*
  * ferry__bootstrap - exchange transport addresses through rank 0
  * @c: rank, world, rendezvous, timeout
  * @mine: this node's address

@@ -376,13 +376,14 @@ const char *ferry_strerror(int err)
 		[FERRY_E_NODEV - FERRY_ERRNO_BASE] = "the requested transport is not usable here",
 	};
 
-	if (err < 0)
-		err = -err;
-	if (err >= FERRY_ERRNO_BASE && err < FERRY_E_MAX)
-		return own[err - FERRY_ERRNO_BASE];
-	if (err >= FERRY_ERRNO_BASE)
+	/* a peer's status may be any int: INT_MIN has no negation */
+	unsigned int e = err < 0 ? 0u - (unsigned int)err : (unsigned int)err;
+
+	if (e >= FERRY_ERRNO_BASE && e < FERRY_E_MAX)
+		return own[e - FERRY_ERRNO_BASE];
+	if (e >= FERRY_ERRNO_BASE)
 		return "unknown Ferry error";
-	return strerror(err);
+	return strerror((int)e);
 }
 
 const char *ferry_version(void)
