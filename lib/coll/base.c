@@ -155,7 +155,8 @@ void ferry__coll_reduce(const struct ferry_coll *c, void *acc, const void *in, s
 	}
 }
 
-int ferry__coll_keep(struct ferry_coll *c, uint32_t src, const void *frame, size_t len)
+int ferry__coll_keep(struct ferry_coll_early **head, struct ferry_coll_early **tail, uint32_t src,
+		     const void *frame, size_t len)
 {
 	struct ferry_coll_early *e = malloc(sizeof(*e) + len);
 
@@ -165,11 +166,11 @@ int ferry__coll_keep(struct ferry_coll *c, uint32_t src, const void *frame, size
 	e->src = src;
 	e->len = (uint32_t)len;
 	memcpy(e->frame, frame, len);
-	if (c->early_tail)
-		c->early_tail->next = e;
+	if (*tail)
+		(*tail)->next = e;
 	else
-		c->early = e;
-	c->early_tail = e;
+		*head = e;
+	*tail = e;
 	return 0;
 }
 

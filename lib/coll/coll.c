@@ -544,24 +544,6 @@ static const char *coll_replay(struct ferry_coll *c, uint32_t *bad_src)
 	return why;
 }
 
-static int coll_keep_ahead(struct ferry_colls *cs, uint32_t src, const void *frame, size_t len)
-{
-	struct ferry_coll_early *e = malloc(sizeof(*e) + len);
-
-	if (!e)
-		return -ENOMEM;
-	e->next = NULL;
-	e->src = src;
-	e->len = (uint32_t)len;
-	memcpy(e->frame, frame, len);
-	if (cs->ahead_tail)
-		cs->ahead_tail->next = e;
-	else
-		cs->ahead = e;
-	cs->ahead_tail = e;
-	return 0;
-}
-
 static void coll_on_msg(struct ferry *fy, struct ferry_table *t, uint32_t src,
 			const struct ferry_proto_view *v)
 {
@@ -586,14 +568,14 @@ static void coll_on_msg(struct ferry *fy, struct ferry_table *t, uint32_t src,
 			why = "coll: a frame of a collective complete here";
 		else if (m->seq >= cs->next_seq + FERRY_COLL_WINDOW)
 			why = "coll: a frame of a collective too far ahead of this node";
-		else if (coll_keep_ahead(cs, src, v->hdr, v->hdr->len))
+		else if (ferry__coll_keep(&cs->ahead, &cs->ahead_tail, src, v->hdr, v->hdr->len))
 			ferry_err("coll: no memory to keep a frame of collective %llu from rank "
 				  "%u; it is lost and that collective will time out",
 				  (unsigned long long)m->seq, src);
 	} else if (c->state == FERRY_COLL_STARTING || c->replay) {
 		if (!coll_sig_eq(&c->sig, m))
 			coll_mismatch(c, src, m);
-		else if (ferry__coll_keep(c, src, v->hdr, v->hdr->len))
+		else if (ferry__coll_keep(&c->early, &c->early_tail, src, v->hdr, v->hdr->len))
 			ferry__coll_finish(c, -ENOMEM);
 	} else {
 		why = coll_deliver(c, src, type, m, v->data);

@@ -115,8 +115,11 @@ void ferry__coll_reduce(const struct ferry_coll *c, void *acc, const void *in, s
 			bool in_first);
 /* @c is over with @status: off the active list, waiter woken. Lock held. */
 void ferry__coll_finish(struct ferry_coll *c, int status);
-/* keep a frame for later in @c's early list; lock held; 0 or -ENOMEM */
-int ferry__coll_keep(struct ferry_coll *c, uint32_t src, const void *frame, size_t len);
+/* append a copy of a frame to the list @head..@tail (a collective's early
+ * frames, or the node's frames of collectives not started); lock held;
+ * 0 or -ENOMEM */
+int ferry__coll_keep(struct ferry_coll_early **head, struct ferry_coll_early **tail, uint32_t src,
+		     const void *frame, size_t len);
 /* elements [lo, hi) of chunk @i of @count split @n ways */
 static inline uint64_t ferry__coll_chunk_lo(uint64_t count, uint32_t n, uint32_t i)
 {

@@ -190,7 +190,7 @@ static const char *rd_on_frame(struct ferry_coll *c, uint32_t src, uint8_t type,
 	if (m->step > c->cur) {
 		const struct ferry_msg_hdr *h = (const void *)((const uint8_t *)m - sizeof(*h));
 
-		if (ferry__coll_keep(c, src, h, h->len))
+		if (ferry__coll_keep(&c->early, &c->early_tail, src, h, h->len))
 			ferry__coll_finish(c, -ENOMEM);
 		return NULL;
 	}
