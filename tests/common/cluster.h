@@ -16,6 +16,15 @@ struct tc {
 	struct ferry_table *t[TC_MAX];
 };
 
+/* xorshift64: a test's reproducible stream of keys and choices */
+static inline uint64_t tc_rand(uint64_t *s)
+{
+	*s ^= *s << 13;
+	*s ^= *s >> 7;
+	*s ^= *s << 17;
+	return *s;
+}
+
 /* open n in-process nodes and create one table on each (collectively) */
 int tc_open(struct tc *c, int n, const struct ferry_table_params *tp, int timeout_ms);
 void tc_close(struct tc *c);

@@ -284,14 +284,6 @@ struct storm {
 	char why[512];
 };
 
-static uint64_t storm_rand(uint64_t *s)
-{
-	*s ^= *s << 13;
-	*s ^= *s >> 7;
-	*s ^= *s << 17;
-	return *s;
-}
-
 static int storm_fail(struct storm *st, int rank, const char *what, uint64_t key, int rc)
 {
 	if (!__atomic_fetch_add(&st->failures, 1, __ATOMIC_SEQ_CST))
@@ -332,9 +324,9 @@ static int storm_child(int rank, struct ferry_params *p, struct storm *st)
 		usleep(100);
 	end = now_ns() + 3000000000ll;
 	while (rank == DEAD || now_ns() < end) {
-		uint64_t key = rank == DEAD ? 2 * PER + storm_rand(&seed) % PER :
-					      storm_rand(&seed) % STORM_KEYS;
-		unsigned what = (unsigned)(storm_rand(&seed) % 10);
+		uint64_t key = rank == DEAD ? 2 * PER + tc_rand(&seed) % PER :
+					      tc_rand(&seed) % STORM_KEYS;
+		unsigned what = (unsigned)(tc_rand(&seed) % 10);
 		int64_t t0 = now_ns(), dt;
 
 		if (what < 6)

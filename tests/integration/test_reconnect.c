@@ -375,14 +375,6 @@ struct storm {
 	char why[512];
 };
 
-static uint64_t rnd(uint64_t *s)
-{
-	*s ^= *s << 13;
-	*s ^= *s >> 7;
-	*s ^= *s << 17;
-	return *s;
-}
-
 static int storm_fail(struct storm *st, int rank, const char *what, uint64_t key, int rc)
 {
 	if (!__atomic_fetch_add(&st->failures, 1, __ATOMIC_SEQ_CST))
@@ -428,8 +420,8 @@ static int storm_child(int rank, struct ferry_params *p, struct storm *st)
 	__atomic_fetch_add(&st->ready, 1, __ATOMIC_SEQ_CST);
 	wait_count(&st->ready, NODES);
 	for (end = now_ns() + RUN_NS; now_ns() < end; ops++) {
-		uint64_t key = rnd(&seed) % KEYS;
-		unsigned what = (unsigned)(rnd(&seed) % 10);
+		uint64_t key = tc_rand(&seed) % KEYS;
+		unsigned what = (unsigned)(tc_rand(&seed) % 10);
 
 		if (what < 6)
 			rc = ferry_push(w, t, &key, 1, one);
@@ -554,7 +546,8 @@ static int victim_child(int rank, struct ferry_params *p, struct storm *st)
 			pause(); /* killed by the parent */
 	for (int64_t until = now_ns() + 60000000000ll; now_ns() < until; ops++) {
 		/* every other operation is on a key of the victim's */
-		uint64_t key = ops % 2 ? VICTIM * PER + rnd(&seed) % PER : rnd(&seed) % KEYS;
+		uint64_t key = ops % 2 ? VICTIM * PER + tc_rand(&seed) % PER :
+					 tc_rand(&seed) % KEYS;
 
 		if (key / PER == VICTIM && st->peer_err_ns[rank])
 			continue; /* failed already: only the live keys now */

@@ -20,14 +20,6 @@
 #define VLEN 6
 #define PER 1500 /* keys each node makes up */
 
-static uint64_t xs(uint64_t *s)
-{
-	*s ^= *s << 13;
-	*s ^= *s >> 7;
-	*s ^= *s << 17;
-	return *s;
-}
-
 /* rank r's keys: from the whole 64-bit space, distinct across ranks with
  * overwhelming probability (checked below) */
 static void keys_of(int rank, uint64_t *k)
@@ -35,7 +27,7 @@ static void keys_of(int rank, uint64_t *k)
 	uint64_t s = 0x9e3779b97f4a7c15ull * (uint64_t)(rank + 7);
 
 	for (int i = 0; i < PER; i++)
-		k[i] = xs(&s);
+		k[i] = tc_rand(&s);
 }
 
 static float val(uint64_t key, uint32_t j)
@@ -375,8 +367,7 @@ Test(sparse, registered_memory_follows_the_slots_in_use, .timeout = 120)
 	cr_assert_eq(s0.slot_bytes, 64);
 	chunk = (2u << 20) / s0.slot_bytes; /* slots per chunk */
 	for (int i = 0; i < N;) {
-		x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-		if (ferry_table_home(c.t[0], x) == 0)
+		if (ferry_table_home(c.t[0], tc_rand(&x)) == 0)
 			keys[i++] = x;
 	}
 	for (int i = 0; i < N; i += B)

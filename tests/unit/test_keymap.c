@@ -19,16 +19,9 @@
 
 #include <urcu/urcu-memb.h>
 
+#include "common/cluster.h"
 #include "lib/dir/fastrd.h"
 #include "lib/dir/keymap.h"
-
-static uint64_t xs(uint64_t *s)
-{
-	*s ^= *s << 13;
-	*s ^= *s >> 7;
-	*s ^= *s << 17;
-	return *s;
-}
 
 Test(keymap, agrees_with_a_reference_through_growth_churn_and_shrinking)
 {
@@ -43,10 +36,10 @@ Test(keymap, agrees_with_a_reference_through_growth_churn_and_shrinking)
 	urcu_memb_register_thread();
 	cr_assert_eq(ferry__keymap_init(&m, NULL), 0);
 	for (int i = 0; i < N; i++)
-		keys[i] = i == 0 ? 0 : i == 1 ? UINT64_MAX : xs(&s);
+		keys[i] = i == 0 ? 0 : i == 1 ? UINT64_MAX : tc_rand(&s);
 	for (int round = 0; round < 6; round++) {
 		for (int i = 0; i < N; i++) {
-			uint64_t r = xs(&s);
+			uint64_t r = tc_rand(&s);
 
 			if (r % 3 == 0) {
 				ferry__keymap_del(&m, keys[i]);
@@ -128,7 +121,7 @@ static void *reader(void *p)
 	urcu_memb_register_thread();
 	while (!__atomic_load_n(&r->stop, __ATOMIC_RELAXED)) {
 		for (int b = 0; b < 64; b++) {
-			int i = (int)(xs(&s) % STABLE);
+			int i = (int)(tc_rand(&s) % STABLE);
 			uint64_t key = stable_key(i), v;
 
 			if (a->fast)
@@ -175,7 +168,7 @@ Test(keymap, lockless_readers_see_every_stable_key_while_the_writer_rebuilds, .t
 	for (int round = 0; round < 20; round++) {
 		/* fill (the array doubles, several times), then empty (it halves) */
 		for (int i = 0; i < CHURN; i++) {
-			churn[i] = xs(&s) | (1ull << 63);
+			churn[i] = tc_rand(&s) | (1ull << 63);
 			cr_assert_eq(ferry__keymap_put(&r->m, churn[i], 7), 0);
 			if (ferry__keymap_bytes(&r->m) != last)
 				rebuilds++;

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 
 #include "ferry/ferry.h"
+#include "common/cluster.h"
 #include "lib/dir/placement.h"
 
 /* ---- range --------------------------------------------------------------- */
@@ -263,8 +264,7 @@ Test(placement, sparse_keys_spread_over_every_node)
 		for (int k = 0; k < 100000; k++) {
 			uint32_t h;
 
-			x ^= x << 13, x ^= x >> 7, x ^= x << 17; /* keys from the whole space */
-			h = ferry__placement_home(&m, x);
+			h = ferry__placement_home(&m, tc_rand(&x)); /* keys from the whole space */
 			cr_assert_lt(h, world);
 			count[h]++;
 		}
@@ -285,7 +285,7 @@ Test(placement, the_ring_index_agrees_with_a_full_search)
 
 	cr_assert_eq(ferry__placement_init(&m, FERRY_PLACEMENT_HASH, 0, 7, 300), 0);
 	for (int k = 0; k < 200000; k++) {
-		uint64_t key = k < 100000 ? (uint64_t)k : (x ^= x << 13, x ^= x >> 7, x ^= x << 17);
+		uint64_t key = k < 100000 ? (uint64_t)k : tc_rand(&x);
 		uint64_t h = ferry__hash64(key + 0x9e3779b97f4a7c15ull);
 		uint32_t lo = 0, hi = m.npoints;
 
