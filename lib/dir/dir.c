@@ -28,9 +28,9 @@ int ferry__dir_init(struct ferry_dir *d, uint32_t self, uint64_t loc_entries,
 		pthread_mutex_destroy(&d->own_lock);
 		return -ENOMEM;
 	}
-	rc = ferry__keymap_init(&d->own, fast);
+	rc = ferry__slotmap_init(&d->own, fast);
 	if (!rc)
-		rc = ferry__keymap_init(&d->owners, NULL);
+		rc = ferry__keymap_init(&d->owners);
 	if (rc) {
 		ferry__dir_fini(d);
 		return rc;
@@ -48,6 +48,11 @@ int ferry__dir_home_range(struct ferry_dir *d, uint64_t lo, uint64_t n)
 	return 0;
 }
 
+void ferry__dir_arena(struct ferry_dir *d, const void *base, uint64_t stride, uint64_t key_off)
+{
+	ferry__slotmap_arena(&d->own, base, stride, key_off);
+}
+
 void ferry__dir_fini(struct ferry_dir *d)
 {
 	free(d->home_own);
@@ -55,7 +60,7 @@ void ferry__dir_fini(struct ferry_dir *d)
 	d->home_n = 0;
 	if (d->loc)
 		pthread_mutex_destroy(&d->own_lock);
-	ferry__keymap_fini(&d->own);
+	ferry__slotmap_fini(&d->own);
 	ferry__keymap_fini(&d->owners);
 	free(d->loc);
 	d->loc = NULL;
@@ -72,9 +77,9 @@ int ferry__dir_own_set(struct ferry_dir *d, uint64_t key, void *slot)
 		d->home_live += (slot != NULL) - (*e != NULL);
 		__atomic_store_n(e, slot, __ATOMIC_RELEASE);
 	} else if (slot) {
-		rc = ferry__keymap_put(&d->own, key, (uint64_t)(uintptr_t)slot);
+		rc = ferry__slotmap_put(&d->own, key, slot);
 	} else {
-		ferry__keymap_del(&d->own, key);
+		ferry__slotmap_del(&d->own, key);
 	}
 	pthread_mutex_unlock(&d->own_lock);
 	return rc;
@@ -106,6 +111,6 @@ int ferry__dir_owner_set(struct ferry_dir *d, uint64_t key, uint32_t owner)
 
 uint64_t ferry__dir_bytes(const struct ferry_dir *d)
 {
-	return ferry__keymap_bytes(&d->own) + ferry__keymap_bytes(&d->owners) +
+	return ferry__slotmap_bytes(&d->own) + ferry__keymap_bytes(&d->owners) +
 	       (d->loc_mask + 1) * sizeof(*d->loc) + d->home_n * sizeof(*d->home_own);
 }

@@ -38,6 +38,7 @@
 
 #include "lib/dir/fastrd.h"
 #include "lib/dir/keymap.h"
+#include "lib/dir/slotmap.h"
 
 /* location-cache entries when the table does not say: 16 bytes each */
 #define FERRY_LOC_CACHE_DEFAULT 65536u
@@ -55,7 +56,7 @@ struct ferry_dir {
 	uint64_t home_lo, home_n;
 	void **home_own;
 	uint64_t home_live;	    /* entries of home_own set (own_lock) */
-	struct ferry_keymap own;    /* key -> (struct ferry_slot *) */
+	struct ferry_slotmap own;   /* key -> its slot (8 B a bucket) */
 	pthread_mutex_t own_lock;   /* serializes own's writers */
 	struct ferry_keymap owners; /* key -> owner rank + 1 (progress thread) */
 	uint32_t self;		    /* this node's rank */
@@ -75,6 +76,9 @@ int ferry__dir_init(struct ferry_dir *d, uint32_t self, uint64_t loc_entries,
  * their own (8 bytes per home key). Return: 0 or -ENOMEM. Context: table
  * build, before any key is published. */
 int ferry__dir_home_range(struct ferry_dir *d, uint64_t lo, uint64_t n);
+/* own's slots are in the arena at @base, @stride bytes apart, each holding
+ * its key at @key_off. Context: table build, before any key is published. */
+void ferry__dir_arena(struct ferry_dir *d, const void *base, uint64_t stride, uint64_t key_off);
 /* Context: teardown, no reader left. */
 void ferry__dir_fini(struct ferry_dir *d);
 
@@ -83,7 +87,7 @@ static inline void *ferry__dir_own(const struct ferry_dir *d, uint64_t key)
 {
 	if (key - d->home_lo < d->home_n)
 		return __atomic_load_n(&d->home_own[key - d->home_lo], __ATOMIC_ACQUIRE);
-	return (void *)(uintptr_t)ferry__keymap_get(&d->own, key);
+	return ferry__slotmap_get(&d->own, key);
 }
 
 /*

@@ -5,6 +5,7 @@
  */
 #include <linux/membarrier.h>
 #include <pthread.h>
+#include <sched.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -62,4 +63,15 @@ void ferry__fastrd_sync(uint64_t retired)
 		if (__atomic_compare_exchange_n(&fastrd_synced, &cur, upto, 1, __ATOMIC_RELEASE,
 						__ATOMIC_RELAXED))
 			break;
+}
+
+void ferry__fastrd_wait(const struct ferry_fastrd *f, uint64_t retired)
+{
+	ferry__fastrd_sync(retired);
+	for (uint32_t c = 0; c < FERRY_FASTRD_MAX; c++) {
+		uint64_t seq = __atomic_load_n(&f->cell[c].seq, __ATOMIC_ACQUIRE);
+
+		while ((seq & 1) && __atomic_load_n(&f->cell[c].seq, __ATOMIC_ACQUIRE) == seq)
+			sched_yield();
+	}
 }

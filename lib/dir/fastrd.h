@@ -74,5 +74,9 @@ static inline void ferry__fastrd_leave(struct ferry_fastrd_cell *c)
  */
 uint64_t ferry__fastrd_retire(void);
 void ferry__fastrd_sync(uint64_t retired);
+/* ferry__fastrd_sync(@retired), then wait, yielding, until every cell of
+ * @f that was odd moved on: no fast reader of @f holds what was retired
+ * then. Context: an RCU callback (the writer never waits). */
+void ferry__fastrd_wait(const struct ferry_fastrd *f, uint64_t retired);
 
 #endif /* FERRY_LIB_DIR_FASTRD_H */

@@ -4,11 +4,9 @@
  * contract, the reader/writer protocol and the size bound).
  */
 #include <errno.h>
-#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "lib/dir/fastrd.h"
 #include "lib/dir/keymap.h"
 
 static struct ferry_keymap_arr *keymap_arr_new(uint64_t buckets)
@@ -42,9 +40,8 @@ static uint64_t keymap_arr_bytes(const struct ferry_keymap_arr *a)
 	return sizeof(*a) + (a->mask + 1) * sizeof(struct ferry_keymap_ent);
 }
 
-int ferry__keymap_init(struct ferry_keymap *m, const struct ferry_fastrd *fast)
+int ferry__keymap_init(struct ferry_keymap *m)
 {
-	m->fast = fast;
 	m->arr = keymap_arr_new(FERRY_KEYMAP_MIN);
 	m->n = 0;
 	m->used = 0;
@@ -58,38 +55,10 @@ void ferry__keymap_fini(struct ferry_keymap *m)
 	m->arr = NULL;
 }
 
-/*
- * The old array, replaced already: freed after an RCU grace period (readers
- * under rcu_read_lock) and after every fast-path section that may hold it
- * ended (fastrd.h). The callback makes the membarrier, off the writer's
- * path: after it, every reader that could have loaded the old pointer shows
- * an odd counter until its section ends; the callback waits, yielding, for
- * each odd counter to move. (A writer that rebuilt and waited itself made a
- * batch localize of 1000 keys 30% slower: one system call per rebuild.)
- */
+/* the old array, replaced already: freed after an RCU grace period */
 static void keymap_arr_free_rcu(struct rcu_head *head)
 {
-	struct ferry_keymap_arr *a = caa_container_of(head, struct ferry_keymap_arr, rcu);
-
-	if (a->fast) {
-		ferry__fastrd_sync(a->retired);
-		for (uint32_t c = 0; c < FERRY_FASTRD_MAX; c++) {
-			uint64_t seq = __atomic_load_n(&a->fast->cell[c].seq, __ATOMIC_ACQUIRE);
-
-			while ((seq & 1) &&
-			       __atomic_load_n(&a->fast->cell[c].seq, __ATOMIC_ACQUIRE) == seq)
-				sched_yield();
-		}
-	}
-	free(a);
-}
-
-static void keymap_retire(struct ferry_keymap *m, struct ferry_keymap_arr *old)
-{
-	old->fast = m->fast;
-	if (old->fast)
-		old->retired = ferry__fastrd_retire();
-	urcu_memb_call_rcu(&old->rcu, keymap_arr_free_rcu);
+	free(caa_container_of(head, struct ferry_keymap_arr, rcu));
 }
 
 /* into an unpublished array: no reader yet, plain stores */
@@ -116,7 +85,7 @@ static int keymap_rebuild(struct ferry_keymap *m, uint64_t buckets)
 	__atomic_store_n(&m->arr, a, __ATOMIC_RELEASE); /* rcu_assign_pointer */
 	__atomic_store_n(&m->bytes, keymap_arr_bytes(a), __ATOMIC_RELAXED);
 	m->used = m->n;
-	keymap_retire(m, old);
+	urcu_memb_call_rcu(&old->rcu, keymap_arr_free_rcu);
 	return 0;
 }
 

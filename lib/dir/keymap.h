@@ -29,8 +29,8 @@
  * (never under FERRY_KEYMAP_MIN buckets). So a map that grows spends 32 to
  * 64 bytes per live key, and one that shrank at most 256, plus the old
  * array for one RCU grace period after a rebuild. The old array is freed by
- * call_rcu: readers either hold rcu_read_lock (memb flavor), are inside a
- * fast-path section of a cell of @fast (fastrd.h), or are the writer.
+ * call_rcu: readers either hold rcu_read_lock (memb flavor) or are the
+ * writer.
  *
  * Writers: the caller serializes them (one thread, or a lock of its own).
  * Readers: any RCU-registered thread inside a read-side section, or the
@@ -51,32 +51,26 @@ struct ferry_keymap_ent {
 	uint64_t val; /* 0: never used; FERRY_KEYMAP_TOMB: deleted */
 };
 
-struct ferry_fastrd;
-
 struct ferry_keymap_arr {
 	uint64_t mask; /* buckets - 1 */
 	struct rcu_head rcu;
-	const struct ferry_fastrd *fast; /* retired: the fast readers to wait for */
-	uint64_t retired;		 /* its number (fastrd.h) */
 	struct ferry_keymap_ent e[];
 };
 
 struct ferry_keymap {
-	struct ferry_keymap_arr *arr;	 /* RCU-published */
-	const struct ferry_fastrd *fast; /* fast-path readers too, or NULL */
-	uint64_t n;			 /* live keys (writer; atomic stores) */
-	uint64_t bytes;			 /* of the current array (atomic) */
-	uint64_t used;			 /* live keys + tombstones (writer) */
+	struct ferry_keymap_arr *arr; /* RCU-published */
+	uint64_t n;		      /* live keys (writer; atomic stores) */
+	uint64_t bytes;		      /* of the current array (atomic) */
+	uint64_t used;		      /* live keys + tombstones (writer) */
 };
 
-/* @fast: the node's fast-path reader cells when such readers use the map
- * (lib/dir/fastrd.h), else NULL. Return: 0 or -ENOMEM. Context: setup. */
-int ferry__keymap_init(struct ferry_keymap *m, const struct ferry_fastrd *fast);
+/* Return: 0 or -ENOMEM. Context: setup. */
+int ferry__keymap_init(struct ferry_keymap *m);
 /* free at once: no reader may be left. Context: teardown. */
 void ferry__keymap_fini(struct ferry_keymap *m);
 
 /*
- * The key's home bucket. Runs of 4 consecutive keys keep their order in 4
+ * The key's home bucket (this map's and slotmap.h's). Runs of 4 consecutive keys keep their order in 4
  * consecutive buckets (one cache line): a batch of sequential keys, what a
  * dense table's users send, touches memory in order. Which run goes where
  * is a 64-bit mix of the rest of the key, so sparse and hashed keys spread

@@ -7,6 +7,7 @@
  * so when create returns anywhere, every node already serves the table.
  */
 #include <errno.h>
+#include <stddef.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -395,6 +396,7 @@ static int table_build(struct ferry *fy, const struct ferry_table_params *p, str
 			       t->max_len, &fy->budget);
 	if (rc)
 		return rc;
+	ferry__dir_arena(&t->dir, t->arena.base, t->arena.stride, offsetof(struct ferry_slot, key));
 	if (fy->budget.limit &&
 	    fy->budget.limit < ((uint64_t)t->arena.stride << t->arena.chunk_shift)) {
 		ferry_err("table: the memory budget of %llu bytes is smaller than one chunk of the "
