@@ -326,7 +326,8 @@ FERRY_API int ferry_test(struct ferry_worker *w, uint64_t ticket);
 /* ---- collectives ------------------------------------------------------ */
 
 /*
- * Collectives over every node of the cluster (docs/collectives.md). Every
+ * Collectives over every node of the cluster, or of a group of nodes (below;
+ * docs/collectives.md). Every
  * node calls the same collectives in the same order, with the same count,
  * type, operator and root; a node that finds another's call different fails
  * that collective with -FERRY_E_MISMATCH (logged) and every later one too.
@@ -453,6 +454,61 @@ FERRY_API int ferry_coll_test(struct ferry_coll *coll);
  * Context: between collectives. Return: 0 or -EINVAL.
  */
 FERRY_API int ferry_coll_algo_set(struct ferry *fy, enum ferry_coll_algo algo);
+
+/*
+ * Groups: collectives among some of the nodes. A group is an ordered list
+ * of member ranks; a member's index in it is its rank in the group (roots
+ * of ferry_group_reduce/_broadcast are such indices). Every member creates
+ * the group with the same list in the same order, and only members do
+ * (no communication: the list itself names the group, so two groups of
+ * one node must differ in their members or their order). Collectives of
+ * a group follow the rules above among its members, numbered per group:
+ * groups run side by side, and a failure of a node ends only the
+ * collectives of the groups it is a member of (and of the whole cluster).
+ * Frames of a group that a slower member has not created yet are kept
+ * (for at most 16 such groups, 64 collectives into each).
+ */
+struct ferry_group;
+
+/**
+ * ferry_group_create - this node's handle to the group of @ranks
+ * @ranks: @n distinct ranks of the world, this node's among them
+ * @group_p: receives the handle, written only on success
+ *
+ * Context: any application thread. Return: 0; -EINVAL (a bad list, logged:
+ * empty, a rank out of range or twice, this node missing); -EEXIST (this
+ * node has a group of that list); -ENOMEM.
+ */
+FERRY_API int ferry_group_create(struct ferry *fy, const uint32_t *ranks, size_t n,
+				 struct ferry_group **group_p);
+
+/**
+ * ferry_group_destroy - free a group's handle (NULL: nothing)
+ *
+ * Call it once the group's collectives are collected, on every member;
+ * ferry_close frees the groups left. Return: 0, or -EBUSY (collectives
+ * started and not collected; the group stays).
+ */
+FERRY_API int ferry_group_destroy(struct ferry_group *group);
+
+/* the collectives above, among the members of @group: same arguments and
+ * errors, with roots as member indices */
+FERRY_API int ferry_group_allreduce(struct ferry_group *group, const void *src, void *dst,
+				    size_t count, enum ferry_dtype dtype, enum ferry_redop op);
+FERRY_API int ferry_group_reduce(struct ferry_group *group, const void *src, void *dst,
+				 size_t count, enum ferry_dtype dtype, enum ferry_redop op,
+				 int root);
+FERRY_API int ferry_group_broadcast(struct ferry_group *group, void *buf, size_t count,
+				    enum ferry_dtype dtype, int root);
+FERRY_API int ferry_group_allreduce_start(struct ferry_group *group, const void *src, void *dst,
+					  size_t count, enum ferry_dtype dtype, enum ferry_redop op,
+					  struct ferry_coll **coll_p);
+FERRY_API int ferry_group_reduce_start(struct ferry_group *group, const void *src, void *dst,
+				       size_t count, enum ferry_dtype dtype, enum ferry_redop op,
+				       int root, struct ferry_coll **coll_p);
+FERRY_API int ferry_group_broadcast_start(struct ferry_group *group, void *buf, size_t count,
+					  enum ferry_dtype dtype, int root,
+					  struct ferry_coll **coll_p);
 
 /* ---- statistics ------------------------------------------------------- */
 

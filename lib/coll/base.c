@@ -48,7 +48,7 @@ int ferry__coll_send(struct ferry_coll *c, uint32_t dst, uint32_t step, uint64_t
 		iov[1] = (struct iovec){ .iov_base = (uint8_t *)c->buf + off * c->esz,
 					 .iov_len = bytes };
 		iov[2] = (struct iovec){ .iov_base = (void *)&zeros, .iov_len = pad };
-		rc = ferry__sendv(c->fy, dst, iov, pad ? 3 : 2);
+		rc = ferry__sendv(c->fy, ferry__coll_rank(c->colls, dst), iov, pad ? 3 : 2);
 		if (rc)
 			return rc;
 		off += k;
@@ -69,7 +69,7 @@ int ferry__coll_send_ctl(struct ferry_coll *c, uint32_t dst, uint8_t type)
 	f.b.n = 0;
 	f.b.step = 0;
 	ferry__proto_hdr_init(&f.h, type, sizeof(f), c->fy->rank, 0);
-	return ferry__send(c->fy, dst, &f, sizeof(f));
+	return ferry__send(c->fy, ferry__coll_rank(c->colls, dst), &f, sizeof(f));
 }
 
 /*

@@ -40,6 +40,7 @@
  */
 #include <errno.h>
 #include <sched.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -62,6 +63,12 @@ static int64_t coll_now_ns(void)
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* the body of a kept frame */
+static const struct ferry_msg_coll *coll_frame_body(const struct ferry_coll_early *e)
+{
+	return (const void *)((const uint8_t *)e->frame + sizeof(struct ferry_msg_hdr));
 }
 
 static void coll_early_free(struct ferry_coll_early *e)
@@ -93,15 +100,17 @@ static bool coll_overlap(const void *a, const void *b, size_t bytes)
 	return x != y && x < y + bytes && y < x + bytes;
 }
 
-static int coll_check(struct ferry *fy, uint8_t kind, const void *src, const void *dst,
+static int coll_check(struct ferry_colls *cs, uint8_t kind, const void *src, const void *dst,
 		      size_t count, int dtype, int op, int root)
 {
 	const char *name = coll_names[kind];
 	uint32_t esz = ferry__dtype_size(dtype > 0 ? (uint32_t)dtype : 0);
-	bool is_root = kind == FERRY_COLL_KIND_ALLREDUCE || (fy && root == (int)fy->rank);
+	bool is_root = kind == FERRY_COLL_KIND_ALLREDUCE || (cs && root == (int)cs->me);
 
-	if (!fy) {
-		ferry_err("coll: %s: the node is NULL; pass the handle ferry_open gave", name);
+	if (!cs) {
+		ferry_err("coll: %s: the node or group is NULL; pass the handle ferry_open or "
+			  "ferry_group_create gave",
+			  name);
 		return -EINVAL;
 	}
 	if (!esz) {
@@ -115,9 +124,9 @@ static int coll_check(struct ferry *fy, uint8_t kind, const void *src, const voi
 			  name, op);
 		return -EINVAL;
 	}
-	if (kind != FERRY_COLL_KIND_ALLREDUCE && (root < 0 || (uint32_t)root >= fy->world)) {
-		ferry_err("coll: %s: root %d is not a rank of this world of %u", name, root,
-			  fy->world);
+	if (kind != FERRY_COLL_KIND_ALLREDUCE && (root < 0 || (uint32_t)root >= cs->n)) {
+		ferry_err("coll: %s: root %d is not a %s of %u", name, root,
+			  cs->id ? "member index of this group" : "rank of this world", cs->n);
 		return -EINVAL;
 	}
 	if (!count)
@@ -176,22 +185,31 @@ static int coll_refuse(struct ferry_colls *cs, uint8_t kind, bool busy)
 
 static int coll_kick(struct ferry_coll *c)
 {
-	return ferry__coll_send_ctl(c, c->fy->rank, FERRY_MSG_COLL_KICK);
+	return ferry__coll_send_ctl(c, c->colls->me, FERRY_MSG_COLL_KICK);
 }
 
-static int coll_start(struct ferry *fy, uint8_t kind, const void *src, void *dst, size_t count,
-		      int dtype, int op, int root, struct ferry_coll **coll_p)
+static int coll_start(struct ferry_colls *cs, uint8_t kind, const void *src, void *dst,
+		      size_t count, int dtype, int op, int root, struct ferry_coll **coll_p)
 {
-	struct ferry_colls *cs;
+	struct ferry *fy;
+	struct ferry_colls *world;
 	struct ferry_coll *c;
 	struct ferry_coll_early **pp;
-	size_t bytes;
+	enum ferry_coll_algo algo;
+	size_t bytes, crossover;
 	bool is_root;
 	int rc, kick;
 
-	rc = coll_check(fy, kind, src, dst, count, dtype, op, root);
+	rc = coll_check(cs, kind, src, dst, count, dtype, op, root);
 	if (rc)
 		return rc;
+	fy = cs->fy;
+	/* every group follows the node's choice (ferry_coll_algo_set) */
+	world = fy->coll;
+	pthread_mutex_lock(&world->lock);
+	algo = world->algo;
+	crossover = world->crossover;
+	pthread_mutex_unlock(&world->lock);
 	if (!coll_p) {
 		ferry_err("coll: %s_start: no place for the handle; pass &handle",
 			  coll_names[kind]);
@@ -199,7 +217,6 @@ static int coll_start(struct ferry *fy, uint8_t kind, const void *src, void *dst
 	}
 	if (atomic_load(&fy->closed))
 		return -FERRY_E_CLOSED;
-	cs = fy->coll;
 	c = calloc(1, sizeof(*c));
 	if (!c)
 		return -ENOMEM;
@@ -212,9 +229,10 @@ static int coll_start(struct ferry *fy, uint8_t kind, const void *src, void *dst
 	c->sig.op = kind == FERRY_COLL_KIND_BCAST ? 0 : (uint8_t)op;
 	c->sig.root = kind == FERRY_COLL_KIND_ALLREDUCE ? 0 : (uint32_t)root;
 	c->sig.count = count;
+	c->sig.group = cs->id;
 	c->src = src;
 	bytes = count * c->esz;
-	is_root = kind == FERRY_COLL_KIND_ALLREDUCE || (uint32_t)root == fy->rank;
+	is_root = kind == FERRY_COLL_KIND_ALLREDUCE || (uint32_t)root == cs->me;
 
 	/* refused calls change nothing: check before touching the output */
 	pthread_mutex_lock(&cs->lock);
@@ -243,7 +261,7 @@ static int coll_start(struct ferry *fy, uint8_t kind, const void *src, void *dst
 	}
 
 	pthread_mutex_lock(&cs->lock);
-	if (!count || fy->world == 1) {
+	if (!count || cs->n == 1) {
 		/* nothing to send: done at once, with no number (every node skips it) */
 		c->state = FERRY_COLL_DONE;
 		atomic_store(&c->done, true);
@@ -251,7 +269,7 @@ static int coll_start(struct ferry *fy, uint8_t kind, const void *src, void *dst
 		*coll_p = c;
 		return 0;
 	}
-	c->next_off = calloc(2 * (size_t)fy->world + 2, sizeof(*c->next_off));
+	c->next_off = calloc(2 * (size_t)cs->n + 2, sizeof(*c->next_off));
 	/* a peer may have failed meanwhile: its listener saw no such collective */
 	rc = !c->next_off || !c->buf ? -ENOMEM : coll_refuse(cs, kind, false);
 	if (rc) {
@@ -264,9 +282,9 @@ static int coll_start(struct ferry *fy, uint8_t kind, const void *src, void *dst
 		coll_free(c);
 		return rc;
 	}
-	c->sig.algo = cs->algo != FERRY_COLL_ALGO_AUTO ? cs->algo :
-		      bytes < cs->crossover	       ? FERRY_COLL_ALGO_DOUBLING :
-							 FERRY_COLL_ALGO_RING;
+	c->sig.algo = algo != FERRY_COLL_ALGO_AUTO ? algo :
+		      bytes < crossover		   ? FERRY_COLL_ALGO_DOUBLING :
+						     FERRY_COLL_ALGO_RING;
 	c->sig.seq = cs->next_seq++;
 	c->state = FERRY_COLL_STARTING;
 	c->next = cs->active;
@@ -274,8 +292,7 @@ static int coll_start(struct ferry *fy, uint8_t kind, const void *src, void *dst
 	/* frames that came before the call, in arrival order */
 	for (pp = &cs->ahead; *pp;) {
 		struct ferry_coll_early *e = *pp;
-		const struct ferry_msg_coll *m =
-			(const void *)((const uint8_t *)e->frame + sizeof(struct ferry_msg_hdr));
+		const struct ferry_msg_coll *m = coll_frame_body(e);
 
 		if (m->seq != c->sig.seq) {
 			pp = &e->next;
@@ -408,25 +425,90 @@ int ferry_coll_test(struct ferry_coll *coll)
 
 /* ---- public calls ----------------------------------------------------- */
 
+struct ferry_group {
+	struct ferry_colls cs;
+};
+
+static struct ferry_colls *coll_world(struct ferry *fy)
+{
+	return fy ? fy->coll : NULL;
+}
+
+static struct ferry_colls *coll_group(struct ferry_group *g)
+{
+	return g ? &g->cs : NULL;
+}
+
 int ferry_allreduce_start(struct ferry *fy, const void *src, void *dst, size_t count,
 			  enum ferry_dtype dtype, enum ferry_redop op, struct ferry_coll **coll_p)
 {
-	return coll_start(fy, FERRY_COLL_KIND_ALLREDUCE, src, dst, count, (int)dtype, (int)op, 0,
-			  coll_p);
+	return coll_start(coll_world(fy), FERRY_COLL_KIND_ALLREDUCE, src, dst, count, (int)dtype,
+			  (int)op, 0, coll_p);
 }
 
 int ferry_reduce_start(struct ferry *fy, const void *src, void *dst, size_t count,
 		       enum ferry_dtype dtype, enum ferry_redop op, int root,
 		       struct ferry_coll **coll_p)
 {
-	return coll_start(fy, FERRY_COLL_KIND_REDUCE, src, dst, count, (int)dtype, (int)op, root,
-			  coll_p);
+	return coll_start(coll_world(fy), FERRY_COLL_KIND_REDUCE, src, dst, count, (int)dtype,
+			  (int)op, root, coll_p);
 }
 
 int ferry_broadcast_start(struct ferry *fy, void *buf, size_t count, enum ferry_dtype dtype,
 			  int root, struct ferry_coll **coll_p)
 {
-	return coll_start(fy, FERRY_COLL_KIND_BCAST, buf, buf, count, (int)dtype, 0, root, coll_p);
+	return coll_start(coll_world(fy), FERRY_COLL_KIND_BCAST, buf, buf, count, (int)dtype, 0,
+			  root, coll_p);
+}
+
+int ferry_group_allreduce_start(struct ferry_group *g, const void *src, void *dst, size_t count,
+				enum ferry_dtype dtype, enum ferry_redop op,
+				struct ferry_coll **coll_p)
+{
+	return coll_start(coll_group(g), FERRY_COLL_KIND_ALLREDUCE, src, dst, count, (int)dtype,
+			  (int)op, 0, coll_p);
+}
+
+int ferry_group_reduce_start(struct ferry_group *g, const void *src, void *dst, size_t count,
+			     enum ferry_dtype dtype, enum ferry_redop op, int root,
+			     struct ferry_coll **coll_p)
+{
+	return coll_start(coll_group(g), FERRY_COLL_KIND_REDUCE, src, dst, count, (int)dtype,
+			  (int)op, root, coll_p);
+}
+
+int ferry_group_broadcast_start(struct ferry_group *g, void *buf, size_t count,
+				enum ferry_dtype dtype, int root, struct ferry_coll **coll_p)
+{
+	return coll_start(coll_group(g), FERRY_COLL_KIND_BCAST, buf, buf, count, (int)dtype, 0,
+			  root, coll_p);
+}
+
+int ferry_group_allreduce(struct ferry_group *g, const void *src, void *dst, size_t count,
+			  enum ferry_dtype dtype, enum ferry_redop op)
+{
+	struct ferry_coll *c;
+	int rc = ferry_group_allreduce_start(g, src, dst, count, dtype, op, &c);
+
+	return rc ? rc : ferry_coll_wait(c);
+}
+
+int ferry_group_reduce(struct ferry_group *g, const void *src, void *dst, size_t count,
+		       enum ferry_dtype dtype, enum ferry_redop op, int root)
+{
+	struct ferry_coll *c;
+	int rc = ferry_group_reduce_start(g, src, dst, count, dtype, op, root, &c);
+
+	return rc ? rc : ferry_coll_wait(c);
+}
+
+int ferry_group_broadcast(struct ferry_group *g, void *buf, size_t count, enum ferry_dtype dtype,
+			  int root)
+{
+	struct ferry_coll *c;
+	int rc = ferry_group_broadcast_start(g, buf, count, dtype, root, &c);
+
+	return rc ? rc : ferry_coll_wait(c);
 }
 
 int ferry_allreduce(struct ferry *fy, const void *src, void *dst, size_t count,
@@ -485,7 +567,8 @@ static struct ferry_coll *coll_find(struct ferry_colls *cs, uint64_t seq)
 static bool coll_sig_eq(const struct ferry_msg_coll *a, const struct ferry_msg_coll *b)
 {
 	return a->seq == b->seq && a->count == b->count && a->kind == b->kind &&
-	       a->dtype == b->dtype && a->op == b->op && a->algo == b->algo && a->root == b->root;
+	       a->dtype == b->dtype && a->op == b->op && a->algo == b->algo && a->root == b->root &&
+	       a->group == b->group;
 }
 
 /* the application called different collectives: fail this one and every
@@ -498,9 +581,9 @@ static void coll_mismatch(struct ferry_coll *c, uint32_t src, const struct ferry
 		  "where this node called %s of %llu %s (op %u, root %u, %s); every node must "
 		  "call the same collectives in the same order with the same arguments (and the "
 		  "same ferry_coll_algo_set)",
-		  (unsigned long long)c->sig.seq, src, coll_names[m->kind],
-		  (unsigned long long)m->count, types[m->dtype], m->op, m->root,
-		  coll_algo_names[m->algo], coll_names[c->sig.kind],
+		  (unsigned long long)c->sig.seq, ferry__coll_rank(c->colls, src),
+		  coll_names[m->kind], (unsigned long long)m->count, types[m->dtype], m->op,
+		  m->root, coll_algo_names[m->algo], coll_names[c->sig.kind],
 		  (unsigned long long)c->sig.count, types[c->sig.dtype], c->sig.op, c->sig.root,
 		  coll_algo_names[c->sig.algo]);
 	if (!c->colls->broken)
@@ -544,43 +627,104 @@ static const char *coll_replay(struct ferry_coll *c, uint32_t *bad_src)
 	return why;
 }
 
-static void coll_on_msg(struct ferry *fy, struct ferry_table *t, uint32_t src,
-			const struct ferry_proto_view *v)
+/* a frame of @cs from member @src; cs->lock held. Return: a protocol error
+ * (the member to drop in *@bad) */
+static const char *coll_group_msg(struct ferry_colls *cs, uint32_t src, uint8_t type,
+				  const struct ferry_msg_coll *m, const struct ferry_proto_view *v,
+				  uint32_t *bad)
 {
-	struct ferry_colls *cs = fy->coll;
-	const struct ferry_msg_coll *m = v->coll;
-	const uint8_t type = v->hdr->type;
-	const char *why = NULL;
-	struct ferry_coll *c;
-	uint32_t bad = src;
+	struct ferry_coll *c = coll_find(cs, m->seq);
 
-	pthread_mutex_lock(&cs->lock);
-	c = coll_find(cs, m->seq);
+	*bad = src;
 	if (type == FERRY_MSG_COLL_KICK) {
-		if (src != fy->rank)
-			why = "coll: a kick from another node";
-		else if (c && c->state == FERRY_COLL_RUNNING)
-			why = coll_replay(c, &bad);
+		if (src != cs->me)
+			return "coll: a kick from another node";
+		if (c && c->state == FERRY_COLL_RUNNING)
+			return coll_replay(c, bad);
 	} else if (!c) {
 		if (cs->broken)
 			; /* out of step already: what is left of abandoned ones goes */
 		else if (m->seq < cs->next_seq)
-			why = "coll: a frame of a collective complete here";
+			return "coll: a frame of a collective complete here";
 		else if (m->seq >= cs->next_seq + FERRY_COLL_WINDOW)
-			why = "coll: a frame of a collective too far ahead of this node";
+			return "coll: a frame of a collective too far ahead of this node";
 		else if (ferry__coll_keep(&cs->ahead, &cs->ahead_tail, src, v->hdr, v->hdr->len))
 			ferry_err("coll: no memory to keep a frame of collective %llu from rank "
 				  "%u; it is lost and that collective will time out",
-				  (unsigned long long)m->seq, src);
+				  (unsigned long long)m->seq, ferry__coll_rank(cs, src));
 	} else if (c->state == FERRY_COLL_STARTING || c->replay) {
 		if (!coll_sig_eq(&c->sig, m))
 			coll_mismatch(c, src, m);
 		else if (ferry__coll_keep(&c->early, &c->early_tail, src, v->hdr, v->hdr->len))
 			ferry__coll_finish(c, -ENOMEM);
 	} else {
-		why = coll_deliver(c, src, type, m, v->data);
+		return coll_deliver(c, src, type, m, v->data);
 	}
-	pthread_mutex_unlock(&cs->lock);
+	return NULL;
+}
+
+/* a frame of a group not made here (yet): kept, within bounds, until
+ * ferry_group_create() makes it. world->glock held. Return: a protocol
+ * error of the sender */
+static const char *coll_orphan(struct ferry_colls *world, uint32_t src,
+			       const struct ferry_proto_view *v)
+{
+	const struct ferry_msg_coll *m = v->coll;
+	uint64_t ids[FERRY_COLL_ORPHAN_GROUPS];
+	unsigned nids = 0, k;
+
+	if (m->seq >= FERRY_COLL_WINDOW)
+		return "coll: a frame of a group not made here, too far ahead";
+	/* the groups kept for (at most FERRY_COLL_ORPHAN_GROUPS): is this one? */
+	for (struct ferry_coll_early *e = world->orphans; e; e = e->next) {
+		const struct ferry_msg_coll *o = coll_frame_body(e);
+
+		for (k = 0; k < nids && ids[k] != o->group; k++)
+			;
+		if (k == nids)
+			ids[nids++] = o->group;
+	}
+	for (k = 0; k < nids && ids[k] != m->group; k++)
+		;
+	if (k == nids && nids >= FERRY_COLL_ORPHAN_GROUPS)
+		return "coll: frames of too many groups not made here";
+	if (ferry__coll_keep(&world->orphans, &world->orphans_tail, src, v->hdr, v->hdr->len))
+		ferry_err("coll: no memory to keep a frame of group %016llx from rank %u; it is "
+			  "lost and that collective will time out",
+			  (unsigned long long)m->group, src);
+	return NULL;
+}
+
+static void coll_on_msg(struct ferry *fy, struct ferry_table *t, uint32_t src,
+			const struct ferry_proto_view *v)
+{
+	struct ferry_colls *world = fy->coll, *cs = world;
+	const struct ferry_msg_coll *m = v->coll;
+	const char *why = NULL;
+	uint32_t bad = src;
+
+	(void)t;
+	if (m->group) {
+		pthread_mutex_lock(&world->glock);
+		for (cs = world->groups; cs && cs->id != m->group; cs = cs->next)
+			;
+		if (!cs)
+			why = coll_orphan(world, src, v);
+	}
+	if (cs) {
+		int32_t idx = cs->index ? cs->index[src] : (int32_t)src;
+
+		if (idx < 0) {
+			why = "coll: a frame of a group its sender is not a member of";
+		} else {
+			pthread_mutex_lock(&cs->lock);
+			why = coll_group_msg(cs, (uint32_t)idx, v->hdr->type, m, v, &bad);
+			pthread_mutex_unlock(&cs->lock);
+			bad = ferry__coll_rank(cs, bad);
+		}
+	}
+	if (m->group)
+		pthread_mutex_unlock(&world->glock);
 	if (why) {
 		ferry_err("proto: rank %u sent a malformed message (collective %llu, step %u): %s; "
 			  "dropping rank %u",
@@ -589,11 +733,10 @@ static void coll_on_msg(struct ferry *fy, struct ferry_table *t, uint32_t src,
 	}
 }
 
-/* a peer failed (progress thread): every collective needs every node */
-static void coll_on_peer_failed(struct ferry *fy, uint32_t rank)
+/* @rank failed: every collective of @cs under way ends, and every later one
+ * fails at its start */
+static void coll_break(struct ferry_colls *cs, uint32_t rank)
 {
-	struct ferry_colls *cs = fy->coll;
-
 	pthread_mutex_lock(&cs->lock);
 	if (cs->broken != -FERRY_E_PEER) {
 		cs->broken = -FERRY_E_PEER;
@@ -606,16 +749,216 @@ static void coll_on_peer_failed(struct ferry *fy, uint32_t rank)
 	pthread_mutex_unlock(&cs->lock);
 }
 
+/* a peer failed (progress thread): every collective of the whole cluster,
+ * and of each group it is a member of, needs it */
+static void coll_on_peer_failed(struct ferry *fy, uint32_t rank)
+{
+	struct ferry_colls *world = fy->coll;
+
+	coll_break(world, rank);
+	pthread_mutex_lock(&world->glock);
+	for (struct ferry_colls *g = world->groups; g; g = g->next)
+		if (g->index[rank] >= 0)
+			coll_break(g, rank);
+	pthread_mutex_unlock(&world->glock);
+}
+
+static void coll_colls_init(struct ferry_colls *cs, struct ferry *fy)
+{
+	cs->fy = fy;
+	cs->n = fy->world;
+	cs->me = fy->rank;
+	pthread_mutex_init(&cs->lock, NULL);
+	ferry__cond_init_monotonic(&cs->cond);
+}
+
+static void coll_colls_fini(struct ferry_colls *cs)
+{
+	coll_early_free(cs->ahead);
+	pthread_mutex_destroy(&cs->lock);
+	pthread_cond_destroy(&cs->cond);
+	free(cs->ranks);
+	free(cs->index);
+}
+
 static void coll_colls_free(void *p)
 {
 	struct ferry_colls *cs = p;
 
 	if (!cs)
 		return;
-	coll_early_free(cs->ahead);
-	pthread_mutex_destroy(&cs->lock);
-	pthread_cond_destroy(&cs->cond);
+	/* groups the application did not destroy go with the node */
+	while (cs->groups) {
+		struct ferry_colls *g = cs->groups;
+
+		cs->groups = g->next;
+		coll_colls_fini(g);
+		free((struct ferry_group *)(void *)((char *)g - offsetof(struct ferry_group, cs)));
+	}
+	coll_early_free(cs->orphans);
+	pthread_mutex_destroy(&cs->glock);
+	coll_colls_fini(cs);
 	free(cs);
+}
+
+/* ---- groups ----------------------------------------------------------- */
+
+uint64_t ferry__coll_group_id(const uint32_t *ranks, size_t n)
+{
+	uint64_t h = 0xcbf29ce484222325ull ^ n;
+
+	for (size_t i = 0; i < n; i++) {
+		h ^= ranks[i];
+		h *= 0x100000001b3ull;
+		h ^= h >> 29;
+	}
+	return h ? h : 1;
+}
+
+int ferry_group_create(struct ferry *fy, const uint32_t *ranks, size_t n,
+		       struct ferry_group **group_p)
+{
+	struct ferry_colls *world, *cs;
+	struct ferry_group *g;
+	struct ferry_coll_early **pp;
+	uint64_t id;
+	size_t i;
+
+	if (!fy || !ranks || !group_p || !n) {
+		ferry_err("coll: ferry_group_create: %s; pass the node, the member ranks, their "
+			  "count and &group",
+			  !fy	 ? "the node is NULL" :
+			  !ranks ? "the rank list is NULL" :
+			  !n	 ? "a group of 0 members" :
+				   "no place for the handle");
+		return -EINVAL;
+	}
+	if (n > fy->world) {
+		ferry_err("coll: ferry_group_create: %zu members in a world of %u", n, fy->world);
+		return -EINVAL;
+	}
+	g = calloc(1, sizeof(*g));
+	if (!g)
+		return -ENOMEM;
+	cs = &g->cs;
+	coll_colls_init(cs, fy);
+	cs->n = (uint32_t)n;
+	cs->me = UINT32_MAX;
+	cs->ranks = malloc(n * sizeof(*cs->ranks));
+	cs->index = malloc(fy->world * sizeof(*cs->index));
+	if (!cs->ranks || !cs->index) {
+		coll_colls_fini(cs);
+		free(g);
+		return -ENOMEM;
+	}
+	for (i = 0; i < fy->world; i++)
+		cs->index[i] = -1;
+	for (i = 0; i < n; i++) {
+		if (ranks[i] >= fy->world || cs->index[ranks[i]] >= 0) {
+			ferry_err("coll: ferry_group_create: member %zu, rank %u, is %s; list each "
+				  "rank of the world (0 .. %u) at most once",
+				  i, ranks[i],
+				  ranks[i] >= fy->world ? "out of range" : "listed twice",
+				  fy->world - 1);
+			coll_colls_fini(cs);
+			free(g);
+			return -EINVAL;
+		}
+		cs->ranks[i] = ranks[i];
+		cs->index[ranks[i]] = (int32_t)i;
+		if (ranks[i] == fy->rank)
+			cs->me = (uint32_t)i;
+	}
+	if (cs->me == UINT32_MAX) {
+		ferry_err("coll: ferry_group_create: this node (rank %u) is not in the list; only "
+			  "members create a group",
+			  fy->rank);
+		coll_colls_fini(cs);
+		free(g);
+		return -EINVAL;
+	}
+	id = ferry__coll_group_id(ranks, n);
+	cs->id = id;
+	world = fy->coll;
+	pthread_mutex_lock(&world->glock);
+	for (struct ferry_colls *o = world->groups; o; o = o->next)
+		if (o->id == id) {
+			pthread_mutex_unlock(&world->glock);
+			ferry_err("coll: ferry_group_create: a group of these %zu members exists "
+				  "on this node already; use it, or destroy it first",
+				  n);
+			coll_colls_fini(cs);
+			free(g);
+			return -EEXIST;
+		}
+	/* a member that failed before: nothing of this group can complete */
+	for (i = 0; i < n; i++)
+		if (ranks[i] != fy->rank && atomic_load(&fy->failed[ranks[i]])) {
+			cs->broken = -FERRY_E_PEER;
+			cs->broken_rank = ranks[i];
+		}
+	/* frames that came first, in arrival order; a non-member's are dropped */
+	for (pp = &world->orphans; *pp;) {
+		struct ferry_coll_early *e = *pp;
+		const struct ferry_msg_coll *m = coll_frame_body(e);
+
+		if (m->group != id) {
+			pp = &e->next;
+			continue;
+		}
+		*pp = e->next;
+		e->next = NULL;
+		if (cs->index[e->src] < 0) {
+			ferry_warn("coll: rank %u sent a frame of a group it is not a member of; "
+				   "dropped",
+				   e->src);
+			free(e);
+			continue;
+		}
+		e->src = (uint32_t)cs->index[e->src];
+		if (cs->ahead_tail)
+			cs->ahead_tail->next = e;
+		else
+			cs->ahead = e;
+		cs->ahead_tail = e;
+	}
+	world->orphans_tail = NULL;
+	for (struct ferry_coll_early *e = world->orphans; e; e = e->next)
+		world->orphans_tail = e;
+	cs->next = world->groups;
+	world->groups = cs;
+	pthread_mutex_unlock(&world->glock);
+	*group_p = g;
+	return 0;
+}
+
+int ferry_group_destroy(struct ferry_group *g)
+{
+	struct ferry_colls *cs, *world, **pp;
+
+	if (!g)
+		return 0;
+	cs = &g->cs;
+	world = cs->fy->coll;
+	pthread_mutex_lock(&world->glock);
+	pthread_mutex_lock(&cs->lock);
+	if (cs->nstarted) {
+		pthread_mutex_unlock(&cs->lock);
+		pthread_mutex_unlock(&world->glock);
+		ferry_err("coll: ferry_group_destroy: %u collectives of the group are started and "
+			  "not collected; wait for them first",
+			  cs->nstarted);
+		return -EBUSY;
+	}
+	pthread_mutex_unlock(&cs->lock);
+	for (pp = &world->groups; *pp && *pp != cs; pp = &(*pp)->next)
+		;
+	if (*pp)
+		*pp = cs->next;
+	pthread_mutex_unlock(&world->glock);
+	coll_colls_fini(cs);
+	free(g);
+	return 0;
 }
 
 static enum ferry_coll_algo coll_env_algo(void)
@@ -657,9 +1000,8 @@ int ferry__coll_attach(struct ferry *fy)
 
 	if (!cs)
 		return -ENOMEM;
-	cs->fy = fy;
-	pthread_mutex_init(&cs->lock, NULL);
-	ferry__cond_init_monotonic(&cs->cond);
+	coll_colls_init(cs, fy);
+	pthread_mutex_init(&cs->glock, NULL);
 	cs->algo = coll_env_algo();
 	cs->crossover = coll_env_crossover();
 	fy->coll = cs;

@@ -86,8 +86,20 @@ struct ferry_coll {
 	uint8_t *acked;	    /* broadcast root: per rank */
 };
 
+/*
+ * A group of nodes that run collectives together: the whole cluster (the
+ * node's fy->coll, id 0) or a group made by ferry_group_create(). Every
+ * algorithm works on indices within the group, 0 .. n - 1; frames go to
+ * and come from ranks, mapped at the edges (base.c sends, coll.c receives).
+ * Memory: 8 bytes per rank of the world for the two maps, per group.
+ */
 struct ferry_colls {
 	struct ferry *fy;
+	uint64_t id;		  /* 0: the whole cluster */
+	uint32_t n, me;		  /* members, and this node's index among them */
+	uint32_t *ranks;	  /* index -> rank; NULL: the identity */
+	int32_t *index;		  /* rank -> index, -1 for a non-member; NULL: identity */
+	struct ferry_colls *next; /* the node's groups (the world's glock) */
 	pthread_mutex_t lock;
 	pthread_cond_t cond;
 	uint64_t next_seq;
@@ -99,15 +111,31 @@ struct ferry_colls {
 	uint32_t broken_rank;
 	enum ferry_coll_algo algo; /* forced, or AUTO */
 	size_t crossover;	   /* bytes */
+
+	/* the whole cluster's only: the node's groups, and frames of groups not
+	 * made here yet (at most FERRY_COLL_WINDOW collectives into each of at
+	 * most FERRY_COLL_ORPHAN_GROUPS groups); glock before any lock */
+	pthread_mutex_t glock;
+	struct ferry_colls *groups;
+	struct ferry_coll_early *orphans, *orphans_tail;
 };
+
+/* groups not made here yet whose frames a node keeps */
+#define FERRY_COLL_ORPHAN_GROUPS 16
+
+/* the rank of @idx in @cs */
+static inline uint32_t ferry__coll_rank(const struct ferry_colls *cs, uint32_t idx)
+{
+	return cs->ranks ? cs->ranks[idx] : idx;
+}
 
 /* ---- base.c ---------------------------------------------------------- */
 
-/* send elements [off, off + n) of @c's working buffer to @dst as step @step,
+/* send elements [off, off + n) of @c's working buffer to member @dst as step @step,
  * in segments of at most FERRY_COLL_SEG_BYTES. Any thread; 0 or a negative
  * errno */
 int ferry__coll_send(struct ferry_coll *c, uint32_t dst, uint32_t step, uint64_t off, uint64_t n);
-/* a frame without data (ACK, KICK) of @c to @dst */
+/* a frame without data (ACK, KICK) of @c to member @dst */
 int ferry__coll_send_ctl(struct ferry_coll *c, uint32_t dst, uint8_t type);
 /* acc[i] = op(first, second) for i < n, first = in when @in_first, else acc:
  * a fixed operand order, so every node computes the same bits */
@@ -129,7 +157,8 @@ static inline uint64_t ferry__coll_chunk_lo(uint64_t count, uint32_t n, uint32_t
 /*
  * The algorithms. start: the caller's thread, no lock, state STARTING: send
  * the first step. on_frame: the progress thread, lock held, a frame of @c
- * whose signature matched: check the sender and segment for this step
+ * whose signature matched, from member @src (ranks, roots and peers are
+ * indices in the group, c->colls): check the sender and segment for this step
  * (return a static reason on a protocol error, NULL otherwise), apply,
  * forward, finish @c when done. run: the progress thread, lock held, just
  * after @c went RUNNING and its early frames were replayed.
@@ -148,6 +177,9 @@ extern const struct ferry_coll_algo_ops ferry__coll_ring;  /* ring.c */
 extern const struct ferry_coll_algo_ops ferry__coll_tree;  /* tree.c: binomial tree */
 extern const struct ferry_coll_algo_ops ferry__coll_chain; /* tree.c: pipelined chain */
 
+/* coll.c: the id of the group of member list @ranks: every member computes
+ * the same one, and its frames carry it; never 0 (the whole cluster) */
+uint64_t ferry__coll_group_id(const uint32_t *ranks, size_t n);
 /* coll.c: register the frame handlers and the failure listener (ferry_open) */
 int ferry__coll_attach(struct ferry *fy);
 

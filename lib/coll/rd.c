@@ -36,7 +36,7 @@ struct rd_geom {
 
 static struct rd_geom rd_geom(const struct ferry_coll *c)
 {
-	const uint32_t n = c->fy->world, r = c->fy->rank;
+	const uint32_t n = c->colls->n, r = c->colls->me;
 	struct rd_geom g = { .p = 1 };
 
 	while (g.p * 2 <= n) {
@@ -57,7 +57,7 @@ static uint32_t rd_real(const struct rd_geom *g, uint32_t nr)
  * step @k, or -1 */
 static int64_t rd_peer(const struct ferry_coll *c, const struct rd_geom *g, uint32_t k, int recv)
 {
-	const uint32_t r = c->fy->rank;
+	const uint32_t r = c->colls->me;
 
 	if (r < 2 * g->rem && r % 2 == 0) {
 		if (k == 0 && !recv)
@@ -94,7 +94,7 @@ static int rd_enter(struct ferry_coll *c, const struct rd_geom *g, uint32_t k)
 static int rd_start(struct ferry_coll *c)
 {
 	struct rd_geom g = rd_geom(c);
-	int rc = rd_enter(c, &g, c->fy->rank < 2 * g.rem ? 0 : 1);
+	int rc = rd_enter(c, &g, c->colls->me < 2 * g.rem ? 0 : 1);
 
 	/* even ranks of the fix-up expect nothing at step 0: the progress
 	 * thread must move them on to the last step */
@@ -166,7 +166,8 @@ static void rd_progress(struct ferry_coll *c, const struct rd_geom *g)
 			} else {
 				ferry_err("coll: collective %llu, step %u: rank %u sent a segment "
 					  "out of order; the collective fails",
-					  (unsigned long long)c->sig.seq, k, e->src);
+					  (unsigned long long)c->sig.seq, k,
+					  ferry__coll_rank(c->colls, e->src));
 				ferry__coll_finish(c, -FERRY_E_PROTO);
 			}
 			free(e);

@@ -33,13 +33,13 @@
 
 static uint32_t ring_nsteps(const struct ferry_coll *c)
 {
-	return 2 * (c->fy->world - 1);
+	return 2 * (c->colls->n - 1);
 }
 
 /* the chunk this node receives at step @s */
 static uint32_t ring_rchunk(const struct ferry_coll *c, uint32_t s)
 {
-	const uint32_t n = c->fy->world, r = c->fy->rank;
+	const uint32_t n = c->colls->n, r = c->colls->me;
 
 	if (s < n - 1)
 		return (r + 2 * n - s - 1) % n;
@@ -48,7 +48,7 @@ static uint32_t ring_rchunk(const struct ferry_coll *c, uint32_t s)
 
 static int ring_start(struct ferry_coll *c)
 {
-	const uint32_t n = c->fy->world, r = c->fy->rank;
+	const uint32_t n = c->colls->n, r = c->colls->me;
 	const uint64_t count = c->sig.count;
 	uint64_t lo, hi;
 
@@ -67,7 +67,7 @@ static int ring_start(struct ferry_coll *c)
 static const char *ring_on_frame(struct ferry_coll *c, uint32_t src, uint8_t type,
 				 const struct ferry_msg_coll *m, const void *data)
 {
-	const uint32_t n = c->fy->world, r = c->fy->rank;
+	const uint32_t n = c->colls->n, r = c->colls->me;
 	const uint32_t s = m->step;
 	int rc;
 

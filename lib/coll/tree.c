@@ -31,12 +31,12 @@ static uint32_t tree_nsteps(const struct ferry_coll *c)
 
 static uint32_t tree_vrank(const struct ferry_coll *c)
 {
-	return (c->fy->rank + c->fy->world - c->sig.root) % c->fy->world;
+	return (c->colls->me + c->colls->n - c->sig.root) % c->colls->n;
 }
 
 static uint32_t tree_real(const struct ferry_coll *c, uint32_t v)
 {
-	return (v + c->sig.root) % c->fy->world;
+	return (v + c->sig.root) % c->colls->n;
 }
 
 static uint32_t tree_highbit(uint32_t v)
@@ -55,7 +55,7 @@ static uint32_t tree_parent(const struct ferry_coll *c, bool chain)
 /* send [off, off + n) to every child, the largest subtree first */
 static int tree_forward(struct ferry_coll *c, bool chain, uint64_t off, uint64_t n)
 {
-	const uint32_t w = c->fy->world, v = tree_vrank(c);
+	const uint32_t w = c->colls->n, v = tree_vrank(c);
 	int rc = 0;
 
 	if (chain)
@@ -71,12 +71,12 @@ static int tree_forward(struct ferry_coll *c, bool chain, uint64_t off, uint64_t
 
 static int tree_start_any(struct ferry_coll *c, bool chain)
 {
-	if (c->fy->rank != c->sig.root) {
+	if (c->colls->me != c->sig.root) {
 		c->remaining = c->sig.count;
 		c->next_off[0] = 0;
 		return 0;
 	}
-	c->acked = calloc(c->fy->world, 1);
+	c->acked = calloc(c->colls->n, 1);
 	if (!c->acked)
 		return -ENOMEM;
 	c->acks = 0;
@@ -90,16 +90,16 @@ static const char *tree_on_frame_any(struct ferry_coll *c, uint32_t src, uint8_t
 	int rc;
 
 	if (type == FERRY_MSG_COLL_ACK) {
-		if (c->fy->rank != root)
+		if (c->colls->me != root)
 			return "coll: a broadcast acknowledgement to a node that is not its root";
 		if (src == root || c->acked[src])
 			return "coll: a second broadcast acknowledgement from one rank";
 		c->acked[src] = 1;
-		if (++c->acks == c->fy->world - 1)
+		if (++c->acks == c->colls->n - 1)
 			ferry__coll_finish(c, 0);
 		return NULL;
 	}
-	if (c->fy->rank == root)
+	if (c->colls->me == root)
 		return "coll: broadcast data sent to its root";
 	if (src != tree_parent(c, chain))
 		return "coll: broadcast data from a rank that is not this node's parent";

@@ -128,7 +128,10 @@ struct ferry_msg_coll {
 	uint8_t dtype;	/* enum ferry_dtype */
 	uint8_t op;	/* enum ferry_redop; 0 for a broadcast */
 	uint8_t algo;	/* enum ferry_coll_algo, never AUTO */
-	uint32_t root;	/* reduce, broadcast: the root; 0 for an all-reduce */
+	uint32_t root;	/* reduce, broadcast: the root (an index in the group);
+			 * 0 for an all-reduce */
+	uint64_t group; /* 0: every node; else the group's id (ferry_group_create):
+			 * seq, root and step count within the group */
 };
 
 /* bytes per element of an enum ferry_dtype, 0 for an unknown one */
