@@ -198,3 +198,31 @@ void ferry__coll_finish(struct ferry_coll *c, int status)
 	atomic_store_explicit(&c->done, true, memory_order_release);
 	pthread_cond_broadcast(&cs->cond);
 }
+
+void ferry__coll_early_free(struct ferry_coll_early *e)
+{
+	while (e) {
+		struct ferry_coll_early *next = e->next;
+
+		free(e);
+		e = next;
+	}
+}
+
+void ferry__coll_colls_init(struct ferry_colls *cs, struct ferry *fy)
+{
+	cs->fy = fy;
+	cs->n = fy->world;
+	cs->me = fy->rank;
+	pthread_mutex_init(&cs->lock, NULL);
+	ferry__cond_init_monotonic(&cs->cond);
+}
+
+void ferry__coll_colls_fini(struct ferry_colls *cs)
+{
+	ferry__coll_early_free(cs->ahead);
+	pthread_mutex_destroy(&cs->lock);
+	pthread_cond_destroy(&cs->cond);
+	free(cs->ranks);
+	free(cs->index);
+}

@@ -5,6 +5,7 @@
  *
  *   coll.c   public calls, numbering, the node's list of collectives under
  *            way, frames that came early, peer failures, waiting
+ *     group.c  node groups: handles, ids, frames of groups not made yet
  *     rd.c ring.c tree.c   the algorithms: a plan per node, what to send
  *                          when a collective starts, what to do with each
  *                          frame (progress thread)
@@ -129,7 +130,30 @@ static inline uint32_t ferry__coll_rank(const struct ferry_colls *cs, uint32_t i
 	return cs->ranks ? cs->ranks[idx] : idx;
 }
 
+/* a node's handle to a group (group.c): its collectives' state */
+struct ferry_group {
+	struct ferry_colls cs;
+};
+
+static inline struct ferry_group *ferry__coll_to_group(struct ferry_colls *cs)
+{
+	return (struct ferry_group *)(void *)((char *)cs - offsetof(struct ferry_group, cs));
+}
+
+/* the body of a kept frame */
+static inline const struct ferry_msg_coll *ferry__coll_frame_body(const struct ferry_coll_early *e)
+{
+	return (const void *)((const uint8_t *)e->frame + sizeof(struct ferry_msg_hdr));
+}
+
 /* ---- base.c ---------------------------------------------------------- */
+
+/* @cs of the whole cluster of @fy (a group sets its members after); fini
+ * frees its kept frames and maps, not @cs */
+void ferry__coll_colls_init(struct ferry_colls *cs, struct ferry *fy);
+void ferry__coll_colls_fini(struct ferry_colls *cs);
+/* free a list of kept frames */
+void ferry__coll_early_free(struct ferry_coll_early *e);
 
 /* send elements [off, off + n) of @c's working buffer to member @dst as step @step,
  * in segments of at most FERRY_COLL_SEG_BYTES. Any thread; 0 or a negative
@@ -177,9 +201,18 @@ extern const struct ferry_coll_algo_ops ferry__coll_ring;  /* ring.c */
 extern const struct ferry_coll_algo_ops ferry__coll_tree;  /* tree.c: binomial tree */
 extern const struct ferry_coll_algo_ops ferry__coll_chain; /* tree.c: pipelined chain */
 
-/* coll.c: the id of the group of member list @ranks: every member computes
- * the same one, and its frames carry it; never 0 (the whole cluster) */
+/* ---- group.c --------------------------------------------------------- */
+
+/* the id of the group of member list @ranks: every member computes the same
+ * one, and its frames carry it; never 0 (the whole cluster) */
 uint64_t ferry__coll_group_id(const uint32_t *ranks, size_t n);
+/* keep a frame of a group not made here (progress thread, world->glock
+ * held); Return: NULL, or a protocol error of its sender */
+const char *ferry__coll_orphan(struct ferry_colls *world, uint32_t src,
+			       const struct ferry_proto_view *v);
+/* the node's groups and kept frames of groups, at close */
+void ferry__coll_groups_free(struct ferry_colls *world);
+
 /* coll.c: register the frame handlers and the failure listener (ferry_open) */
 int ferry__coll_attach(struct ferry *fy);
 
