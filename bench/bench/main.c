@@ -17,6 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bjson.h"
 #include "fb.h"
 #include "fb_git.h"
 
@@ -739,123 +740,76 @@ static void print_goals(const struct fb_opts *o, const struct fb_shared *sh)
 
 /* ---- JSON ----------------------------------------------------------------- */
 
-static void json_str(FILE *f, const char *s)
-{
-	fputc('"', f);
-	for (; *s; s++) {
-		unsigned char ch = (unsigned char)*s;
-
-		if (ch == '"' || ch == '\\')
-			fprintf(f, "\\%c", ch);
-		else if (ch < 0x20)
-			fprintf(f, "\\u%04x", ch);
-		else
-			fputc(ch, f);
-	}
-	fputc('"', f);
-}
-
-static void json_num(FILE *f, double v)
-{
-	if (v != v || v > 1e300 || v < -1e300)
-		fputs("null", f);
-	else if (v == (double)(int64_t)v && v < 1e15 && v > -1e15)
-		fprintf(f, "%.0f", v); /* counts stay integers: 10000000, not 1e+07 */
-	else
-		fprintf(f, "%.6g", v);
-}
-
-static void json_kv_s(FILE *f, const char *k, const char *v, int comma)
-{
-	json_str(f, k);
-	fputs(": ", f);
-	json_str(f, v);
-	if (comma)
-		fputs(", ", f);
-}
-
-static void json_kv_n(FILE *f, const char *k, double v, int comma)
-{
-	json_str(f, k);
-	fputs(": ", f);
-	json_num(f, v);
-	if (comma)
-		fputs(", ", f);
-}
-
-/* one result per line, keys in a fixed order: plot.sh reads it with awk */
+/* through the tools' one writer (bench/common/bjson.h); plot.sh reads it with jq */
 static int json_write(const char *path, const struct fb_opts *o, const struct fb_context *c,
 		      const struct fb_shared *sh)
 {
-	FILE *f = fopen(path, "w");
 	int n = atomic_load(&sh->nresults), nf = atomic_load(&sh->failures);
+	json_t *root = json_object(), *ctx = json_object(), *res = json_array();
+	json_t *fails = json_array();
+	int rc;
 
-	if (!f) {
-		fprintf(stderr, "ferry-bench: cannot write %s: %s\n", path, strerror(errno));
+	if (!root || !ctx || !res || !fails) {
+		json_decref(root);
+		json_decref(ctx);
+		json_decref(res);
+		json_decref(fails);
+		fprintf(stderr, "ferry-bench: cannot write %s: out of memory\n", path);
 		return -1;
 	}
-	fputs("{\n\"context\": {", f);
-	json_kv_s(f, "program", "ferry-bench", 1);
-	json_kv_s(f, "ferry_version", ferry_version(), 1);
-	json_kv_s(f, "git_commit", c->commit, 1);
-	json_kv_s(f, "kernel", c->kernel, 1);
-	json_kv_s(f, "cpu", c->cpu, 1);
-	json_kv_n(f, "cores", (double)c->cores, 1);
-	json_kv_s(f, "transport", fb_transport_name(o->transport), 1);
-	json_kv_s(f, "mode", o->mode == FERRY_MODE_CLASSIC ? "classic" : "dynamic", 1);
-	json_kv_n(f, "no_fast_path", o->no_fast_path, 1);
-	json_kv_s(f, "nodes_as", nodes_as_name(o->nodes_as), 1);
-	json_kv_n(f, "busy_poll", o->busy_poll, 1);
-	json_kv_s(f, "link", o->link, 1);
-	json_kv_n(f, "quick", o->quick, 1);
-	json_kv_s(f, "date", c->date, 1);
-	json_kv_s(f, "loadavg_start", c->load0, 1);
-	json_kv_s(f, "loadavg_end", c->load1, 1);
-	json_kv_s(f, "command", o->cmdline, 0);
-	fputs("},\n\"results\": [\n", f);
+	bjson_set(root, "context", ctx);
+	bjson_set_str(ctx, "program", "ferry-bench");
+	bjson_set_str(ctx, "ferry_version", ferry_version());
+	bjson_set_str(ctx, "git_commit", c->commit);
+	bjson_set_str(ctx, "kernel", c->kernel);
+	bjson_set_str(ctx, "cpu", c->cpu);
+	bjson_set_int(ctx, "cores", c->cores);
+	bjson_set_str(ctx, "transport", fb_transport_name(o->transport));
+	bjson_set_str(ctx, "mode", o->mode == FERRY_MODE_CLASSIC ? "classic" : "dynamic");
+	bjson_set_int(ctx, "no_fast_path", o->no_fast_path);
+	bjson_set_str(ctx, "nodes_as", nodes_as_name(o->nodes_as));
+	bjson_set_int(ctx, "busy_poll", o->busy_poll);
+	bjson_set_str(ctx, "link", o->link);
+	bjson_set_int(ctx, "quick", o->quick);
+	bjson_set_str(ctx, "date", c->date);
+	bjson_set_str(ctx, "loadavg_start", c->load0);
+	bjson_set_str(ctx, "loadavg_end", c->load1);
+	bjson_set_str(ctx, "command", o->cmdline);
+	bjson_set(root, "results", res);
 	for (int i = 0; i < n; i++) {
 		const struct fb_result *r = &sh->results[i];
+		json_t *row = json_object();
 
-		fputs("{", f);
-		json_kv_s(f, "scenario", r->scenario, 1);
-		json_kv_s(f, "op", r->op, 1);
-		json_kv_n(f, "value_bytes", r->value_bytes, 1);
-		json_kv_n(f, "keys", (double)r->keys, 1);
-		json_kv_n(f, "threads", r->threads, 1);
-		json_kv_n(f, "writer", r->writer, 1);
-		json_kv_n(f, "p50_us", r->p50_us, 1);
-		json_kv_n(f, "p99_us", r->p99_us, 1);
-		json_kv_n(f, "p999_us", r->p999_us, 1);
-		json_kv_n(f, "ops_per_s", r->ops_per_s, 1);
-		json_kv_n(f, "mb_per_s", r->mb_per_s, 1);
-		json_kv_s(f, "baseline", r->baseline, 1);
-		json_kv_n(f, "baseline_p50_us", r->base_p50_us, 1);
-		json_kv_n(f, "baseline_p99_us", r->base_p99_us, 1);
-		json_kv_n(f, "baseline_ops_per_s", r->base_ops_per_s, 1);
-		json_str(f, "ratio");
-		fputs(": ", f);
-		if (r->ratio > 0)
-			json_num(f, r->ratio);
-		else
-			fputs("null", f);
-		fputs(", ", f);
+		if (bjson_append(res, row))
+			break;
+		bjson_set_str(row, "scenario", r->scenario);
+		bjson_set_str(row, "op", r->op);
+		bjson_set_int(row, "value_bytes", r->value_bytes);
+		bjson_set_int(row, "keys", (int64_t)r->keys);
+		bjson_set_int(row, "threads", r->threads);
+		bjson_set_int(row, "writer", r->writer);
+		/* a figure a scenario does not measure is 0 in the record: null here */
+		bjson_set(row, "p50_us", bjson_opt(r->p50_us > 0, r->p50_us));
+		bjson_set(row, "p99_us", bjson_opt(r->p99_us > 0, r->p99_us));
+		bjson_set(row, "p999_us", bjson_opt(r->p999_us > 0, r->p999_us));
+		bjson_set(row, "ops_per_s", bjson_opt(r->ops_per_s > 0, r->ops_per_s));
+		bjson_set(row, "mb_per_s", bjson_opt(r->mb_per_s > 0, r->mb_per_s));
+		bjson_set(row, "baseline", r->baseline[0] ? bjson_str(r->baseline) : json_null());
+		bjson_set(row, "baseline_p50_us", bjson_opt(r->base_p50_us > 0, r->base_p50_us));
+		bjson_set(row, "baseline_p99_us", bjson_opt(r->base_p99_us > 0, r->base_p99_us));
+		bjson_set(row, "baseline_ops_per_s",
+			  bjson_opt(r->base_ops_per_s > 0, r->base_ops_per_s));
+		bjson_set(row, "ratio", bjson_opt(r->ratio > 0, r->ratio));
 		if (r->extra_name[0])
-			json_kv_n(f, r->extra_name, r->extra, 1);
-		json_kv_s(f, "note", r->note, 0);
-		fputs(i + 1 < n ? "},\n" : "}\n", f);
+			bjson_set_num(row, r->extra_name, r->extra);
+		bjson_set_str(row, "note", r->note);
 	}
-	fputs("],\n\"failures\": [", f);
-	for (int i = 0; i < nf && i < 8; i++) {
-		json_str(f, sh->failure_msg[i]);
-		if (i + 1 < nf && i + 1 < 8)
-			fputs(", ", f);
-	}
-	fputs("]\n}\n", f);
-	if (fclose(f)) {
-		fprintf(stderr, "ferry-bench: cannot write %s: %s\n", path, strerror(errno));
-		return -1;
-	}
-	return 0;
+	bjson_set(root, "failures", fails);
+	for (int i = 0; i < nf && i < 8; i++)
+		bjson_append(fails, bjson_str(sh->failure_msg[i]));
+	rc = bjson_write(root, path, "ferry-bench");
+	json_decref(root);
+	return rc ? -1 : 0;
 }
 
 int main(int argc, char **argv)

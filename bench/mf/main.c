@@ -17,6 +17,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bjson.h"
 #include "mf.h"
 
 enum {
@@ -335,106 +336,84 @@ static int load_data(struct opts *o, struct mf_matrix *train, struct mf_matrix *
 	return 0;
 }
 
-static void json_num(FILE *f, const char *name, double v, const char *sep)
-{
-	if (isfinite(v))
-		fprintf(f, "\"%s\": %.6g%s", name, v, sep);
-	else
-		fprintf(f, "\"%s\": null%s", name, sep);
-}
-
-static void json_str(FILE *f, const char *s)
-{
-	fputc('"', f);
-	for (; *s; s++) {
-		if (*s == '"' || *s == '\\')
-			fprintf(f, "\\%c", *s);
-		else if ((unsigned char)*s < 0x20)
-			fprintf(f, "\\u%04x", *s);
-		else
-			fputc(*s, f);
-	}
-	fputc('"', f);
-}
-
-static void json_run(FILE *f, const char *mode, const struct mf_result *r)
+static json_t *json_run(const struct mf_result *r)
 {
 	const struct mf_epoch *last = r->epochs ? &r->ep[r->epochs - 1] : NULL;
+	json_t *run = json_object(), *eps = json_array();
 
-	fprintf(f, "    \"%s\": {\n      ", mode);
-	json_num(f, "mean_epoch_seconds", mf_mean_epoch_seconds(r), ", ");
-	json_num(f, "setup_seconds", r->setup_seconds, ", ");
-	json_num(f, "final_test_rmse", last ? last->test_rmse : NAN, ", ");
-	json_num(f, "final_train_loss", last ? last->train_mse : NAN, ",\n");
-	fprintf(f, "      \"epochs\": [\n");
+	if (!run || !eps) {
+		json_decref(run);
+		json_decref(eps);
+		return NULL;
+	}
+	bjson_set_num(run, "mean_epoch_seconds", mf_mean_epoch_seconds(r));
+	bjson_set_num(run, "setup_seconds", r->setup_seconds);
+	bjson_set_num(run, "final_test_rmse", last ? last->test_rmse : NAN);
+	bjson_set_num(run, "final_train_loss", last ? last->train_mse : NAN);
+	bjson_set(run, "epochs", eps);
 	for (int e = 0; e < r->epochs; e++) {
 		const struct mf_epoch *ep = &r->ep[e];
+		json_t *o = json_object();
 
-		fprintf(f, "        { \"epoch\": %d, ", e + 1);
-		json_num(f, "seconds", ep->seconds, ", ");
-		json_num(f, "comm_share", ep->comm_share, ", ");
-		json_num(f, "localize_share", ep->reloc_share, ", ");
-		json_num(f, "wait_share", ep->wait_share, ", ");
-		json_num(f, "train_loss", ep->train_mse, ", ");
-		json_num(f, "test_rmse", ep->test_rmse, ", ");
-		json_num(f, "lr", ep->lr, ", ");
-		json_num(f, "local_ops", ep->local_ops, ", ");
-		json_num(f, "remote_ops", ep->remote_ops, " }");
-		fprintf(f, "%s\n", e + 1 < r->epochs ? "," : "");
+		if (bjson_append(eps, o))
+			break;
+		bjson_set_int(o, "epoch", e + 1);
+		bjson_set_num(o, "seconds", ep->seconds);
+		bjson_set_num(o, "comm_share", ep->comm_share);
+		bjson_set_num(o, "localize_share", ep->reloc_share);
+		bjson_set_num(o, "wait_share", ep->wait_share);
+		bjson_set_num(o, "train_loss", ep->train_mse);
+		bjson_set_num(o, "test_rmse", ep->test_rmse);
+		bjson_set_num(o, "lr", ep->lr);
+		bjson_set_num(o, "local_ops", ep->local_ops);
+		bjson_set_num(o, "remote_ops", ep->remote_ops);
 	}
-	fprintf(f, "      ]\n    }");
+	return run;
 }
 
 static int write_json(const struct opts *o, const struct mf_matrix *train,
 		      const struct mf_matrix *test, const struct mf_result *res)
 {
 	const struct mf_config *cfg = &o->cfg;
-	FILE *f = fopen(o->json, "w");
-	int rc = 0;
+	json_t *root = json_object(), *runs = json_object();
+	int rc;
 
-	if (!f) {
-		rc = -errno;
-		fprintf(stderr, "ferry-mf: cannot write --json %s: %s\n", o->json, strerror(-rc));
-		return rc;
+	if (!root || !runs) {
+		json_decref(root);
+		json_decref(runs);
+		fprintf(stderr, "ferry-mf: cannot write --json %s: out of memory\n", o->json);
+		return -ENOMEM;
 	}
-	fprintf(f, "{\n  \"program\": \"ferry-mf\",\n  \"ferry_version\": ");
-	json_str(f, ferry_version());
-	fprintf(f, ",\n  \"data\": ");
-	json_str(f, o->input ? o->input : o->synthetic);
-	fprintf(f,
-		",\n  \"rows\": %" PRIu64 ", \"cols\": %" PRIu64
-		", \"train_nnz\": %zu, \"test_nnz\": %zu,\n",
-		train->rows, train->cols, train->nnz, test->nnz);
-	fprintf(f, "  \"nodes\": %d, \"threads\": %d, \"procs\": %s, \"transport\": \"%s\",\n",
-		cfg->nodes, cfg->threads, cfg->procs ? "true" : "false",
-		transport_names[cfg->transport]);
-	fprintf(f, "  \"rank\": %u, \"epochs\": %d, \"seed\": %" PRIu64 ",\n  ", cfg->rank,
-		cfg->epochs, cfg->seed);
-	json_num(f, "lr", cfg->lr, ", ");
-	json_num(f, "decay", cfg->decay, ", ");
-	json_num(f, "reg", cfg->reg, ", ");
-	json_num(f, "init", cfg->init, ",\n");
-	fprintf(f, "  \"runs\": {\n");
+	bjson_set_str(root, "program", "ferry-mf");
+	bjson_set_str(root, "ferry_version", ferry_version());
+	bjson_set_str(root, "data", o->input ? o->input : o->synthetic);
+	bjson_set_int(root, "rows", (int64_t)train->rows);
+	bjson_set_int(root, "cols", (int64_t)train->cols);
+	bjson_set_int(root, "train_nnz", (int64_t)train->nnz);
+	bjson_set_int(root, "test_nnz", (int64_t)test->nnz);
+	bjson_set_int(root, "nodes", cfg->nodes);
+	bjson_set_int(root, "threads", cfg->threads);
+	bjson_set_bool(root, "procs", cfg->procs);
+	bjson_set_str(root, "transport", transport_names[cfg->transport]);
+	bjson_set_int(root, "rank", cfg->rank);
+	bjson_set_int(root, "epochs", cfg->epochs);
+	bjson_set_int(root, "seed", (int64_t)cfg->seed);
+	bjson_set_num(root, "lr", cfg->lr);
+	bjson_set_num(root, "decay", cfg->decay);
+	bjson_set_num(root, "reg", cfg->reg);
+	bjson_set_num(root, "init", cfg->init);
+	bjson_set(root, "runs", runs);
 	if (o->modes & MODE_DYNAMIC)
-		json_run(f, "dynamic", &res[0]);
-	if (o->modes == MODE_BOTH)
-		fprintf(f, ",\n");
+		bjson_set(runs, "dynamic", json_run(&res[0]));
 	if (o->modes & MODE_CLASSIC)
-		json_run(f, "classic", &res[1]);
-	fprintf(f, "\n  }");
+		bjson_set(runs, "classic", json_run(&res[1]));
 	if (o->modes == MODE_BOTH) {
 		double d = mf_mean_epoch_seconds(&res[0]), c = mf_mean_epoch_seconds(&res[1]);
 
-		fprintf(f, ",\n  ");
-		json_num(f, "speedup", d > 0 ? c / d : NAN, "");
+		bjson_set_num(root, "speedup", d > 0 ? c / d : NAN);
 	}
-	fprintf(f, "\n}\n");
-	if (ferror(f))
-		rc = -EIO;
-	if (fclose(f) && !rc)
-		rc = -errno;
-	if (rc)
-		fprintf(stderr, "ferry-mf: writing --json %s failed: %s\n", o->json, strerror(-rc));
+	rc = bjson_write(root, o->json, "ferry-mf");
+	json_decref(root);
 	return rc;
 }
 
