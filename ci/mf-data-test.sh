@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # ci/mf-data-test.sh - ferry-mf on rating files as people have them, end to end: the MovieLens
 # layouts of tests/data/movielens-tiny/ (made by its make.py: MovieLens itself cannot be installed
-# here), --test FILE, --test-frac, --save then --load, --time-budget, the per-epoch JSON (read with
-# jq), and the messages for a bad file and bad options. It checks what the run writes, never how
-# fast it ran.
+# here), MatrixMarket files made from it, --test FILE, --test-frac, --save then --load,
+# --time-budget, the per-epoch JSON (read with jq), and the messages for a bad file and bad
+# options. It checks what the run writes, never how fast it ran.
 #
 #   bash ci/mf-data-test.sh [--build-dir DIR]
 #
@@ -77,7 +77,36 @@ check "$tmp/c.json" '.runs.dynamic.stopped_by_time_budget and (.runs.dynamic.epo
 	"--time-budget stopped training early"
 echo "mf-data-test: u.data + --test-frac + --time-budget: ok ($(jq '.runs.dynamic.epochs | length' "$tmp/c.json") epochs)"
 
-# 4. what a user gets wrong
+# 4. MatrixMarket files: --test FILE beside --test-nnz (issue 17), factors saved by index
+awk -F '\t' -v dir="$tmp" '
+	!($1 in u) { u[$1] = ++nu } !($2 in m) { m[$2] = ++nm }
+	{ line[NR] = u[$1] " " m[$2] " " $3 }
+	END {
+		ntest = int(NR / 10)
+		f = dir "/train.mtx"; g = dir "/test.mtx"
+		print "%%MatrixMarket matrix coordinate real general" > f
+		print nu, nm, NR - ntest > f
+		print "%%MatrixMarket matrix coordinate real general" > g
+		print nu, nm, ntest > g
+		for (k = 1; k <= NR; k++)
+			print line[k] > (k <= NR - ntest ? f : g)
+	}' "$data/u.data"
+run --input "$tmp/train.mtx" --test "$tmp/test.mtx" "${common[@]}" --epochs 10 --save "$tmp/fm" \
+	--json "$tmp/m.json" >"$tmp/m.out" || fail "the MatrixMarket run exited $?"
+check "$tmp/m.json" '.format == "mm" and .test == "'"$tmp/test.mtx"'" and .test_nnz == 409 and
+	.train_nnz == 3683 and (.runs.dynamic.epochs | all(.test_rmse | type == "number"))' \
+	"--test FILE.mtx gives a held-out RMSE every epoch"
+check "$tmp/fm/factors.json" '.ids == "index" and .rows == 150' "MatrixMarket factors are saved by index"
+[[ $(sed -n 150p "$tmp/fm/rows.txt") == 150 ]] || fail "rows.txt of a MatrixMarket run is not 1..150"
+run --input "$tmp/train.mtx" --test-nnz 100 --load "$tmp/fm" --epochs 1 >"$tmp/m2.out" ||
+	fail "--load of MatrixMarket factors exited $?"
+rc=0
+run --input "$data/ratings.csv" --load "$tmp/fm" --epochs 1 >"$tmp/m3.out" 2>&1 || rc=$?
+[[ $rc -eq 1 ]] && grep -q 'load factors saved from the same kind of file' "$tmp/m3.out" ||
+	fail "--load of MatrixMarket factors for a rating file: status $rc, $(head -n 2 "$tmp/m3.out")"
+echo "mf-data-test: MatrixMarket --test and --save/--load by index: ok"
+
+# 5. what a user gets wrong
 printf 'userId,movieId,rating\n1,2,4.0\n1,3,four\n' >"$tmp/bad.csv"
 rc=0
 run --input "$tmp/bad.csv" >"$tmp/d.out" 2>&1 || rc=$?
