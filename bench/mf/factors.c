@@ -191,6 +191,20 @@ int mf_factors_save(const char *dir, struct mf_factors *fx, const struct mf_ids 
 	return 0;
 }
 
+/* before allocating what factors.json announces: the file must hold exactly that */
+static int fx_check_size(const char *path, uint64_t n, char *err, size_t errlen)
+{
+	struct stat st;
+
+	if (stat(path, &st))
+		return fx_fail(err, errlen, -errno, "cannot open %s: %s", path, strerror(errno));
+	if ((uint64_t)st.st_size != n * sizeof(float))
+		return fx_fail(err, errlen, -EINVAL,
+			       "%s holds %lld bytes; factors.json's rows x rank say %" PRIu64, path,
+			       (long long)st.st_size, n * sizeof(float));
+	return 0;
+}
+
 static int fx_read_floats(const char *path, float *v, size_t n, char *err, size_t errlen)
 {
 	struct stat st;
@@ -320,6 +334,15 @@ int mf_factors_load(const char *dir, struct mf_factors *fx_p, struct mf_ids *use
 		goto out;
 	}
 	raw = !strcmp(ids, "raw");
+	rc = fx_path(path, sizeof(path), dir, "W.f32");
+	if (!rc)
+		rc = fx_check_size(path, rows * rank, err, errlen);
+	if (!rc)
+		rc = fx_path(path, sizeof(path), dir, "H.f32");
+	if (!rc)
+		rc = fx_check_size(path, cols * rank, err, errlen);
+	if (rc)
+		goto out;
 	rc = mf_factors_alloc(&fx, rows, cols, (uint32_t)rank);
 	if (rc) {
 		rc = fx_fail(err, errlen, rc,

@@ -8,6 +8,7 @@
  * cannot be installed here) must give the same matrix, entry for entry.
  */
 #include <criterion/criterion.h>
+#include <criterion/logging.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -379,4 +380,69 @@ Test(mf_ratings, refuses_a_folder_that_does_not_match_its_factors_json)
 	expect_load_error("ferry-mf-factors");
 	put("factors.json", "{\"format\": ", 11);
 	expect_load_error("factors.json:");
+}
+
+/*
+ * Random files of lines made of ids, ratings and separators, some of them
+ * broken (an empty field, a lone quote, a wrong separator, a rating that is
+ * no number): the reader returns 0 or -EINVAL with a message, never crashes,
+ * and what it accepts is in range.
+ */
+static uint64_t rnd(uint64_t *s)
+{
+	*s ^= *s << 13;
+	*s ^= *s >> 7;
+	*s ^= *s << 17;
+	return *s;
+}
+
+Test(mf_ratings, random_files_are_read_or_refused_never_crash)
+{
+	static const char *const toks[] = { "1",    "42",  "a b", "\"q,\"\"x\"", "",	 "3.5",
+					    "-2e3", "nan", "x:y", "\"",		 "7\t8", "1e999",
+					    "::",   ",",   "0",	  "userId" };
+	static const char *const seps[] = { ",", "\t", "::" };
+	static const enum mf_format fmts[] = { MF_FORMAT_CSV, MF_FORMAT_TSV, MF_FORMAT_DAT };
+	uint64_t seed = 0x9e3779b97f4a7c15ull;
+	int accepted = 0, refused = 0;
+	char text[2048];
+
+	for (int round = 0; round < 900; round++) {
+		int f = round % 3, lines = 1 + (int)(rnd(&seed) % 6);
+		struct parsed p = { 0 };
+		size_t len = 0;
+		int rc;
+
+		for (int l = 0; l < lines; l++) {
+			int nf = 2 + (int)(rnd(&seed) % 3);
+
+			for (int k = 0; k < nf; k++) {
+				/* mostly good fields: a number id, a number rating */
+				const char *t = rnd(&seed) % 4 ? (k == 2 ? "4.5" : "17") :
+								 toks[rnd(&seed) % 16];
+				const char *sep = rnd(&seed) % 10 ? seps[f] : seps[rnd(&seed) % 3];
+
+				len += (size_t)snprintf(text + len, sizeof(text) - len, "%s%s", t,
+							k + 1 < nf ? sep : "");
+			}
+			len += (size_t)snprintf(text + len, sizeof(text) - len, "%s",
+						rnd(&seed) % 5 ? "\n" : "\r\n");
+		}
+		rc = parse(write_tmp(text), fmts[f], &p);
+		cr_assert(rc == 0 || rc == -EINVAL, "rc %d for '%s'", rc, text);
+		if (!rc) {
+			accepted++;
+			cr_assert_eq(p.m.rows, p.users.n);
+			for (size_t k = 0; k < p.m.nnz; k++)
+				cr_assert(p.m.e[k].i < p.m.rows && p.m.e[k].j < p.m.cols &&
+					  isfinite(p.m.e[k].v));
+		} else {
+			refused++;
+			cr_assert(p.err[0], "refused without a message: '%s'", text);
+		}
+		parsed_free(&p);
+	}
+	cr_log_info("%d random files accepted, %d refused", accepted, refused);
+	cr_assert(accepted > 50 && refused > 50, "the generator is off: %d accepted, %d refused",
+		  accepted, refused);
 }
