@@ -295,6 +295,7 @@ if [[ -s $rows ]]; then
 		if [[ $op == move-home ]]; then goal=2; else goal=3; fi
 		verdict=$(awk -v r="$ratio" -v g="$goal" 'BEGIN {
 			if (r == "null" || r == "") print "-"
+			else if (r + 0 < 1) print "baseline SUSPECT (below one round trip)"
 			else print (r + 0 <= g ? "<= " g " met" : "<= " g " MISSED") }')
 		printf '%-16s %-9s %-11s %7s %13.1f %13.1f %-20s %13.1f %13.1f %7.2f %s\n' "$link" "$tp" \
 			"$op" "$bytes" "$p50" "$p99" "$bname" "$bp50" "$bp99" \
@@ -304,7 +305,8 @@ fi
 for n in "${notes[@]}"; do
 	printf '%-16s %s\n' "${n%%:*}" "${n#*: }"
 done
-echo "ratio = relocation p50 / raw round trip p50 over the same link (goal: <= 2 owner = home, <= 3 otherwise)"
+echo "ratio = relocation p50 / raw round trip p50 over the same link (goal: <= 2 owner = home, <= 3 otherwise;"
+echo "a ratio below 1 means the round trip was not measured right: SUSPECT, never met)"
 echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
 [[ $json_dir == "$work" ]] || say "JSON files in $json_dir"
 exit "$status"
