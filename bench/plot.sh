@@ -11,9 +11,9 @@
 # count for local: one reader thread, no writer). Axes are logarithmic. The title carries the run's
 # context (commit, transport, mode, nodes, load).
 #
-# Needs gnuplot (Debian gnuplot-nox: `bash ci/deps.sh bench`) and awk. ferry-bench writes one
-# result per line with its keys in a fixed order, which is what the awk below reads; it is not a
-# general JSON parser. Exit status: 0, 1 when no plot could be made, 2 for bad arguments.
+# Needs gnuplot (Debian gnuplot-nox: `bash ci/deps.sh bench`) and jq (`bash ci/deps.sh build`),
+# which reads the JSON whatever its layout; a figure that is null (not measured) is not drawn.
+# Exit status: 0, 1 when no plot could be made, 2 for bad arguments.
 set -euo pipefail
 
 usage() { sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"; }
@@ -29,8 +29,10 @@ outdir=${2:-$(dirname "$json")}
 mkdir -p "$outdir"
 command -v gnuplot >/dev/null 2>&1 ||
 	{ echo "plot.sh: gnuplot not found; install it with: bash ci/deps.sh bench" >&2; exit 1; }
-grep -q '^"results": \[' "$json" ||
-	{ echo "plot.sh: $json is not a ferry-bench JSON file (no results array)" >&2; exit 2; }
+command -v jq >/dev/null 2>&1 ||
+	{ echo "plot.sh: jq not found; install it with: bash ci/deps.sh build" >&2; exit 1; }
+jq -e '(.results | type) == "array" and (.context | type) == "object"' "$json" >/dev/null 2>&1 ||
+	{ echo "plot.sh: $json is not a ferry-bench JSON file (no context and results)" >&2; exit 2; }
 
 name=$(basename "$json" .json)
 work=$(mktemp -d "${TMPDIR:-/tmp}/ferry-plot.XXXXXX")
@@ -42,41 +44,22 @@ if ! gnuplot -e "set terminal pngcairo" </dev/null >/dev/null 2>&1; then
 	term="png size 1000,640"
 fi
 
-# One awk pass: the context line for titles, and one data file per (scenario, series):
+# The context line for titles, and one data file per (scenario, series):
 #   <scenario>.<series>.dat   value_bytes  p50_us  baseline_p50_us  ops_per_s  baseline_ops_per_s
-awk -v dir="$work" '
-function field(line, key,    re, v) {
-	re = "\"" key "\": (\"[^\"]*\"|[^,}]*)"
-	if (!match(line, re))
-		return ""
-	v = substr(line, RSTART + length(key) + 4, RLENGTH - length(key) - 4)
-	gsub(/"/, "", v)
-	return v
-}
-/^"context": / {
-	ctx = "commit " field($0, "git_commit") ", " field($0, "transport") ", " \
-	      field($0, "mode") ", nodes as " field($0, "nodes_as") ", " field($0, "link") \
-	      ", load " field($0, "loadavg_start")
-	if (field($0, "busy_poll") == "1")
-		ctx = ctx ", busy-poll"
-	print ctx > (dir "/context")
-	next
-}
-/^\{"scenario": / {
-	sc = field($0, "scenario"); op = field($0, "op")
-	if (op == "hot-key")
-		next
-	if (sc == "local") {
-		if (field($0, "threads") != "1" || field($0, "writer") != "0")
-			next
-		op = op "-" field($0, "keys") "keys"
-	}
-	f = dir "/" sc "." op ".dat"
-	b = field($0, "baseline_p50_us"); bo = field($0, "baseline_ops_per_s")
-	print field($0, "value_bytes"), field($0, "p50_us"), (b == "" ? 0 : b), \
-	      field($0, "ops_per_s"), (bo == "" ? 0 : bo), field($0, "baseline") >> f
-	close(f)
-}' "$json"
+# (a null figure becomes 0, which the plots leave out)
+jq -r '.context | "commit \(.git_commit), \(.transport), \(.mode), nodes as \(.nodes_as), " +
+	"\(.link), load \(.loadavg_start)" + (if .busy_poll == 1 then ", busy-poll" else "" end)' \
+	"$json" >"$work/context"
+jq -r '.results[] | select(.op != "hot-key") |
+	select(.scenario != "local" or (.threads == 1 and .writer == 0)) |
+	[.scenario, (if .scenario == "local" then "\(.op)-\(.keys)keys" else .op end),
+	 .value_bytes, (.p50_us // 0), (.baseline_p50_us // 0), (.ops_per_s // 0),
+	 (.baseline_ops_per_s // 0), (.baseline // "-")] | @tsv' "$json" |
+	awk -F '\t' -v dir="$work" '{
+		f = dir "/" $1 "." $2 ".dat"
+		print $3, $4, $5, $6, $7, $8 >> f
+		close(f)
+	}'
 
 ctx=$(cat "$work/context" 2>/dev/null || echo "")
 made=0

@@ -9,8 +9,11 @@
 #   layers      ci/check-layers.sh: transports include no lib/ header, no file over 1000 lines,
 #               no call upward between layers and no call circle (from the objects, with nm)
 #   ctest       ctest --test-dir build --output-on-failure (with mpirun_pmix: 3 ranks under mpirun
-#               meeting through PMIx, when libpmix and mpirun are there; and coll_mpi_quick:
-#               ferry_allreduce checked against MPI_Allreduce on 2 ranks, a few seconds)
+#               meeting through PMIx, when libpmix and mpirun are there; coll_mpi_quick:
+#               ferry_allreduce checked against MPI_Allreduce on 2 ranks, a few seconds;
+#               bench_quick: every benchmark in its quick mode, its JSON checked with jq, never
+#               the timing, about 15 s; mf_data_cli: ferry-mf on MovieLens-format files;
+#               deb_package: cpack -G DEB, the package checked unpacked, about 10 s)
 #   netns       ci/netns-test.sh: 3 ranks in 3 network namespaces on a bridge, torchrun variables
 #               only; again with FERRY_SOCKET_IFNAME and FERRY_BIND_ADDR=0.0.0.0; then while one
 #               namespace loses every packet for 3 s (about 10 s; needs root, skipped otherwise)

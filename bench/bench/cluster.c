@@ -9,6 +9,11 @@
  *                        process is one node; the cluster is opened once and
  *                        kept for every scenario
  *
+ * With --pin a node process is put on one CPU before it opens its node, so
+ * every thread it starts (worker, progress threads, the raw baseline's
+ * client or server) runs there, and both sides of a round trip schedule
+ * alike: rank r gets the (r mod n)-th of the n CPUs the process may use.
+ *
  * Every node first sets up what all scenarios share: a worker for its main
  * thread, a small exchange table, and on rank 1 the raw baseline server,
  * whose address and port rank 0 reads from the exchange table. So the raw
@@ -19,6 +24,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -158,6 +164,35 @@ int fb_phase_end(struct fb_node *n, int leader)
 		usleep(PHASE_POLL_US);
 	}
 	return fb_barrier(n);
+}
+
+/* --pin: this process (and every thread it starts later) on one CPU */
+static int pin_rank(struct fb_shared *sh, int rank)
+{
+	cpu_set_t allowed, one;
+	int n, k = 0;
+
+	if (sched_getaffinity(0, sizeof(allowed), &allowed)) {
+		fb_failf(sh, "--pin: rank %d: sched_getaffinity: %s", rank, strerror(errno));
+		return -1;
+	}
+	n = CPU_COUNT(&allowed);
+	for (int cpu = 0; cpu < CPU_SETSIZE && n > 0; cpu++) {
+		if (!CPU_ISSET(cpu, &allowed))
+			continue;
+		if (k++ == rank % n) {
+			CPU_ZERO(&one);
+			CPU_SET(cpu, &one);
+			if (sched_setaffinity(0, sizeof(one), &one)) {
+				fb_failf(sh, "--pin: rank %d: sched_setaffinity(cpu %d): %s", rank,
+					 cpu, strerror(errno));
+				return -1;
+			}
+			return 0;
+		}
+	}
+	fb_failf(sh, "--pin: rank %d: no CPU allowed to this process", rank);
+	return -1;
 }
 
 /* ---- the per-node setup every scenario shares ----------------------------- */
@@ -361,6 +396,9 @@ static int run_procs(const struct fb_opts *o, struct fb_shared *sh, int world, f
 	if (rc != FERRY_LOCAL_PARENT) {
 		struct fb_node n = { .o = o, .sh = sh, .rank = rc, .world = world, .arg = arg };
 
+		/* pinned before ferry_open: its threads inherit the CPU */
+		if (o->pin && pin_rank(sh, n.rank))
+			_exit(1);
 		rc = ferry_open(&p, &n.fy);
 		if (rc) {
 			fb_failf(sh, "%s: rank %d cannot join: %s", what, n.rank,
@@ -426,6 +464,19 @@ static int run_external(const struct fb_opts *o, struct fb_shared *sh, int world
 
 		cluster_params(o, &p);
 		ext_node = (struct fb_node){ .o = o, .sh = sh };
+		if (o->pin) {
+			const char *r = getenv("FERRY_RANK");
+
+			if (!r)
+				r = getenv("RANK");
+			if (!r) {
+				fb_failf(sh, "--pin with --external reads the rank from FERRY_RANK "
+					     "or RANK, and neither is set");
+				return -1;
+			}
+			if (pin_rank(sh, atoi(r)))
+				return -1;
+		}
 		rc = ferry_open(&p, &ext_node.fy);
 		if (rc) {
 			fb_failf(sh,

@@ -65,7 +65,9 @@ struct fb_opts {
 	int no_fast_path;
 	enum ferry_transport_kind transport;
 	enum fb_nodes_as nodes_as;
-	int busy_poll;
+	int busy_poll; /* this pass: 1 busy-poll, 0 blocking */
+	int wait_both; /* --wait both: every scenario in both modes */
+	int pin;       /* --pin: each node process on a CPU of its own */
 	int quick;
 	int verbose;
 	uint32_t sizes[FB_MAX_LIST]; /* value sizes in bytes, multiples of 4 */
@@ -118,10 +120,16 @@ struct fb_result {
 	double ratio; /* Ferry time / baseline time; 0: none */
 	double extra; /* scenario-specific (hot key: relocations/s) */
 	char extra_name[20];
+	/* beside the percentiles, as perftest prints them (0: not a latency row) */
+	double min_us, mean_us, stdev_us;
+	double base_min_us, base_mean_us, base_stdev_us; /* 0: not measured (perftest given) */
+	int busy_poll; /* the wait mode of the pass that measured it (fb_shared.busy_poll) */
+	int suspect;   /* Ferry below its physical floor (ratio < 1): the baseline is broken */
 };
 
 /* In memory shared with forked nodes (MAP_SHARED), written by rank 0. */
 struct fb_shared {
+	int busy_poll; /* the wait mode of the pass running now (--wait both runs two) */
 	atomic_int nresults;
 	atomic_int failures; /* something broke: exit 1 */
 	atomic_int skipped;
@@ -197,6 +205,12 @@ struct fb_rtt {
 	char *buf;
 	int busy;
 };
+/*
+ * @busy: 1 spins on non-blocking reads (--busy-poll, as Ferry's threads then
+ * do); 0 spins for FB_RAW_SPIN_NS, then blocks, as a Ferry worker waits for
+ * its reply in blocking mode (lib/ops/request.c) -- like for like
+ */
+#define FB_RAW_SPIN_NS 50000
 int fb_rtt_open(struct fb_rtt *r, const char *addr, int port, size_t req, size_t rep, int busy);
 int fb_rtt_run(struct fb_rtt *r, long n, int64_t *lat);
 void fb_rtt_close(struct fb_rtt *r);
@@ -234,8 +248,14 @@ void fb_result_add(struct fb_shared *sh, const struct fb_result *r);
 struct fb_base {
 	char name[24];
 	double p50_us, p99_us;
+	double min_us, mean_us, stdev_us; /* 0 when given (perftest, --baseline-us) */
 };
 void fb_base_from_lat(struct fb_base *b, const char *name, int64_t *lat, long n);
+/* a latency row's p50, p99, p99.9, min, mean and stdev from @n sorted samples (ns) */
+void fb_result_lat(struct fb_result *r, const int64_t *sorted, size_t n);
+void fb_result_lat_d(struct fb_result *r, const double *sorted, size_t n);
+/* the row's baseline: name and figures of @b */
+void fb_result_base(struct fb_result *r, const struct fb_base *b);
 
 /* ---- the scenarios ------------------------------------------------------ */
 

@@ -217,9 +217,7 @@ static int local_measure(struct local_run *r, enum local_op op, int threads, int
 		return -1;
 	}
 	fb_sort_d(samples, fn);
-	res.p50_us = fb_pct_d(samples, fn, 0.5) / 1000;
-	res.p99_us = fb_pct_d(samples, fn, 0.99) / 1000;
-	res.p999_us = fb_pct_d(samples, fn, 0.999) / 1000;
+	fb_result_lat_d(&res, samples, fn);
 	r->ferry = 0;
 	rc = local_cell(r, threads, writer, o->cell_s, &b_ops, samples, &bn);
 	if (rc) {
@@ -239,8 +237,16 @@ static int local_measure(struct local_run *r, enum local_op op, int threads, int
 	res.keys = r->nkeys;
 	res.ops_per_s = f_ops;
 	res.mb_per_s = f_ops * r->bytes / 1e6;
-	res.base_p50_us = fb_pct_d(samples, bn, 0.5) / 1000;
-	res.base_p99_us = fb_pct_d(samples, bn, 0.99) / 1000;
+	{
+		struct fb_result b = { 0 };
+
+		fb_result_lat_d(&b, samples, bn);
+		res.base_p50_us = b.p50_us;
+		res.base_p99_us = b.p99_us;
+		res.base_min_us = b.min_us;
+		res.base_mean_us = b.mean_us;
+		res.base_stdev_us = b.stdev_us;
+	}
 	res.base_ops_per_s = b_ops;
 	fb_result_add(r->n->sh, &res);
 	return 0;

@@ -110,18 +110,14 @@ static int loc_single(struct fb_node *n, struct ferry_table *t, uint32_t bytes,
 	res.value_bytes = bytes;
 	res.threads = 1;
 	res.keys = 1;
-	res.p50_us = fb_pct_us(lat, (size_t)iters, 0.5);
-	res.p99_us = fb_pct_us(lat, (size_t)iters, 0.99);
-	res.p999_us = fb_pct_us(lat, (size_t)iters, 0.999);
+	fb_result_lat(&res, lat, (size_t)iters);
 	res.ops_per_s = res.p50_us > 0 ? 1e6 / res.p50_us : 0;
 	res.mb_per_s = res.ops_per_s * bytes / 1e6;
 	snprintf(res.note, sizeof(res.note), "moved %llu/%ld, frames %llu/%llu B",
 		 (unsigned long long)(c.relocations_in - b.relocations_in), iters,
 		 (unsigned long long)(b.bytes_sent - a.bytes_sent),
 		 (unsigned long long)(b.bytes_recv - a.bytes_recv));
-	snprintf(res.baseline, sizeof(res.baseline), "%s", m.b.name);
-	res.base_p50_us = m.b.p50_us;
-	res.base_p99_us = m.b.p99_us;
+	fb_result_base(&res, &m.b);
 	fb_result_add(n->sh, &res);
 	free(lat);
 	return 0;
@@ -270,18 +266,14 @@ static int loc_batch_node(struct fb_node *n)
 			res.value_bytes = bytes;
 			res.threads = 1;
 			res.keys = nb;
-			res.p50_us = fb_pct_us(lat, (size_t)reps, 0.5);
-			res.p99_us = fb_pct_us(lat, (size_t)reps, 0.99);
-			res.p999_us = fb_pct_us(lat, (size_t)reps, 0.999);
+			fb_result_lat(&res, lat, (size_t)reps);
 			res.ops_per_s = (double)nb * (double)reps * 1e9 / (double)sum;
 			res.mb_per_s = res.ops_per_s * bytes / 1e6;
 			snprintf(res.note, sizeof(res.note), "frames %llu/%llu B",
 				 (unsigned long long)(b.bytes_sent - a.bytes_sent),
 				 (unsigned long long)(b.bytes_recv - a.bytes_recv));
 			free(lat);
-			snprintf(res.baseline, sizeof(res.baseline), "%s", m.b.name);
-			res.base_p50_us = m.b.p50_us;
-			res.base_p99_us = m.b.p99_us;
+			fb_result_base(&res, &m.b);
 			fb_result_add(n->sh, &res);
 		}
 next:
@@ -429,9 +421,7 @@ static int loc_hot_node(struct fb_node *n)
 		res.value_bytes = len * 4;
 		res.threads = (uint32_t)n->world;
 		res.keys = 1;
-		res.p50_us = fb_pct_us(lat, (size_t)nlat, 0.5);
-		res.p99_us = fb_pct_us(lat, (size_t)nlat, 0.99);
-		res.p999_us = fb_pct_us(lat, (size_t)nlat, 0.999);
+		fb_result_lat(&res, lat, (size_t)nlat);
 		res.ops_per_s = max_ms > 0 ? tot_push * 1000.0 / max_ms : 0;
 		res.extra = max_ms > 0 ? tot_reloc * 1000.0 / max_ms : 0;
 		snprintf(res.extra_name, sizeof(res.extra_name), "relocations_per_s");
@@ -440,9 +430,7 @@ static int loc_hot_node(struct fb_node *n)
 		/* the round trip of a hand-over of this value, after the run */
 		if (!fb_base_begin(n, 64, 64 + len * 4, 1000, 0, len * 4, &m) &&
 		    !fb_base_end(n, &m)) {
-			snprintf(res.baseline, sizeof(res.baseline), "%s", m.b.name);
-			res.base_p50_us = m.b.p50_us;
-			res.base_p99_us = m.b.p99_us;
+			fb_result_base(&res, &m.b);
 		} else {
 			bad = 1;
 		}

@@ -17,6 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bjson.h"
 #include "fb.h"
 #include "fb_git.h"
 
@@ -36,7 +37,15 @@ static const char usage_text[] =
 	"      --external          this process is one node of a cluster launched\n"
 	"                          from outside: FERRY_RANK, FERRY_WORLD,\n"
 	"                          FERRY_RENDEZVOUS (and FERRY_BIND_ADDR) say which\n"
-	"      --busy-poll         progress threads and baselines spin, never sleep\n"
+	"      --wait MODE         blocking (default): Ferry's threads and the raw\n"
+	"                          baselines wait alike, spinning briefly then sleeping;\n"
+	"                          busy-poll: all of them spin, never sleep;\n"
+	"                          both: every scenario in each mode, in one run\n"
+	"      --busy-poll         the same as --wait busy-poll\n"
+	"      --pin               each node process on a CPU of its own (rank mod the\n"
+	"                          allowed CPUs), with all its threads: the raw\n"
+	"                          baseline's client and server too (--procs or\n"
+	"                          --external)\n"
 	"      --bind ADDR         address the nodes (and the raw baseline) use\n"
 	"      --link NAME         what the link is, for the record (default\n"
 	"                          loopback, or external)\n"
@@ -86,6 +95,8 @@ enum {
 	OPT_PROCS,
 	OPT_EXTERNAL,
 	OPT_BUSY_POLL,
+	OPT_WAIT,
+	OPT_PIN,
 	OPT_BIND,
 	OPT_LINK,
 	OPT_TIMEOUT,
@@ -117,6 +128,8 @@ static const struct option long_opts[] = {
 	{ "procs", no_argument, NULL, OPT_PROCS },
 	{ "external", no_argument, NULL, OPT_EXTERNAL },
 	{ "busy-poll", no_argument, NULL, OPT_BUSY_POLL },
+	{ "wait", required_argument, NULL, OPT_WAIT },
+	{ "pin", no_argument, NULL, OPT_PIN },
 	{ "bind", required_argument, NULL, OPT_BIND },
 	{ "link", required_argument, NULL, OPT_LINK },
 	{ "timeout-ms", required_argument, NULL, OPT_TIMEOUT },
@@ -300,6 +313,18 @@ static int parse_opts(int argc, char **argv, struct fb_opts *o)
 			break;
 		case OPT_BUSY_POLL:
 			o->busy_poll = 1;
+			o->wait_both = 0;
+			break;
+		case OPT_WAIT:
+			o->busy_poll = !strcmp(optarg, "busy-poll");
+			o->wait_both = !strcmp(optarg, "both");
+			if (!o->busy_poll && !o->wait_both && strcmp(optarg, "blocking"))
+				return bad_option(
+					"--wait '%s': expected blocking, busy-poll or both",
+					optarg);
+			break;
+		case OPT_PIN:
+			o->pin = 1;
 			break;
 		case OPT_BIND:
 			o->bind_addr = optarg;
@@ -473,6 +498,14 @@ static int parse_opts(int argc, char **argv, struct fb_opts *o)
 			o->pt_read = pt;
 	}
 
+	if (o->pin && o->nodes_as == FB_NODES_THREADS)
+		return bad_option("%s", "--pin needs --procs or --external: nodes that are threads "
+					"of one process share its progress threads' CPUs");
+	if (o->wait_both && o->nodes_as == FB_NODES_EXTERNAL)
+		return bad_option("%s", "--wait both needs nodes this run opens (threads or "
+					"--procs): an external cluster has one wait mode; run it "
+					"twice, with and without --busy-poll");
+
 	/* what --quick changes, unless given */
 	if (!seen.sizes) {
 		static const uint32_t full[] = { 8, 64, 512, 4096, 65536 }, quick[] = { 8, 4096 };
@@ -633,7 +666,8 @@ static void print_rule(void)
 {
 	printf("-----------------------------------------------------------------------------"
 	       "-----------------------------------------------------------------------------"
-	       "-------\n");
+	       "-----------------------------------------------------------------------------"
+	       "---------------------------\n");
 }
 
 static void print_header(const struct fb_opts *o, const struct fb_context *c)
@@ -644,26 +678,40 @@ static void print_header(const struct fb_opts *o, const struct fb_context *c)
 	       ferry_version(), c->commit, fb_transport_name(o->transport),
 	       o->mode == FERRY_MODE_CLASSIC ? "classic" : "dynamic",
 	       o->no_fast_path ? " (no fast path)" : "", nodes_as_name(o->nodes_as),
-	       o->busy_poll ? "busy-poll" : "blocking", o->link);
+	       o->wait_both ? "wait both (blocking, then busy-poll)" :
+	       o->busy_poll ? "busy-poll" :
+			      "blocking",
+	       o->link);
 	printf(" %s   %s x %ld   load %s   %s%s\n", c->kernel, c->cpu, c->cores, c->load0, c->date,
 	       o->quick ? "   QUICK" : "");
 	printf(" ratio = Ferry time per operation / baseline time (p50 against p50; throughput "
-	       "rows: ops/s inverted)\n");
+	       "rows: ops/s inverted); SUSPECT: Ferry below\n its physical floor, so the "
+	       "baseline was not measured right; wait: blk = blocking, busy = busy-poll%s\n",
+	       o->pin ? "; every node process pinned to a CPU" : "");
 	print_rule();
-	printf(" %-8s %-13s %7s %9s %3s %2s %10s %10s %10s %12s %9s %-18s %10s %10s %12s %7s  "
-	       "%s\n",
-	       "scenario", "op", "bytes", "keys", "thr", "wr", "p50[us]", "p99[us]", "p99.9[us]",
-	       "ops/s", "MB/s", "baseline", "b.p50[us]", "b.p99[us]", "b.ops/s", "ratio", "note");
+	printf(" %-8s %-13s %4s %7s %9s %3s %2s %10s %10s %10s %10s %10s %10s %12s %9s %-18s %10s "
+	       "%10s %10s %10s %10s %12s %7s  %s\n",
+	       "scenario", "op", "wait", "bytes", "keys", "thr", "wr", "min[us]", "mean[us]",
+	       "sd[us]", "p50[us]", "p99[us]", "p99.9[us]", "ops/s", "MB/s", "baseline",
+	       "b.min[us]", "b.mean[us]", "b.sd[us]", "b.p50[us]", "b.p99[us]", "b.ops/s", "ratio",
+	       "note");
 }
 
 static void print_row(const struct fb_result *r)
 {
-	printf(" %-8s %-13s %7u %9llu %3u %2d", r->scenario, r->op, r->value_bytes,
-	       (unsigned long long)r->keys, r->threads, r->writer);
+	printf(" %-8s %-13s %4s %7u %9llu %3u %2d", r->scenario, r->op,
+	       r->busy_poll ? "busy" : "blk", r->value_bytes, (unsigned long long)r->keys,
+	       r->threads, r->writer);
+	print_us(r->min_us);
+	print_us(r->mean_us);
+	print_us(r->stdev_us);
 	print_us(r->p50_us);
 	print_us(r->p99_us);
 	print_us(r->p999_us);
 	printf(" %12.0f %9.1f %-18s", r->ops_per_s, r->mb_per_s, r->baseline);
+	print_us(r->base_min_us);
+	print_us(r->base_mean_us);
+	print_us(r->base_stdev_us);
 	print_us(r->base_p50_us);
 	print_us(r->base_p99_us);
 	if (r->base_ops_per_s > 0)
@@ -674,32 +722,64 @@ static void print_row(const struct fb_result *r)
 		printf(" %7.2f", r->ratio);
 	else
 		printf(" %7s", "-");
-	printf("  %s\n", r->note);
+	printf("  %s%s%s\n", r->suspect ? "SUSPECT baseline" : "",
+	       r->suspect && r->note[0] ? "; " : "", r->note);
 }
 
 /* ---- goals: reported, never judged by the exit status --------------------- */
 
-static void print_goals(const struct fb_opts *o, const struct fb_shared *sh)
+/* the worst (largest) and the smallest ratio of a goal's rows; any row below its floor */
+struct goal {
+	double worst, low;
+	int suspect;
+};
+
+static void goal_add(struct goal *g, const struct fb_result *r)
+{
+	if (r->ratio <= 0)
+		return;
+	if (r->ratio > g->worst)
+		g->worst = r->ratio;
+	if (!g->low || r->ratio < g->low)
+		g->low = r->ratio;
+	g->suspect |= r->suspect;
+}
+
+/* A ratio below 1 against a floor says the baseline is broken: never "met". */
+static void goal_print(const char *what, const struct goal *g, double limit)
+{
+	if (g->worst <= 0)
+		return;
+	if (g->suspect)
+		printf("#   %-40s %6.2f  baseline SUSPECT: a row at %.2f is below its floor\n",
+		       what, g->worst, g->low);
+	else
+		printf("#   %-40s %6.2f  %s\n", what, g->worst,
+		       g->worst <= limit ? "met" : "MISSED");
+}
+
+static void print_goals(const struct fb_opts *o, const struct fb_shared *sh, int busy)
 {
 	int n = atomic_load(&sh->nresults);
-	double worst_local = 0, worst_remote = 0, worst_home = 0, worst_third = 0;
+	struct goal local = { 0 }, remote = { 0 }, home = { 0 }, third = { 0 };
 	double b8 = -1, b8k = -1;
-	int seen_hot = 0;
+	int seen_hot = 0, rows = 0;
 
 	for (int i = 0; i < n; i++) {
 		const struct fb_result *r = &sh->results[i];
 
+		if (r->busy_poll != busy)
+			continue;
+		rows++;
 		/* the goal is about pulls alone; writer rows show the interference */
-		if (!strcmp(r->scenario, "local") && !strcmp(r->op, "pull") && !r->writer &&
-		    r->ratio > worst_local)
-			worst_local = r->ratio;
-		if (!strcmp(r->scenario, "remote") && !strcmp(r->op, "pull") &&
-		    r->ratio > worst_remote)
-			worst_remote = r->ratio;
-		if (!strcmp(r->op, "move-home") && r->ratio > worst_home)
-			worst_home = r->ratio;
-		if (!strcmp(r->op, "move-third") && r->ratio > worst_third)
-			worst_third = r->ratio;
+		if (!strcmp(r->scenario, "local") && !strcmp(r->op, "pull") && !r->writer)
+			goal_add(&local, r);
+		if (!strcmp(r->scenario, "remote") && !strcmp(r->op, "pull"))
+			goal_add(&remote, r);
+		if (!strcmp(r->op, "move-home"))
+			goal_add(&home, r);
+		if (!strcmp(r->op, "move-third"))
+			goal_add(&third, r);
 		if (!strncmp(r->op, "batch", 5) && r->value_bytes == 8)
 			b8 = r->ops_per_s;
 		if (!strncmp(r->op, "batch", 5) && r->value_bytes == 8192)
@@ -707,155 +787,118 @@ static void print_goals(const struct fb_opts *o, const struct fb_shared *sh)
 		if (!strcmp(r->op, "hot-key"))
 			seen_hot = 1;
 	}
-	printf("# goals (benchmark goals, not tests; worst row shown):\n");
+	if (!rows)
+		return;
+	printf("# goals, %s (benchmark goals, not tests; worst row shown):\n",
+	       busy ? "busy-poll" : "blocking");
 	if (o->mode == FERRY_MODE_CLASSIC) {
 		/* localize moves nothing there: its rows say nothing about relocation */
-		worst_home = worst_third = 0;
+		home.worst = third.worst = 0;
 		b8 = b8k = -1;
 		printf("#   relocation goals: not applicable in classic mode\n");
 	}
-	if (worst_local > 0)
-		printf("#   local pull (no writer) <= 1.5 x randcopy %5.2f  %s\n", worst_local,
-		       worst_local <= 1.5 ? "met" : "MISSED");
-	if (worst_remote > 0)
-		printf("#   remote pull p50 <= 1.5 x raw round trip %6.2f  %s\n", worst_remote,
-		       worst_remote <= 1.5 ? "met" : "MISSED");
-	if (worst_home > 0)
-		printf("#   move, owner = home <= 2 round trips     %6.2f  %s\n", worst_home,
-		       worst_home <= 2 ? "met" : "MISSED");
-	if (worst_third > 0)
-		printf("#   move, owner != home <= 3 round trips    %6.2f  %s\n", worst_third,
-		       worst_third <= 3 ? "met" : "MISSED");
+	goal_print("local pull (no writer) <= 1.5 x randcopy", &local, 1.5);
+	goal_print("remote pull p50 <= 1.5 x raw round trip", &remote, 1.5);
+	goal_print("move, owner = home <= 2 round trips", &home, 2);
+	goal_print("move, owner != home <= 3 round trips", &third, 3);
 	if (b8 >= 0)
-		printf("#   batch localize, 8 B >= 3e6 keys/s       %6.2fM %s\n", b8 / 1e6,
+		printf("#   %-40s %6.2fM %s\n", "batch localize, 8 B >= 3e6 keys/s", b8 / 1e6,
 		       b8 >= 3e6 ? "met" : "MISSED");
 	if (b8k >= 0)
-		printf("#   batch localize, 8 KiB >= 1 GB/s         %6.2fG %s\n", b8k / 1e3,
+		printf("#   %-40s %6.2fG %s\n", "batch localize, 8 KiB >= 1 GB/s", b8k / 1e3,
 		       b8k >= 1e3 ? "met" : "MISSED");
 	if (seen_hot)
-		printf("#   hot key loses no update                         %s\n",
+		printf("#   %-40s        %s\n", "hot key loses no update",
 		       atomic_load(&sh->failures) ? "see FAILED above" : "met");
 }
 
 /* ---- JSON ----------------------------------------------------------------- */
 
-static void json_str(FILE *f, const char *s)
-{
-	fputc('"', f);
-	for (; *s; s++) {
-		unsigned char ch = (unsigned char)*s;
-
-		if (ch == '"' || ch == '\\')
-			fprintf(f, "\\%c", ch);
-		else if (ch < 0x20)
-			fprintf(f, "\\u%04x", ch);
-		else
-			fputc(ch, f);
-	}
-	fputc('"', f);
-}
-
-static void json_num(FILE *f, double v)
-{
-	if (v != v || v > 1e300 || v < -1e300)
-		fputs("null", f);
-	else if (v == (double)(int64_t)v && v < 1e15 && v > -1e15)
-		fprintf(f, "%.0f", v); /* counts stay integers: 10000000, not 1e+07 */
-	else
-		fprintf(f, "%.6g", v);
-}
-
-static void json_kv_s(FILE *f, const char *k, const char *v, int comma)
-{
-	json_str(f, k);
-	fputs(": ", f);
-	json_str(f, v);
-	if (comma)
-		fputs(", ", f);
-}
-
-static void json_kv_n(FILE *f, const char *k, double v, int comma)
-{
-	json_str(f, k);
-	fputs(": ", f);
-	json_num(f, v);
-	if (comma)
-		fputs(", ", f);
-}
-
-/* one result per line, keys in a fixed order: plot.sh reads it with awk */
+/* through the tools' one writer (bench/common/bjson.h); plot.sh reads it with jq */
 static int json_write(const char *path, const struct fb_opts *o, const struct fb_context *c,
 		      const struct fb_shared *sh)
 {
-	FILE *f = fopen(path, "w");
 	int n = atomic_load(&sh->nresults), nf = atomic_load(&sh->failures);
+	json_t *root = json_object(), *ctx = json_object(), *res = json_array();
+	json_t *fails = json_array();
+	int rc;
 
-	if (!f) {
-		fprintf(stderr, "ferry-bench: cannot write %s: %s\n", path, strerror(errno));
+	if (!root || !ctx || !res || !fails) {
+		json_decref(root);
+		json_decref(ctx);
+		json_decref(res);
+		json_decref(fails);
+		fprintf(stderr, "ferry-bench: cannot write %s: out of memory\n", path);
 		return -1;
 	}
-	fputs("{\n\"context\": {", f);
-	json_kv_s(f, "program", "ferry-bench", 1);
-	json_kv_s(f, "ferry_version", ferry_version(), 1);
-	json_kv_s(f, "git_commit", c->commit, 1);
-	json_kv_s(f, "kernel", c->kernel, 1);
-	json_kv_s(f, "cpu", c->cpu, 1);
-	json_kv_n(f, "cores", (double)c->cores, 1);
-	json_kv_s(f, "transport", fb_transport_name(o->transport), 1);
-	json_kv_s(f, "mode", o->mode == FERRY_MODE_CLASSIC ? "classic" : "dynamic", 1);
-	json_kv_n(f, "no_fast_path", o->no_fast_path, 1);
-	json_kv_s(f, "nodes_as", nodes_as_name(o->nodes_as), 1);
-	json_kv_n(f, "busy_poll", o->busy_poll, 1);
-	json_kv_s(f, "link", o->link, 1);
-	json_kv_n(f, "quick", o->quick, 1);
-	json_kv_s(f, "date", c->date, 1);
-	json_kv_s(f, "loadavg_start", c->load0, 1);
-	json_kv_s(f, "loadavg_end", c->load1, 1);
-	json_kv_s(f, "command", o->cmdline, 0);
-	fputs("},\n\"results\": [\n", f);
+	bjson_set(root, "context", ctx);
+	bjson_set_str(ctx, "program", "ferry-bench");
+	bjson_set_str(ctx, "ferry_version", ferry_version());
+	bjson_set_str(ctx, "git_commit", c->commit);
+	bjson_set_str(ctx, "kernel", c->kernel);
+	bjson_set_str(ctx, "cpu", c->cpu);
+	bjson_set_int(ctx, "cores", c->cores);
+	bjson_set_str(ctx, "transport", fb_transport_name(o->transport));
+	bjson_set_str(ctx, "mode", o->mode == FERRY_MODE_CLASSIC ? "classic" : "dynamic");
+	bjson_set_int(ctx, "no_fast_path", o->no_fast_path);
+	bjson_set_str(ctx, "nodes_as", nodes_as_name(o->nodes_as));
+	bjson_set_int(ctx, "busy_poll", o->wait_both ? 0 : o->busy_poll);
+	bjson_set_str(ctx, "wait", o->wait_both ? "both" : o->busy_poll ? "busy-poll" : "blocking");
+	bjson_set_bool(ctx, "pin", o->pin);
+	bjson_set_str(ctx, "link", o->link);
+	bjson_set_int(ctx, "quick", o->quick);
+	bjson_set_str(ctx, "date", c->date);
+	bjson_set_str(ctx, "loadavg_start", c->load0);
+	bjson_set_str(ctx, "loadavg_end", c->load1);
+	bjson_set_str(ctx, "command", o->cmdline);
+	bjson_set(root, "results", res);
 	for (int i = 0; i < n; i++) {
 		const struct fb_result *r = &sh->results[i];
+		json_t *row = json_object();
 
-		fputs("{", f);
-		json_kv_s(f, "scenario", r->scenario, 1);
-		json_kv_s(f, "op", r->op, 1);
-		json_kv_n(f, "value_bytes", r->value_bytes, 1);
-		json_kv_n(f, "keys", (double)r->keys, 1);
-		json_kv_n(f, "threads", r->threads, 1);
-		json_kv_n(f, "writer", r->writer, 1);
-		json_kv_n(f, "p50_us", r->p50_us, 1);
-		json_kv_n(f, "p99_us", r->p99_us, 1);
-		json_kv_n(f, "p999_us", r->p999_us, 1);
-		json_kv_n(f, "ops_per_s", r->ops_per_s, 1);
-		json_kv_n(f, "mb_per_s", r->mb_per_s, 1);
-		json_kv_s(f, "baseline", r->baseline, 1);
-		json_kv_n(f, "baseline_p50_us", r->base_p50_us, 1);
-		json_kv_n(f, "baseline_p99_us", r->base_p99_us, 1);
-		json_kv_n(f, "baseline_ops_per_s", r->base_ops_per_s, 1);
-		json_str(f, "ratio");
-		fputs(": ", f);
-		if (r->ratio > 0)
-			json_num(f, r->ratio);
-		else
-			fputs("null", f);
-		fputs(", ", f);
+		if (bjson_append(res, row))
+			break;
+		bjson_set_str(row, "scenario", r->scenario);
+		bjson_set_str(row, "op", r->op);
+		bjson_set_int(row, "value_bytes", r->value_bytes);
+		bjson_set_int(row, "keys", (int64_t)r->keys);
+		bjson_set_int(row, "threads", r->threads);
+		bjson_set_int(row, "writer", r->writer);
+		/* a figure a scenario does not measure is 0 in the record: null here */
+		bjson_set_str(row, "wait", r->busy_poll ? "busy-poll" : "blocking");
+		bjson_set(row, "min_us", bjson_opt(r->min_us > 0, r->min_us));
+		bjson_set(row, "mean_us", bjson_opt(r->mean_us > 0, r->mean_us));
+		bjson_set(row, "stdev_us", bjson_opt(r->mean_us > 0, r->stdev_us));
+		bjson_set(row, "p50_us", bjson_opt(r->p50_us > 0, r->p50_us));
+		bjson_set(row, "p99_us", bjson_opt(r->p99_us > 0, r->p99_us));
+		bjson_set(row, "p999_us", bjson_opt(r->p999_us > 0, r->p999_us));
+		bjson_set(row, "ops_per_s", bjson_opt(r->ops_per_s > 0, r->ops_per_s));
+		bjson_set(row, "mb_per_s", bjson_opt(r->mb_per_s > 0, r->mb_per_s));
+		bjson_set(row, "baseline", r->baseline[0] ? bjson_str(r->baseline) : json_null());
+		bjson_set(row, "baseline_min_us", bjson_opt(r->base_min_us > 0, r->base_min_us));
+		bjson_set(row, "baseline_mean_us", bjson_opt(r->base_mean_us > 0, r->base_mean_us));
+		bjson_set(row, "baseline_stdev_us",
+			  bjson_opt(r->base_mean_us > 0, r->base_stdev_us));
+		bjson_set(row, "baseline_p50_us", bjson_opt(r->base_p50_us > 0, r->base_p50_us));
+		bjson_set(row, "baseline_p99_us", bjson_opt(r->base_p99_us > 0, r->base_p99_us));
+		bjson_set(row, "baseline_ops_per_s",
+			  bjson_opt(r->base_ops_per_s > 0, r->base_ops_per_s));
+		bjson_set(row, "ratio", bjson_opt(r->ratio > 0, r->ratio));
+		/* a latency row below its floor: the baseline is broken (null: no floor here) */
+		bjson_set(row, "baseline_suspect",
+			  r->base_p50_us > 0 && strcmp(r->op, "hot-key") ?
+				  json_boolean(r->suspect) :
+				  json_null());
 		if (r->extra_name[0])
-			json_kv_n(f, r->extra_name, r->extra, 1);
-		json_kv_s(f, "note", r->note, 0);
-		fputs(i + 1 < n ? "},\n" : "}\n", f);
+			bjson_set_num(row, r->extra_name, r->extra);
+		bjson_set_str(row, "note", r->note);
 	}
-	fputs("],\n\"failures\": [", f);
-	for (int i = 0; i < nf && i < 8; i++) {
-		json_str(f, sh->failure_msg[i]);
-		if (i + 1 < nf && i + 1 < 8)
-			fputs(", ", f);
-	}
-	fputs("]\n}\n", f);
-	if (fclose(f)) {
-		fprintf(stderr, "ferry-bench: cannot write %s: %s\n", path, strerror(errno));
-		return -1;
-	}
-	return 0;
+	bjson_set(root, "failures", fails);
+	for (int i = 0; i < nf && i < 8; i++)
+		bjson_append(fails, bjson_str(sh->failure_msg[i]));
+	rc = bjson_write(root, path, "ferry-bench");
+	json_decref(root);
+	return rc ? -1 : 0;
 }
 
 int main(int argc, char **argv)
@@ -876,14 +919,20 @@ int main(int argc, char **argv)
 	}
 	context_get(&ctx);
 	setvbuf(stdout, NULL, _IOLBF, 0);
-	if (o.scenarios & FB_SCEN_LOCAL)
-		fb_local(&o, sh);
-	if (o.scenarios & FB_SCEN_REMOTE)
-		fb_remote(&o, sh);
-	if (o.scenarios & FB_SCEN_LOCALIZE)
-		fb_localize(&o, sh, o.scenarios);
-	if (o.scenarios & FB_SCEN_MEMORY)
-		fb_memory(&o, sh);
+	/* --wait both: the whole run in blocking mode, then again busy-polling */
+	for (int pass = 0; pass < (o.wait_both ? 2 : 1); pass++) {
+		if (o.wait_both)
+			o.busy_poll = pass;
+		sh->busy_poll = o.busy_poll;
+		if (o.scenarios & FB_SCEN_LOCAL)
+			fb_local(&o, sh);
+		if (o.scenarios & FB_SCEN_REMOTE)
+			fb_remote(&o, sh);
+		if (o.scenarios & FB_SCEN_LOCALIZE)
+			fb_localize(&o, sh, o.scenarios);
+		if (o.scenarios & FB_SCEN_MEMORY)
+			fb_memory(&o, sh);
+	}
 	is_rank0 = fb_cluster_rank() == 0;
 	fb_cluster_close();
 	context_load(ctx.load1, sizeof(ctx.load1));
@@ -895,7 +944,8 @@ int main(int argc, char **argv)
 			print_row(&sh->results[i]);
 		print_rule();
 		printf(" load at the end: %s\n", ctx.load1);
-		print_goals(&o, sh);
+		print_goals(&o, sh, 0);
+		print_goals(&o, sh, 1);
 		if (o.json_path && json_write(o.json_path, &o, &ctx, sh))
 			atomic_fetch_add(&sh->failures, 1);
 	} else {

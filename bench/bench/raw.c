@@ -11,9 +11,15 @@
  *
  * Request and reply sizes are those of Ferry's own frames for the operation
  * measured beside it (the scenario reads them off ferry_stats), so the ratio
- * is Ferry's time over the raw round trip of the same bytes. With
- * --busy-poll both sides spin on non-blocking reads, as Ferry's progress
- * threads then do.
+ * is Ferry's time over the raw round trip of the same bytes.
+ *
+ * Both sides wait as Ferry's do in the run compared (docs/benchmarks.md,
+ * "Like for like"):
+ *
+ *                  client (as Ferry's worker)      server (as Ferry's progress thread)
+ *   blocking       spins FB_RAW_SPIN_NS, then      blocks in recv (epoll_wait(-1))
+ *                  blocks in poll
+ *   --busy-poll    spins on non-blocking recv      spins on non-blocking recv
  *
  * perftest output (ib_read_lat, ib_write_lat) is parsed here too, for the
  * rdma transport: its "t_typical" is the p50. ib_write_lat reports half a
@@ -51,14 +57,29 @@ struct fb_raw_srv {
 	pthread_t th;
 };
 
-static int raw_read_full(int fd, void *buf, size_t len, int busy)
+enum raw_wait {
+	RAW_BLOCK, /* blocking recv */
+	RAW_SPIN,  /* non-blocking recv in a loop */
+	RAW_HYBRID /* spin for FB_RAW_SPIN_NS, then block until the bytes come */
+};
+
+static int raw_read_full(int fd, void *buf, size_t len, enum raw_wait wait)
 {
+	int64_t spin_until = wait == RAW_HYBRID ? fb_now_ns() + FB_RAW_SPIN_NS : 0;
 	char *p = buf;
 
 	while (len) {
-		ssize_t n = recv(fd, p, len, busy ? MSG_DONTWAIT : 0);
+		ssize_t n = recv(fd, p, len, wait == RAW_BLOCK ? 0 : MSG_DONTWAIT);
 
-		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+			if (wait == RAW_HYBRID && fb_now_ns() >= spin_until) {
+				struct pollfd pfd = { .fd = fd, .events = POLLIN };
+
+				poll(&pfd, 1, 1000);
+			}
+			continue;
+		}
+		if (n < 0 && errno == EINTR)
 			continue;
 		if (n <= 0)
 			return n ? -errno : -ECONNRESET;
@@ -105,15 +126,15 @@ static void raw_serve_conn(struct fb_raw_srv *s, int fd)
 	size_t max;
 
 	raw_nodelay(fd);
-	if (raw_read_full(fd, &h, sizeof(h), 0) || h.magic != RAW_MAGIC || h.req > (64u << 20) ||
-	    h.rep > (64u << 20))
+	if (raw_read_full(fd, &h, sizeof(h), RAW_BLOCK) || h.magic != RAW_MAGIC ||
+	    h.req > (64u << 20) || h.rep > (64u << 20))
 		return;
 	max = h.req > h.rep ? h.req : h.rep;
 	buf = calloc(1, max ? max : 1);
 	if (!buf)
 		return;
 	for (;;) {
-		if (raw_read_full(fd, buf, h.req, s->busy))
+		if (raw_read_full(fd, buf, h.req, s->busy ? RAW_SPIN : RAW_BLOCK))
 			break;
 		if (raw_write_full(fd, buf, h.rep))
 			break;
@@ -249,7 +270,7 @@ int fb_rtt_run(struct fb_rtt *r, long n, int64_t *lat)
 
 		rc = raw_write_full(r->fd, r->buf, r->req);
 		if (!rc)
-			rc = raw_read_full(r->fd, r->buf, r->rep, r->busy);
+			rc = raw_read_full(r->fd, r->buf, r->rep, r->busy ? RAW_SPIN : RAW_HYBRID);
 		if (lat)
 			lat[i] = fb_now_ns() - t0;
 	}
@@ -271,7 +292,7 @@ int fb_raw_stream(const char *addr, int port, size_t req, size_t rep, int window
 	char *out = calloc(1, req ? req : 1), *in = calloc(1, rep ? rep : 1);
 	long sent = 0, done = 0, warm = count / 10 + 1;
 	size_t out_off = 0, in_off = 0;
-	int64_t t0 = 0;
+	int64_t t0 = 0, idle_since = 0;
 	int fd, rc = 0;
 
 	if (!out || !in) {
@@ -292,12 +313,22 @@ int fb_raw_stream(const char *addr, int port, size_t req, size_t rep, int window
 
 		if (want_out)
 			pfd.events |= POLLOUT;
-		if (!busy && poll(&pfd, 1, 1000) < 0 && errno != EINTR) {
-			rc = -errno;
-			break;
-		}
-		if (busy)
+		/*
+		 * Blocking mode waits as a Ferry worker waits for its tickets: it
+		 * tries without waiting, and sleeps in poll only once nothing moved
+		 * for FB_RAW_SPIN_NS; --busy-poll never sleeps.
+		 */
+		if (!busy && idle_since && fb_now_ns() - idle_since >= FB_RAW_SPIN_NS) {
+			if (poll(&pfd, 1, 1000) < 0 && errno != EINTR) {
+				rc = -errno;
+				break;
+			}
+			idle_since = 0;
+		} else {
 			pfd.revents = POLLIN | (want_out ? POLLOUT : 0);
+		}
+		long moved = sent + done;
+		size_t offs = out_off + in_off;
 		if ((pfd.revents & POLLOUT) && want_out) {
 			n = send(fd, out + out_off, req - out_off, MSG_NOSIGNAL | MSG_DONTWAIT);
 			if (n > 0) {
@@ -325,6 +356,10 @@ int fb_raw_stream(const char *addr, int port, size_t req, size_t rep, int window
 				rc = -errno;
 			}
 		}
+		if (sent + done != moved || out_off + in_off != offs)
+			idle_since = 0;
+		else if (!idle_since)
+			idle_since = fb_now_ns();
 	}
 	if (!rc) {
 		int64_t dt = fb_now_ns() - t0;

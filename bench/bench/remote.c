@@ -210,16 +210,12 @@ static int remote_sync(struct fb_node *n, struct ferry_table *t, uint32_t bytes,
 	res.value_bytes = bytes;
 	res.threads = 1;
 	res.keys = nk;
-	res.p50_us = fb_pct_us(lat, (size_t)iters, 0.5);
-	res.p99_us = fb_pct_us(lat, (size_t)iters, 0.99);
-	res.p999_us = fb_pct_us(lat, (size_t)iters, 0.999);
+	fb_result_lat(&res, lat, (size_t)iters);
 	/* keys per second: one call moves nk values */
 	res.ops_per_s = total > 0 ? (double)iters * (double)nk * 1e9 / (double)total : 0;
 	res.mb_per_s = res.ops_per_s * bytes / 1e6;
 	snprintf(res.note, sizeof(res.note), "frames %zu/%zu B", f->req, f->rep);
-	snprintf(res.baseline, sizeof(res.baseline), "%s", m.b.name);
-	res.base_p50_us = m.b.p50_us;
-	res.base_p99_us = m.b.p99_us;
+	fb_result_base(&res, &m.b);
 	fb_result_add(n->sh, &res);
 	free(lat);
 	return 0;
@@ -284,9 +280,7 @@ static int remote_window(struct fb_node *n, struct ferry_table *t, uint32_t byte
 	res.value_bytes = bytes;
 	res.threads = 1;
 	res.keys = (uint64_t)window;
-	res.p50_us = fb_pct_us(lat, (size_t)count, 0.5);
-	res.p99_us = fb_pct_us(lat, (size_t)count, 0.99);
-	res.p999_us = fb_pct_us(lat, (size_t)count, 0.999);
+	fb_result_lat(&res, lat, (size_t)count);
 	res.ops_per_s = (double)count * 1e9 / (double)(t1 - t0);
 	res.mb_per_s = res.ops_per_s * bytes / 1e6;
 	snprintf(res.baseline, sizeof(res.baseline), "tcp-stream");

@@ -33,6 +33,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bjson.h"
 #include "ferry/ferry.h"
 
 struct row {
@@ -269,7 +270,6 @@ int main(int argc, char **argv)
 	if (rank == 0 && !bad) {
 		const double bus = 2.0 * (world - 1) / world;
 		struct utsname u;
-		FILE *f = json ? fopen(json, "w") : NULL;
 
 		printf("# ferry-coll-mpi: %d ranks, %s %s, Ferry algorithm %s; times: the slowest "
 		       "rank's mean\n",
@@ -287,36 +287,46 @@ int main(int argc, char **argv)
 			       r->bytes, r->iters, r->algo, r->mpi_us, am, am * bus, r->ferry_us,
 			       af, af * bus, r->ferry_us / r->mpi_us, af / am);
 		}
-		if (json && !f)
-			fprintf(stderr, "ferry-coll-mpi: cannot write %s: %s\n", json,
-				strerror(errno));
-		if (f) {
+		if (json) {
+			json_t *doc = json_object(), *res = json_array();
+			char kern[2 * sizeof(u.release) + 2];
+
 			uname(&u);
-			fprintf(f,
-				"{\n  \"program\": \"ferry-coll-mpi\",\n  \"ferry_version\": \"%s\",\n"
-				"  \"kernel\": \"%s %s\",\n  \"cores\": %ld,\n  \"ranks\": %d,\n"
-				"  \"dtype\": \"%s\",\n  \"op\": \"%s\",\n  \"algo\": \"%s\",\n"
-				"  \"command\": \"%s\",\n  \"results\": [\n",
-				ferry_version(), u.sysname, u.release,
-				sysconf(_SC_NPROCESSORS_ONLN), world, dname, oname, aname, cmd);
-			for (int i = 0; i < nrows; i++) {
+			snprintf(kern, sizeof(kern), "%s %s", u.sysname, u.release);
+			bjson_set_str(doc, "program", "ferry-coll-mpi");
+			bjson_set_str(doc, "ferry_version", ferry_version());
+			bjson_set_str(doc, "kernel", kern);
+			bjson_set_int(doc, "cores", sysconf(_SC_NPROCESSORS_ONLN));
+			bjson_set_int(doc, "ranks", world);
+			bjson_set_str(doc, "dtype", dname);
+			bjson_set_str(doc, "op", oname);
+			bjson_set_str(doc, "algo", aname);
+			bjson_set_str(doc, "command", cmd);
+			bjson_set(doc, "results", res);
+			for (int i = 0; doc && i < nrows; i++) {
 				const struct row *r = &rows[i];
 				double am = (double)r->bytes / r->mpi_us / 1e3,
 				       af = (double)r->bytes / r->ferry_us / 1e3;
+				json_t *row = json_object();
 
-				fprintf(f,
-					"    {\"bytes\": %zu, \"iters\": %d, \"ferry_algo\": \"%s\", "
-					"\"mpi_us\": %.3f, \"mpi_algbw_gbs\": %.4f, "
-					"\"mpi_busbw_gbs\": %.4f, \"ferry_us\": %.3f, "
-					"\"ferry_algbw_gbs\": %.4f, \"ferry_busbw_gbs\": %.4f, "
-					"\"time_ratio_ferry_over_mpi\": %.3f, "
-					"\"busbw_ratio_ferry_over_mpi\": %.3f}%s\n",
-					r->bytes, r->iters, r->algo, r->mpi_us, am, am * bus,
-					r->ferry_us, af, af * bus, r->ferry_us / r->mpi_us, af / am,
-					i + 1 < nrows ? "," : "");
+				if (bjson_append(res, row))
+					break;
+				bjson_set_int(row, "bytes", (int64_t)r->bytes);
+				bjson_set_int(row, "iters", r->iters);
+				bjson_set_str(row, "ferry_algo", r->algo);
+				bjson_set_num(row, "mpi_us", r->mpi_us);
+				bjson_set_num(row, "mpi_algbw_gbs", am);
+				bjson_set_num(row, "mpi_busbw_gbs", am * bus);
+				bjson_set_num(row, "ferry_us", r->ferry_us);
+				bjson_set_num(row, "ferry_algbw_gbs", af);
+				bjson_set_num(row, "ferry_busbw_gbs", af * bus);
+				bjson_set_num(row, "time_ratio_ferry_over_mpi",
+					      r->ferry_us / r->mpi_us);
+				bjson_set_num(row, "busbw_ratio_ferry_over_mpi", af / am);
 			}
-			fprintf(f, "  ]\n}\n");
-			fclose(f);
+			if (bjson_write(doc, json, "ferry-coll-mpi"))
+				bad = 1;
+			json_decref(doc);
 		}
 	}
 	ferry_close(fy);

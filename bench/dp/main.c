@@ -38,6 +38,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bjson.h"
 #include "dp.h"
 #include "ferry/ferry.h"
 
@@ -467,37 +468,68 @@ static int dp_run_scheme(struct dp_run *run)
 	return run->failed ? -EIO : 0;
 }
 
-static void dp_json(FILE *f, const struct dp_opts *o, const char *data, struct dp_run *runs,
-		    int nruns)
+/* the document --json writes, through the tools' one writer (bench/common/bjson.h) */
+static json_t *dp_json(const struct dp_opts *o, const char *data, struct dp_run *runs, int nruns)
 {
-	fprintf(f,
-		"{\n  \"program\": \"ferry-dp\",\n  \"model\": \"%s\",\n  \"hidden\": %zu,\n"
-		"  \"data\": \"%s\",\n  \"workers\": %d,\n  \"global_batch\": %u,\n"
-		"  \"lr\": %g,\n  \"iterations\": %d,\n  \"straggler\": {\"rank\": %d, "
-		"\"factor\": %g, \"from\": %d},\n  \"jitter\": {\"p\": %g, \"ms\": %g},\n"
-		"  \"target_loss\": %g,\n  \"ema_alpha\": %g,\n  \"runs\": [\n",
-		o->hidden ? "mlp" : "softmax regression", o->hidden, data, o->workers, o->batch,
-		(double)o->lr, o->iters, o->strag_rank, o->strag_factor, o->strag_from, o->jitter_p,
-		o->jitter_ms, o->target_loss, o->ema_alpha);
+	json_t *root = json_object(), *strag = json_object(), *jit = json_object();
+	json_t *jruns = json_array();
+
+	if (!root || !strag || !jit || !jruns) {
+		json_decref(root);
+		json_decref(strag);
+		json_decref(jit);
+		json_decref(jruns);
+		return NULL;
+	}
+	bjson_set_str(root, "program", "ferry-dp");
+	bjson_set_str(root, "model", o->hidden ? "mlp" : "softmax regression");
+	bjson_set_int(root, "hidden", (int64_t)o->hidden);
+	bjson_set_str(root, "data", data);
+	bjson_set_int(root, "workers", o->workers);
+	bjson_set_int(root, "global_batch", o->batch);
+	bjson_set_num(root, "lr", (double)o->lr);
+	bjson_set_int(root, "iterations", o->iters);
+	bjson_set(root, "straggler", strag);
+	bjson_set_int(strag, "rank", o->strag_rank);
+	bjson_set_num(strag, "factor", o->strag_factor);
+	bjson_set_int(strag, "from", o->strag_from);
+	bjson_set(root, "jitter", jit);
+	bjson_set_num(jit, "p", o->jitter_p);
+	bjson_set_num(jit, "ms", o->jitter_ms);
+	bjson_set_num(root, "target_loss", o->target_loss);
+	bjson_set_num(root, "ema_alpha", o->ema_alpha);
+	bjson_set(root, "runs", jruns);
 	for (int i = 0; i < nruns; i++) {
 		const struct dp_run *run = &runs[i];
+		json_t *jr = json_object(), *pts = json_array();
 
-		fprintf(f, "    {\"scheme\": \"%s\", \"time_to_target_s\": %.4f, \"points\": [\n",
-			scheme_names[run->scheme], run->time_to_target);
+		if (bjson_append(jruns, jr)) {
+			json_decref(pts);
+			break;
+		}
+		bjson_set_str(jr, "scheme", scheme_names[run->scheme]);
+		/* null: the target loss was never reached */
+		bjson_set(jr, "time_to_target_s",
+			  bjson_opt(run->time_to_target >= 0, run->time_to_target));
+		bjson_set(jr, "points", pts);
 		for (int k = 0; k < run->npts; k++) {
 			const struct dp_point *pt = &run->pts[k];
+			json_t *jp = json_object(), *batch = json_array();
 
-			fprintf(f,
-				"      {\"iter\": %d, \"time_s\": %.4f, \"test_loss\": %.5f, "
-				"\"test_acc\": %.4f, \"batch\": [",
-				pt->iter, pt->time_s, pt->loss, pt->acc);
+			if (bjson_append(pts, jp)) {
+				json_decref(batch);
+				break;
+			}
+			bjson_set_int(jp, "iter", pt->iter);
+			bjson_set_num(jp, "time_s", pt->time_s);
+			bjson_set_num(jp, "test_loss", pt->loss);
+			bjson_set_num(jp, "test_acc", pt->acc);
+			bjson_set(jp, "batch", batch);
 			for (int q = 0; q < o->workers; q++)
-				fprintf(f, "%u%s", pt->batch[q], q + 1 < o->workers ? ", " : "");
-			fprintf(f, "]}%s\n", k + 1 < run->npts ? "," : "");
+				bjson_append(batch, json_integer(pt->batch[q]));
 		}
-		fprintf(f, "    ]}%s\n", i + 1 < nruns ? "," : "");
 	}
-	fprintf(f, "  ]\n}\n");
+	return root;
 }
 
 static void usage(void)
@@ -739,15 +771,11 @@ int main(int argc, char **argv)
 				       scheme_names[runs[i].scheme], base / runs[i].time_to_target);
 	}
 	if (o.json) {
-		FILE *f = fopen(o.json, "w");
+		json_t *doc = dp_json(&o, data_name, runs, nruns);
 
-		if (!f) {
-			fprintf(stderr, "ferry-dp: cannot write %s: %s\n", o.json, strerror(errno));
+		if (bjson_write(doc, o.json, "ferry-dp"))
 			bad = 1;
-		} else {
-			dp_json(f, &o, data_name, runs, nruns);
-			fclose(f);
-		}
+		json_decref(doc);
 	}
 	for (int i = 0; i < nruns; i++)
 		free(runs[i].pts);

@@ -6,8 +6,8 @@
 #
 # Writes <name>-loss.png, <name>-acc.png and (when the file has an lbbsp run) <name>-batch.png
 # into OUTDIR (default: the JSON file's folder), <name> the file's name without .json. Needs
-# gnuplot (Debian gnuplot-nox: `bash ci/deps.sh bench`) and awk; it reads ferry-dp's own layout
-# (one point per line), not JSON in general. Exit status: 0, 1 no plot made, 2 bad arguments.
+# gnuplot (Debian gnuplot-nox: `bash ci/deps.sh bench`) and jq (`bash ci/deps.sh build`).
+# Exit status: 0, 1 no plot made, 2 bad arguments.
 set -euo pipefail
 
 case ${1:-} in
@@ -20,26 +20,16 @@ outdir=${2:-$(dirname "$json")}
 name=$(basename "$json" .json)
 mkdir -p "$outdir"
 command -v gnuplot >/dev/null || { echo "dp/plot.sh: no gnuplot (bash ci/deps.sh bench)" >&2; exit 1; }
+command -v jq >/dev/null || { echo "dp/plot.sh: no jq (bash ci/deps.sh build)" >&2; exit 1; }
+jq -e '.program == "ferry-dp" and (.runs | type) == "array"' "$json" >/dev/null 2>&1 ||
+	{ echo "dp/plot.sh: $json is not a ferry-dp JSON file" >&2; exit 2; }
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
 # one data file per scheme: time loss acc iter batch...
-awk -v dir="$tmp" '
-	/"scheme":/ { match($0, /"scheme": "[a-z]+"/); s = substr($0, RSTART + 11, RLENGTH - 12) }
-	/"iter":/ {
-		line = $0
-		gsub(/[{}\[\],:"]/, " ", line)
-		n = split(line, f, " ")
-		out = ""
-		for (i = 1; i <= n; i++) {
-			if (f[i] == "time_s") t = f[i + 1]
-			if (f[i] == "test_loss") l = f[i + 1]
-			if (f[i] == "test_acc") a = f[i + 1]
-			if (f[i] == "iter") it = f[i + 1]
-			if (f[i] == "batch") { for (j = i + 1; j <= n; j++) out = out " " f[j] }
-		}
-		print t, l, a, it, out > (dir "/" s ".dat")
-	}' "$json"
+jq -r '.runs[] | .scheme as $s | .points[] |
+	[$s, .time_s, .test_loss, .test_acc, .iter] + .batch | map(tostring) | join(" ")' "$json" |
+	awk -v dir="$tmp" '{ f = dir "/" $1 ".dat"; $1 = ""; sub(/^ /, ""); print >> f; close(f) }'
 ls "$tmp"/*.dat >/dev/null 2>&1 || { echo "dp/plot.sh: no points in $json" >&2; exit 1; }
 plots() {
 	local col=$1 sep=""

@@ -59,6 +59,8 @@ enum mf_stat {
 	MF_ST_T_WAIT,
 	MF_ST_LOCAL_OPS,
 	MF_ST_REMOTE_OPS,
+	MF_ST_ELAPSED,	  /* seconds since the first epoch's start, summed over workers */
+	MF_ST_BYTES_SENT, /* bytes the nodes sent in the epoch (thread 0 of each node) */
 	MF_NSTAT
 };
 
@@ -105,6 +107,8 @@ struct mf_worker {
 	double t_comm, t_reloc, t_wait;
 	double sq_train;
 	size_t n_train;
+	double t_start;	     /* the first epoch's start */
+	double prev_elapsed; /* --time-budget: the figure of the epoch before */
 };
 
 static double mf_now(void)
@@ -369,6 +373,23 @@ static void mf_init_value(const struct mf_config *cfg, uint64_t key, float *v)
 		v[d] = (float)(a * (2.0 * mf_rng_uniform(&r) - 1.0));
 }
 
+/* the start of @key: the loaded factor when cfg->start holds it, else random */
+static void mf_start_value(const struct mf_config *cfg, const struct mf_plan *p, uint64_t key,
+			   float *v)
+{
+	const struct mf_factors *st = cfg->start;
+	const float *src = NULL;
+
+	if (st && key < p->rows && key < st->rows)
+		src = st->w + key * cfg->rank;
+	else if (st && key >= p->rows && key - p->rows < st->cols)
+		src = st->h + (key - p->rows) * cfg->rank;
+	if (src)
+		memcpy(v, src, cfg->rank * sizeof(float));
+	else
+		mf_init_value(cfg, key, v);
+}
+
 static int mf_set_range(struct mf_worker *wk, uint64_t first, uint64_t n)
 {
 	const struct mf_plan *p = wk->node->plan;
@@ -379,7 +400,7 @@ static int mf_set_range(struct mf_worker *wk, uint64_t first, uint64_t n)
 		int rc;
 
 		for (size_t q = 0; q < m; q++)
-			mf_init_value(wk->node->cfg, first + k + q, wk->buf + q * rank);
+			mf_start_value(wk->node->cfg, p, first + k + q, wk->buf + q * rank);
 		rc = ferry_set(wk->fw, wk->node->tab, p->keys + first + k, m, wk->buf);
 		if (rc)
 			return rc;
@@ -572,6 +593,7 @@ static int mf_report(struct mf_worker *wk, int epoch, double seconds, double sq_
 	st[MF_ST_T_COMM] = (float)(wk->t_comm + wk->t_reloc);
 	st[MF_ST_T_RELOC] = (float)wk->t_reloc;
 	st[MF_ST_T_WAIT] = (float)wk->t_wait;
+	st[MF_ST_ELAPSED] = (float)(mf_now() - wk->t_start);
 	if (wk->t == 0) {
 		struct ferry_stats now;
 
@@ -582,6 +604,7 @@ static int mf_report(struct mf_worker *wk, int epoch, double seconds, double sq_
 		}
 		st[MF_ST_LOCAL_OPS] = (float)(now.local_ops - node->last.local_ops);
 		st[MF_ST_REMOTE_OPS] = (float)(now.remote_ops - node->last.remote_ops);
+		st[MF_ST_BYTES_SENT] = (float)(now.bytes_sent - node->last.bytes_sent);
 		node->last = now;
 	}
 	rc = ferry_push(wk->fw, node->stats, &key, 1, st);
@@ -617,6 +640,8 @@ static int mf_collect(struct mf_worker *wk, int epoch, double seconds, float lr)
 		.lr = lr,
 		.local_ops = st[MF_ST_LOCAL_OPS],
 		.remote_ops = st[MF_ST_REMOTE_OPS],
+		.elapsed = st[MF_ST_ELAPSED] / node->plan->nw,
+		.bytes_sent = st[MF_ST_BYTES_SENT],
 	};
 	node->res->epochs = epoch + 1;
 	if (cfg->progress) {
@@ -627,6 +652,56 @@ static int mf_collect(struct mf_worker *wk, int epoch, double seconds, float lr)
 			100 * (ep->comm_share + ep->wait_share), 100 * ep->reloc_share,
 			100 * ep->wait_share, ep->train_mse, ep->test_rmse);
 		fflush(cfg->progress);
+	}
+	return 0;
+}
+
+/*
+ * --time-budget: after the epoch's figures are in, every worker reads the
+ * same sums and so takes the same decision. Return: 1 to stop, 0 to go on,
+ * or a negative errno.
+ */
+static int mf_budget_spent(struct mf_worker *wk, int epoch)
+{
+	struct mf_node *node = wk->node;
+	uint64_t key = (uint64_t)epoch;
+	float st[MF_NSTAT];
+	double elapsed, last;
+	int rc;
+
+	rc = ferry_pull(wk->fw, node->stats, &key, 1, st);
+	if (rc) {
+		mf_fail(wk, rc, "ferry_pull (time budget)");
+		return rc;
+	}
+	elapsed = st[MF_ST_ELAPSED] / node->plan->nw;
+	/* the next epoch as long as the longer of this one and the mean, evaluation included */
+	last = elapsed - wk->prev_elapsed;
+	if (last < elapsed / (epoch + 1))
+		last = elapsed / (epoch + 1);
+	wk->prev_elapsed = elapsed;
+	return elapsed + last > node->cfg->time_budget;
+}
+
+/* Pull every factor into cfg->out (rank 0, thread 0, after the last epoch). */
+static int mf_fetch_factors(struct mf_worker *wk)
+{
+	struct mf_node *node = wk->node;
+	const struct mf_plan *p = node->plan;
+	struct mf_factors *out = node->cfg->out;
+	const uint32_t rank = node->cfg->rank;
+
+	for (uint64_t k = 0; k < p->rows + p->cols;) {
+		uint64_t end = k < p->rows ? p->rows : p->rows + p->cols;
+		size_t m = end - k < p->chunk ? end - k : p->chunk;
+		float *dst = k < p->rows ? out->w + k * rank : out->h + (k - p->rows) * rank;
+		int rc = ferry_pull(wk->fw, node->tab, p->keys + k, m, dst);
+
+		if (rc) {
+			mf_fail(wk, rc, "ferry_pull (the factors for --save)");
+			return rc;
+		}
+		k += m;
 	}
 	return 0;
 }
@@ -714,6 +789,8 @@ static void *mf_worker_main(void *arg)
 		wk->t_comm = wk->t_reloc = wk->t_wait = wk->sq_train = 0;
 		wk->n_train = 0;
 		t0 = mf_now();
+		if (!epoch)
+			wk->t_start = t0;
 		for (int s = 0; s < nw; s++) {
 			int b = (w + s) % nw;
 
@@ -741,8 +818,19 @@ static void *mf_worker_main(void *arg)
 			goto out;
 		if (node->rank == 0 && wk->t == 0)
 			mf_collect(wk, epoch, t1 - t0, lr);
+		if (cfg->time_budget > 0 && epoch + 1 < cfg->epochs) {
+			/* a failed pull goes on: the next barrier stops the node */
+			rc = mf_budget_spent(wk, epoch);
+			if (rc > 0) {
+				if (node->rank == 0 && wk->t == 0)
+					node->res->budget_stop = 1;
+				break;
+			}
+		}
 	}
-	/* rank 0 read the last figures before anyone destroys the tables */
+	if (cfg->out && node->rank == 0 && wk->t == 0)
+		mf_fetch_factors(wk);
+	/* rank 0 read the last figures (and factors) before anyone destroys the tables */
 	mf_barrier(wk);
 out:
 	mf_worker_cleanup(wk);
@@ -901,7 +989,11 @@ out_free:
 static int mf_train_procs(const struct mf_config *cfg, const struct mf_plan *p,
 			  struct ferry_params *fp, struct mf_result *res)
 {
+	size_t wbytes = 0, fbytes = 0;
+	struct mf_config ccfg = *cfg;
+	struct mf_factors cout, *uout = cfg->out;
 	struct mf_result *shared;
+	float *fshared = NULL;
 	pid_t *pids;
 	int rc, me;
 
@@ -916,6 +1008,25 @@ static int mf_train_procs(const struct mf_config *cfg, const struct mf_plan *p,
 		goto out_free;
 	}
 	memset(shared, 0, sizeof(*shared));
+	/* and the factors, for --save */
+	if (cfg->out) {
+		wbytes = p->rows * cfg->rank * sizeof(float);
+		fbytes = wbytes + p->cols * cfg->rank * sizeof(float);
+		fshared = mmap(NULL, fbytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1,
+			       0);
+		if (fshared == MAP_FAILED) {
+			rc = -errno;
+			fshared = NULL;
+			goto out_unmap;
+		}
+		cout = (struct mf_factors){ .rows = p->rows,
+					    .cols = p->cols,
+					    .rank = cfg->rank,
+					    .w = fshared,
+					    .h = (float *)((char *)fshared + wbytes) };
+		ccfg.out = &cout;
+		cfg = &ccfg;
+	}
 	fflush(NULL); /* the children must not print the parent's buffers again */
 	me = ferry_local_cluster_fork(cfg->nodes, fp, pids);
 	if (me < 0) {
@@ -960,7 +1071,13 @@ static int mf_train_procs(const struct mf_config *cfg, const struct mf_plan *p,
 		}
 	}
 	memcpy(res, shared, sizeof(*res));
+	if (fshared && !rc) {
+		memcpy(uout->w, fshared, wbytes);
+		memcpy(uout->h, (char *)fshared + wbytes, fbytes - wbytes);
+	}
 out_unmap:
+	if (fshared)
+		munmap(fshared, fbytes);
 	munmap(shared, sizeof(*shared));
 out_free:
 	free(pids);
@@ -978,7 +1095,10 @@ int mf_train(const struct mf_config *cfg, const struct mf_matrix *train,
 	    !cfg->rank || cfg->epochs < 1 || cfg->epochs > MF_MAX_EPOCHS || !train->rows ||
 	    !train->cols || train->rows > MF_MAX_DIM || train->cols > MF_MAX_DIM ||
 	    test->rows != train->rows || test->cols != train->cols || !(cfg->lr > 0) ||
-	    !(cfg->decay > 0) || !(cfg->reg >= 0) || !(cfg->init >= 0))
+	    !(cfg->decay > 0) || !(cfg->reg >= 0) || !(cfg->init >= 0) ||
+	    !(cfg->time_budget >= 0) || (cfg->start && cfg->start->rank != cfg->rank) ||
+	    (cfg->out && (cfg->out->rows != train->rows || cfg->out->cols != train->cols ||
+			  cfg->out->rank != cfg->rank)))
 		return -EINVAL;
 	memset(res, 0, sizeof(*res));
 	rc = mf_plan_build(cfg, train, test, &plan);

@@ -64,6 +64,109 @@ int mf_mmio_read(const char *path, struct mf_matrix *m_p, char *err, size_t errl
  */
 int mf_mmio_write(const char *path, const struct mf_matrix *m);
 
+/* ---- rating files and id maps (ratings.c) --------------------------------- */
+
+enum mf_format {
+	MF_FORMAT_AUTO = 0, /* by the first line: mf_format_detect() */
+	MF_FORMAT_MM,	    /* MatrixMarket coordinate (mf_mmio_read) */
+	MF_FORMAT_CSV,	    /* user,item,rating[,...]; MovieLens ratings.csv */
+	MF_FORMAT_TSV,	    /* user<TAB>item<TAB>rating[...]; MovieLens u.data */
+	MF_FORMAT_DAT,	    /* user::item::rating[::...]; MovieLens ratings.dat */
+};
+
+/** mf_format_name - "auto", "mm", "csv", "tsv" or "dat" */
+const char *mf_format_name(enum mf_format fmt);
+
+/** mf_format_parse - the format named @s; Return: 0 or -EINVAL */
+int mf_format_parse(const char *s, enum mf_format *fmt_p);
+
+/**
+ * mf_format_detect - the format of @path from its first line that is not
+ * blank or a comment: a '%%MatrixMarket' header, then '::', a tab, a comma
+ *
+ * Return: 0, -EINVAL (cannot tell; @err says so) or the -errno of fopen().
+ */
+int mf_format_detect(const char *path, enum mf_format *fmt_p, char *err, size_t errlen);
+
+/*
+ * Raw ids (strings) to dense indices 0..n-1 in the order they were first
+ * seen. Memory: one copy of each id, and at most 4 slots of 4 bytes per id
+ * (the hash table is kept at most half full).
+ */
+struct mf_ids {
+	size_t n;	/* ids */
+	size_t cap;	/* entries of @names */
+	char **names;	/* names[k]: the raw id of dense index k */
+	uint32_t *slot; /* hcap slots: dense index + 1, 0 for empty */
+	size_t hcap;	/* a power of 2, 0 before the first id */
+};
+
+/**
+ * mf_ids_get - the dense index of the raw id @raw (@len bytes)
+ * @add: give a new id the next index; 0: an unknown id is -ENOENT
+ *
+ * Return: 0, -ENOENT, -E2BIG (MF_MAX_DIM - 1 ids already) or -ENOMEM.
+ */
+int mf_ids_get(struct mf_ids *ids, const char *raw, size_t len, int add, uint32_t *idx_p);
+
+/** mf_ids_free - free @ids and zero it; @ids may be zeroed already */
+void mf_ids_free(struct mf_ids *ids);
+
+/**
+ * mf_ratings_read - read a csv, tsv or dat rating file (ratings.c says what
+ * each looks like); a first line whose rating is not a number is a header
+ * @users, @items: the id maps, extended when @add
+ * @add: 1 for training data; 0 for test data, whose ratings of ids the maps
+ *       do not hold are left out and counted in *@unknown_p
+ * @m_p: receives the ratings; its rows and cols are the maps' sizes
+ *
+ * Return: 0; -EINVAL with "PATH:LINE: cause" in @err for a malformed line;
+ * -ENOMEM; -E2BIG (too many ids); the -errno of fopen().
+ */
+int mf_ratings_read(const char *path, enum mf_format fmt, struct mf_ids *users,
+		    struct mf_ids *items, int add, struct mf_matrix *m_p, size_t *unknown_p,
+		    char *err, size_t errlen);
+
+/* ---- factors on disk (factors.c; docs/mf.md, "Saved factors") ----------- */
+
+struct mf_factors {
+	uint64_t rows, cols;
+	uint32_t rank;
+	float *w; /* rows x rank, row-major */
+	float *h; /* cols x rank */
+};
+
+/** mf_factors_alloc - room for rows x rank and cols x rank floats; Return: 0, -EINVAL, -ENOMEM */
+int mf_factors_alloc(struct mf_factors *f, uint64_t rows, uint64_t cols, uint32_t rank);
+
+/** mf_factors_free - free @f and zero it */
+void mf_factors_free(struct mf_factors *f);
+
+struct json_t;
+
+/**
+ * mf_factors_save - write @fx into the folder @dir (created when missing)
+ * @users, @items: the raw ids of the rows and columns; NULL: the 1-based
+ *                 indices of a MatrixMarket file
+ * @extra: a JSON value stored under "training" in factors.json; may be NULL
+ *
+ * Return: 0 or a negative errno, the cause in @err.
+ */
+int mf_factors_save(const char *dir, struct mf_factors *fx, const struct mf_ids *users,
+		    const struct mf_ids *items, struct json_t *extra, char *err, size_t errlen);
+
+/**
+ * mf_factors_load - read what mf_factors_save() wrote
+ * @users, @items: empty maps; with raw ids they receive the saved ids at
+ *                 their saved indices
+ * @raw_p: receives 1 for raw ids, 0 for MatrixMarket indices
+ *
+ * Return: 0; -EINVAL (a file does not match factors.json, a value is not
+ * finite, an id repeats) or another negative errno, the cause in @err.
+ */
+int mf_factors_load(const char *dir, struct mf_factors *fx_p, struct mf_ids *users,
+		    struct mf_ids *items, int *raw_p, char *err, size_t errlen);
+
 /* ---- synthetic data ----------------------------------------------------- */
 
 struct mf_synth_params {
@@ -187,6 +290,15 @@ struct mf_config {
 	uint64_t seed;	 /* initial factors */
 	FILE *progress;	 /* a line per epoch goes here; NULL: quiet */
 	const char *tag; /* prefix of the progress lines; may be NULL */
+	/* start from these factors (--load): rows and columns they hold take their values,
+	 * the others (new ids) start at random; rank must equal @rank; NULL: all random */
+	const struct mf_factors *start;
+	/* receives the factors after the last epoch (--save): allocated by the caller for the
+	 * training matrix's rows, cols and @rank; NULL: not wanted */
+	struct mf_factors *out;
+	/* seconds from the first epoch's start; 0: none. After an epoch, training stops when
+	 * another epoch as long as this one would end past it (all nodes decide alike) */
+	double time_budget;
 };
 
 /** mf_config_init - the defaults (2 nodes x 1 thread, dynamic, rank 16, ...) */
@@ -202,10 +314,14 @@ struct mf_epoch {
 	double lr;	    /* learning rate used */
 	double local_ops;   /* key operations served in place, all nodes */
 	double remote_ops;  /* key operations sent to another node, all nodes */
+	double elapsed;	    /* seconds from the first epoch's start to this one's end,
+			       evaluation included (the workers' mean) */
+	double bytes_sent;  /* bytes the nodes sent during the epoch (float: ~7 digits) */
 };
 
 struct mf_result {
-	int epochs; /* epochs done */
+	int epochs;	 /* epochs done */
+	int budget_stop; /* 1: stopped before cfg->epochs by cfg->time_budget */
 	double setup_seconds;
 	struct mf_epoch ep[MF_MAX_EPOCHS];
 };
