@@ -7,7 +7,7 @@
  * threads, each with its own worker. Who touches what:
  *
  *   node.tables[]          written at create/destroy; read by all (RCU)
- *   table.dir.own          keys live here: written under dir.own_lock, read
+ *   table.dir.own          keys live here: written under dir.own_lock (a spin lock), read
  *                          under rcu_read_lock (lib/dir/dir.h)
  *   table.dir.loc          location hints; relaxed atomics, any thread
  *   table.dir.owners       authoritative owner at the home: progress thread only

@@ -23,7 +23,9 @@
  *           a worker in a fast-path section (lib/dir/fastrd.h); a reader
  *           racing a writer may get a stale slot, which it checks (the
  *           slot holds its key); writers: the progress thread and table
- *           creation, serialized by own_lock inside ferry__dir_own_set()
+ *           creation, serialized by own_lock (a spin lock) inside
+ *           ferry__dir_own_set(); a home key's array entry, one atomic
+ *           exchange with no lock (one thread at a time moves a key)
  *   owners  the progress thread only (it serves the home's protocol)
  *   loc     any thread, relaxed atomics: a hint may be stale or, under a
  *           race of writers on one entry, another key's; every user checks
@@ -55,9 +57,9 @@ struct ferry_dir {
 	 * the node held every one of them at creation; other keys: own */
 	uint64_t home_lo, home_n;
 	void **home_own;
-	uint64_t home_live;	    /* entries of home_own set (own_lock) */
+	uint64_t home_live;	    /* entries of home_own set (atomic) */
 	struct ferry_slotmap own;   /* key -> its slot (8 B a bucket) */
-	pthread_mutex_t own_lock;   /* serializes own's writers */
+	int own_lock;		    /* serializes own's writers: a spin lock */
 	struct ferry_keymap owners; /* key -> owner rank + 1 (progress thread) */
 	uint32_t self;		    /* this node's rank */
 	uint64_t loc_mask;	    /* loc entries - 1 (a power of two) */

@@ -44,7 +44,9 @@
 
 #include "lib/dir/keymap.h"
 
-#define FERRY_SLOTMAP_MIN 2048u /* 16 KiB */
+/* 64 KiB: a map that empties and fills again (a batch of keys moving back
+ * and forth) does not rebuild every time below 3,000 keys */
+#define FERRY_SLOTMAP_MIN 8192u
 #define FERRY_SLOTMAP_TOMB (1ull << 32)
 
 struct ferry_fastrd;
