@@ -211,6 +211,10 @@ struct ferry {
 	int busy_poll;
 	struct ferry_tp *tp;
 	uint64_t cluster_id;
+	/* keys a move's ticket (struct ferry_msg_mv) is drawn with: random per
+	 * node (ferry__node_create), read-only afterwards */
+	uint8_t move_key[16];
+	atomic_uint_fast64_t move_seq; /* moves started: each ticket's input */
 	atomic_int refs;
 	atomic_bool closed;
 	atomic_int pollers;  /* threads inside ferry__node_poll(): close waits for them */

@@ -149,6 +149,7 @@ int ferry__node_create(const struct ferry_params *params, struct ferry **fy_p)
 	fy->rank = (uint32_t)c->rank;
 	fy->world = (uint32_t)c->world;
 	fy->timeout_ms = c->timeout_ms;
+	ferry__auth_random(fy->move_key, sizeof(fy->move_key));
 	fy->busy_poll = c->busy_poll;
 	fy->budget.limit = c->mem_limit;
 	atomic_init(&fy->refs, 1);

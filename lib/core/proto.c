@@ -174,8 +174,6 @@ static int proto_parse_move(uint8_t type, const uint8_t *p, size_t left,
 
 		if (lim->num_keys && m->key >= lim->num_keys)
 			PROTO_FAIL("move: key out of range");
-		if (m->pad)
-			PROTO_FAIL("move: padding not zero");
 		if (m->landing != FERRY_LANDING_NONE && m->landing >= FERRY_INBOX_MAX_ENTRIES)
 			PROTO_FAIL("move: landing entry out of range");
 		if (type == FERRY_MSG_HANDOVER_DONE && m->landing == FERRY_LANDING_NONE)

@@ -74,7 +74,10 @@ struct ferry_msg_mv {
 	uint32_t landing; /* the requester's landing entry for a one-sided
 			   * hand-over, or FERRY_LANDING_NONE; HANDOVER_DONE
 			   * names the entry written (never NONE) */
-	uint32_t pad;	  /* 0 */
+	uint32_t ticket;  /* the requester's tag of this move, unguessable: the home
+			   * passes it on in HANDOVER_REQ, the old owner and
+			   * the home echo it; the requester takes a HANDOVER,
+			   * HANDOVER_DONE or LOC_ACK only with its own */
 };
 
 /*

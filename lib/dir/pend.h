@@ -44,6 +44,7 @@ struct ferry_pend_item {
 	struct ferry_msg_op op;		   /* FERRY_PEND_OP */
 	struct ferry_msg_key key;	   /* FERRY_PEND_OP */
 	uint32_t requester, slot, landing; /* FERRY_PEND_HANDOVER */
+	uint32_t ticket;		   /* FERRY_PEND_HANDOVER: the requester's */
 	float vals[];			   /* FERRY_PEND_OP push/set */
 };
 
@@ -58,6 +59,7 @@ struct ferry_pend {
 	uint64_t key;
 	uint32_t slot;			     /* the slot reserved for the value */
 	uint32_t landing;		     /* landing entry reserved, or FERRY_LANDING_NONE */
+	uint32_t ticket;		     /* the move's tag: its frames must echo it */
 	struct ferry_pend_item *head, *tail; /* arrived early, in order */
 	struct ferry_pend_waiter *waiters;   /* localize requests to wake */
 	uint32_t nqueued;		     /* items at head..tail: at most FERRY_PEND_QUEUE_MAX */

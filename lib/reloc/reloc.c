@@ -76,6 +76,7 @@
 struct reloc_item {
 	uint64_t key;
 	uint32_t slot;	      /* LOCALIZE: the slot reserved here */
+	uint32_t ticket;      /* LOCALIZE: the move's ticket */
 	struct ferry_slot *s; /* HANDOVER(_DONE): the slot the value left from */
 };
 
@@ -165,13 +166,14 @@ static int reloc_batch_end(struct ferry *fy, struct ferry_table *t, struct reloc
  * Add one move entry for @key. @s: the taken slot of a HANDOVER or
  * HANDOVER_DONE (settled after the send), else NULL; @with_value: copy the
  * slot's value into a HANDOVER; @slot: the requester's slot; @landing: its
- * landing entry, or FERRY_LANDING_NONE. A LOCALIZE entry is undone if its
+ * landing entry, or FERRY_LANDING_NONE; @ticket: the requester's tag of the
+ * move, passed on as it came. A LOCALIZE entry is undone if its
  * frame cannot go. Return: 0, or the failure of a frame sent to make room
  * (its keys were settled as reloc_batch_flush says).
  */
 static int reloc_batch_add(struct ferry *fy, struct ferry_table *t, struct reloc_batch *b,
-			   uint64_t key, uint32_t slot, uint32_t landing, struct ferry_slot *s,
-			   int with_value)
+			   uint64_t key, uint32_t slot, uint32_t landing, uint32_t ticket,
+			   struct ferry_slot *s, int with_value)
 {
 	uint32_t len = with_value ? ferry__value_len(t, key) : 0;
 	size_t need = sizeof(struct ferry_msg_mv) + (size_t)len * sizeof(float);
@@ -215,6 +217,7 @@ static int reloc_batch_add(struct ferry *fy, struct ferry_table *t, struct reloc
 		mv->slot = slot;
 		mv->len = len;
 		mv->landing = landing;
+		mv->ticket = ticket;
 	}
 	b->count++;
 	if (with_value) {
@@ -301,9 +304,13 @@ static int reloc_start(struct ferry_worker *w, struct ferry_table *t, struct fer
 					ferry__inbox_put(t, land);
 					ferry__arena_free(&t->arena, slot);
 				} else {
+					/* only the home and the old owner learn it */
+					e->ticket = ferry__auth_tag32(
+						fy->move_key, atomic_fetch_add(&fy->move_seq, 1));
 					lands[nmoves] = land;
-					moves[nmoves++] =
-						(struct reloc_item){ .key = key, .slot = slot };
+					moves[nmoves++] = (struct reloc_item){
+						.key = key, .slot = slot, .ticket = e->ticket
+					};
 				}
 			}
 		}
@@ -336,7 +343,8 @@ static int reloc_start(struct ferry_worker *w, struct ferry_table *t, struct fer
 		 * home's to know: a move whose old owner fails waits out the
 		 * timeout) */
 		ferry__ops_req_dst(r, home);
-		reloc_batch_add(fy, t, &to[home], moves[i].key, moves[i].slot, lands[i], NULL, 0);
+		reloc_batch_add(fy, t, &to[home], moves[i].key, moves[i].slot, lands[i],
+				moves[i].ticket, NULL, 0);
 	}
 	for (uint32_t d = 0; d < fy->world; d++)
 		reloc_batch_end(fy, t, &to[d]);
@@ -414,7 +422,8 @@ static void reloc_on_localize(struct ferry *fy, struct ferry_table *t, uint32_t 
 		}
 		cur = ferry__owner(t, mv->key);
 		if (cur == src) {
-			reloc_batch_add(fy, t, &ack, mv->key, mv->slot, mv->landing, NULL, 0);
+			reloc_batch_add(fy, t, &ack, mv->key, mv->slot, mv->landing, mv->ticket,
+					NULL, 0);
 			continue;
 		}
 		if (ferry__dir_owner_set(&t->dir, mv->key, src)) {
@@ -425,7 +434,8 @@ static void reloc_on_localize(struct ferry *fy, struct ferry_table *t, uint32_t 
 				  src, (unsigned long long)mv->key, t->id, cur);
 			continue;
 		}
-		reloc_batch_add(fy, t, &to[cur], mv->key, mv->slot, mv->landing, NULL, 0);
+		reloc_batch_add(fy, t, &to[cur], mv->key, mv->slot, mv->landing, mv->ticket, NULL,
+				0);
 	}
 	reloc_batch_end(fy, t, &ack);
 	for (uint32_t d = 0; d < fy->world; d++)
@@ -467,10 +477,11 @@ static void reloc_take(struct ferry *fy, struct ferry_table *t, struct ferry_slo
 /* take a live slot out of service and hand its value over by message: the
  * slot is freed, or put back into service, once the frame's send is known */
 static void reloc_give(struct ferry *fy, struct ferry_table *t, struct ferry_slot *s, uint64_t key,
-		       uint32_t slot, uint32_t landing, int published, struct reloc_batch *b)
+		       uint32_t slot, uint32_t landing, uint32_t ticket, int published,
+		       struct reloc_batch *b)
 {
 	reloc_take(fy, t, s, key, b->requester, published);
-	reloc_batch_add(fy, t, b, key, slot, landing, s, 1);
+	reloc_batch_add(fy, t, b, key, slot, landing, ticket, s, 1);
 }
 
 /*
@@ -505,6 +516,7 @@ struct reloc_wentry {
 	uint64_t key;
 	uint32_t rslot;	  /* the requester's slot */
 	uint32_t landing; /* and landing entry */
+	uint32_t ticket;  /* and tag of the move */
 	struct ferry_slot *s;
 };
 
@@ -531,7 +543,8 @@ static void reloc_wbatch_put(struct ferry *fy, struct reloc_wbatch *wb)
 	for (uint32_t i = 0; i < wb->n; i++) {
 		const struct reloc_wentry *e = &wb->e[i];
 
-		reloc_batch_add(fy, t, &b, e->key, e->rslot, e->landing, e->s, wb->failed);
+		reloc_batch_add(fy, t, &b, e->key, e->rslot, e->landing, e->ticket, e->s,
+				wb->failed);
 	}
 	if (wb->failed) {
 		atomic_fetch_add_explicit(&t->inbox.write_fallbacks, 1, memory_order_relaxed);
@@ -638,9 +651,11 @@ static void reloc_on_handover_req(struct ferry *fy, struct ferry_table *t, uint3
 				wb->e[wb->n++] = (struct reloc_wentry){ .key = mv->key,
 									.rslot = mv->slot,
 									.landing = mv->landing,
+									.ticket = mv->ticket,
 									.s = s };
 			} else {
-				reloc_give(fy, t, s, mv->key, mv->slot, mv->landing, 1, &b);
+				reloc_give(fy, t, s, mv->key, mv->slot, mv->landing, mv->ticket, 1,
+					   &b);
 			}
 			continue;
 		}
@@ -653,6 +668,7 @@ static void reloc_on_handover_req(struct ferry *fy, struct ferry_table *t, uint3
 				it->requester = m->requester;
 				it->slot = mv->slot;
 				it->landing = mv->landing;
+				it->ticket = mv->ticket;
 				ferry__pend_append(e, it);
 			} else {
 				ferry_err(
@@ -738,7 +754,7 @@ static void reloc_install(struct ferry *fy, struct ferry_table *t, struct ferry_
 			struct reloc_batch b;
 
 			reloc_batch_init(&b, FERRY_MSG_HANDOVER, it->requester, it->requester);
-			reloc_give(fy, t, s, e->key, it->slot, it->landing, 0, &b);
+			reloc_give(fy, t, s, e->key, it->slot, it->landing, it->ticket, 0, &b);
 			if (!reloc_batch_end(fy, t, &b))
 				owned = 0;
 		}
@@ -766,11 +782,15 @@ static void reloc_on_handover(struct ferry *fy, struct ferry_table *t, uint32_t 
 
 		pthread_mutex_lock(&t->pend.lock);
 		e = ferry__pend_find(&t->pend, mv->key);
-		if (!e || e->slot != mv->slot) {
+		if (!e || e->slot != mv->slot || e->ticket != mv->ticket) {
 			pthread_mutex_unlock(&t->pend.lock);
 			ferry_err("reloc: rank %u handed over key %llu, which this node does not "
-				  "expect (slot %u); value dropped",
-				  src, (unsigned long long)mv->key, mv->slot);
+				  "expect%s (slot %u); value dropped, the move goes on",
+				  src, (unsigned long long)mv->key,
+				  e && e->slot == mv->slot ? " with that ticket: a forgery, or a "
+							     "stale move" :
+							     "",
+				  mv->slot);
 			val += mv->len;
 			continue;
 		}
@@ -817,7 +837,12 @@ static void reloc_on_ack(struct ferry *fy, struct ferry_table *t, uint32_t src,
 
 		pthread_mutex_lock(&t->pend.lock);
 		e = ferry__pend_find(&t->pend, mv->key);
-		if (e && e->slot == mv->slot) {
+		if (e && e->slot == mv->slot && e->ticket != mv->ticket) {
+			ferry_err("reloc: rank %u acknowledged a move of key %llu with a ticket "
+				  "this node did not give; ignored",
+				  src, (unsigned long long)mv->key);
+			e = NULL;
+		} else if (e && e->slot == mv->slot) {
 			ferry__pend_del(&t->pend, e);
 			/* nobody was asked to write it */
 			ferry__inbox_put(t, e->landing);

@@ -748,6 +748,13 @@ static void table_on_free_msg(struct ferry *fy, struct ferry_table *unused, uint
 	pthread_mutex_lock(&fy->lock);
 	if (v->hdr->type == FERRY_MSG_TABLE_FREE && fy->rank == 0) {
 		table_freeing(fy, src, id);
+	} else if (v->hdr->type == FERRY_MSG_TABLE_FREE_ACK && src == 0 &&
+		   !(fy->tables[id] ? fy->tables[id]->dying : fy->table_inuse[id])) {
+		/* rank 0 acknowledges only what every live node destroyed: this
+		 * one has not (or the id is free), so the table stays */
+		ferry_warn("table: rank 0 says table %u was destroyed everywhere, but this node "
+			   "has not destroyed it; ignored",
+			   id);
 	} else if (v->hdr->type == FERRY_MSG_TABLE_FREE_ACK && src == 0) {
 		table_id_reset(fy, id);
 		fy->table_freed[id] = true;

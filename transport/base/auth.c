@@ -104,6 +104,24 @@ int ferry__auth_equal(const void *a, const void *b, size_t len)
 	return sodium_memcmp(a, b, len) == 0;
 }
 
+void ferry__auth_random(void *buf, size_t len)
+{
+	if (auth_sodium())
+		memset(buf, 0, len); /* logged: then the tags are guessable, not wrong */
+	else
+		randombytes_buf(buf, len);
+}
+
+uint32_t ferry__auth_tag32(const uint8_t *key, uint64_t n)
+{
+	uint8_t out[crypto_shorthash_siphash24_BYTES];
+	uint32_t v;
+
+	crypto_shorthash_siphash24(out, (const uint8_t *)&n, sizeof(n), key);
+	memcpy(&v, out, sizeof(v));
+	return v;
+}
+
 void ferry__auth_wipe(void *buf, size_t len)
 {
 	sodium_memzero(buf, len);

@@ -100,6 +100,13 @@ void ferry__auth_mac(const uint8_t *key, const char *label, const void *const *p
 /* @a and @b hold the same @len bytes; constant time. Return: 1 or 0 */
 int ferry__auth_equal(const void *a, const void *b, size_t len);
 
+/* @len random bytes (libsodium's generator) */
+void ferry__auth_random(void *buf, size_t len);
+
+/* 32 bits of SipHash-2-4 of @n under @key (16 bytes): tags a peer cannot
+ * guess without the key, cheap enough for one per key moved */
+uint32_t ferry__auth_tag32(const uint8_t *key, uint64_t n);
+
 /* zero @len bytes of a secret in a way the compiler keeps */
 void ferry__auth_wipe(void *buf, size_t len);
 
