@@ -92,7 +92,7 @@ void ferry__pend_fini(struct ferry_pend_table *pt, void (*each)(void *arg, struc
 struct ferry_pend *ferry__pend_find(struct ferry_pend_table *pt, uint64_t key);
 /* a new entry for @key (which has none); NULL on -ENOMEM */
 struct ferry_pend *ferry__pend_add(struct ferry_pend_table *pt, uint64_t key, uint32_t slot,
-				   uint32_t landing);
+				   uint32_t landing, uint32_t ticket);
 /* unlink @e; it is the caller's to replay and free */
 void ferry__pend_del(struct ferry_pend_table *pt, struct ferry_pend *e);
 /* call @fn on every entry; pt->lock and rcu_read_lock held (@fn must not

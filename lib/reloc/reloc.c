@@ -36,19 +36,20 @@
  * A hand-over request that reaches a node still waiting is queued the same
  * way, so moves of one key happen in the order the home recorded them.
  *
- * Least access: the arena is registered for remote reads only (one-sided
- * pulls); no peer can write a slot. A one-sided hand-over lands in the
- * requester's landing inbox instead, a separate registration for remote
- * writes only, and the requester copies it into the slot itself. Entry L is
- * B's from the LOCALIZE until the key is installed (HANDOVER or
- * HANDOVER_DONE) or the home answers LOC_ACK: C sends either message only
- * after every write of its batch completed, so no write lands in L after B
- * freed it. A failed write makes C send the values by HANDOVER message; B
- * frees L all the same. A move that never ends (the home or C failed) keeps
- * its slot and L until the table is destroyed: B cannot tell whether a live
- * peer may still write L. With no free entry, B sends L = FERRY_LANDING_NONE
- * and C hands over by message; an index B never announced (L at or above
- * B's entry count) also makes C use the message, logged once.
+ * Least access: the arena is registered for remote reads only; no peer can
+ * write a slot. A one-sided hand-over lands in the requester's landing inbox
+ * (inbox.c: one region per peer, whose key only that peer has), and the
+ * requester copies it into the slot itself. Entry L, in the region of the
+ * node B expects to hand the key over, is B's from the LOCALIZE until the
+ * key is installed or the home answers LOC_ACK; another old owner finds L
+ * outside its region and sends the value by message. Every frame of a move
+ * carries B's ticket for it, and B takes only frames with it. C sends
+ * HANDOVER_DONE only after every write of its batch completed, so no write
+ * lands in L after B freed it; a failed write makes C send the values by
+ * message (B frees L all the same). A move that never ends (the home or C
+ * failed) keeps its slot and L until the table is destroyed. With no free
+ * entry, B sends L = FERRY_LANDING_NONE and C hands over by message; an
+ * index B never announced also makes C use the message, logged once.
  */
 #include <assert.h>
 #include <errno.h>
@@ -297,16 +298,20 @@ static int reloc_start(struct ferry_worker *w, struct ferry_table *t, struct fer
 				wt = NULL;
 				rc = arc;
 			} else {
-				uint32_t land = inbox ? ferry__inbox_get(t) : FERRY_LANDING_NONE;
+				/* in the region of the node expected to hand it over */
+				uint32_t land =
+					inbox ? ferry__inbox_get(t, ferry__loc_get(t, key)) :
+						FERRY_LANDING_NONE;
 
-				e = ferry__pend_add(&t->pend, key, slot, land);
+				/* the ticket: only the home and the old owner learn it */
+				e = ferry__pend_add(
+					&t->pend, key, slot, land,
+					ferry__auth_tag32(fy->move_key,
+							  atomic_fetch_add(&fy->move_seq, 1)));
 				if (!e) {
 					ferry__inbox_put(t, land);
 					ferry__arena_free(&t->arena, slot);
 				} else {
-					/* only the home and the old owner learn it */
-					e->ticket = ferry__auth_tag32(
-						fy->move_key, atomic_fetch_add(&fy->move_seq, 1));
 					lands[nmoves] = land;
 					moves[nmoves++] = (struct reloc_item){
 						.key = key, .slot = slot, .ticket = e->ticket
@@ -513,10 +518,7 @@ static void reloc_restore(struct ferry *fy, struct ferry_table *t, struct ferry_
  * only then; the requester frees the entries when the message arrives.
  */
 struct reloc_wentry {
-	uint64_t key;
-	uint32_t rslot;	  /* the requester's slot */
-	uint32_t landing; /* and landing entry */
-	uint32_t ticket;  /* and tag of the move */
+	struct ferry_msg_mv mv; /* as the requester sent it: its slot, entry, ticket */
 	struct ferry_slot *s;
 };
 
@@ -543,7 +545,7 @@ static void reloc_wbatch_put(struct ferry *fy, struct reloc_wbatch *wb)
 	for (uint32_t i = 0; i < wb->n; i++) {
 		const struct reloc_wentry *e = &wb->e[i];
 
-		reloc_batch_add(fy, t, &b, e->key, e->rslot, e->landing, e->ticket, e->s,
+		reloc_batch_add(fy, t, &b, e->mv.key, e->mv.slot, e->mv.landing, e->mv.ticket, e->s,
 				wb->failed);
 	}
 	if (wb->failed) {
@@ -573,14 +575,14 @@ static void reloc_wbatch_post(struct ferry *fy, struct reloc_wbatch *wb)
 	wb->pending = (int)wb->n + 1;
 	for (uint32_t i = 0; i < wb->n; i++) {
 		struct reloc_wentry *e = &wb->e[i];
-		uint32_t len = ferry__value_len(t, e->key);
+		uint32_t len = ferry__value_len(t, e->mv.key);
 		int rc;
 
 		/* every write completes with the batch as its context */
 		rc = fy->tp->ops->write(fy->tp, wb->requester, e->s->val,
 					ferry__ops_chunk_mr(t, ferry__arena_idx(&t->arena, e->s)),
-					ar->inbox_addr + (uint64_t)e->landing * ar->inbox_stride,
-					ar->inbox_rkey, len * sizeof(float), wb);
+					ar->inbox_addr + (uint64_t)e->mv.landing * ar->inbox_stride,
+					t->inbox_grant[wb->requester], len * sizeof(float), wb);
 		if (rc) {
 			__atomic_store_n(&wb->failed, 1, __ATOMIC_RELAXED);
 			reloc_wbatch_put(fy, wb);
@@ -606,7 +608,9 @@ static void reloc_on_handover_req(struct ferry *fy, struct ferry_table *t, uint3
 	}
 	reloc_batch_init(&b, FERRY_MSG_HANDOVER, m->requester, m->requester);
 
-	if (ferry__table_onesided(t) && fy->tp->ops->write && m->requester != fy->rank)
+	/* only into our region of its inbox, once it granted it (inbox.c) */
+	if (ferry__table_onesided(t) && fy->tp->ops->write && m->requester != fy->rank &&
+	    t->inbox_grant[m->requester])
 		nland = t->peer_arena[m->requester].inbox_entries;
 	if (nland) {
 		wb = calloc(1, sizeof(*wb) + v->count * sizeof(wb->e[0]));
@@ -627,7 +631,12 @@ static void reloc_on_handover_req(struct ferry *fy, struct ferry_table *t, uint3
 				  src, (unsigned long long)mv->key);
 			continue;
 		}
-		if (onesided && mv->landing >= nland) {
+		if (onesided && mv->landing < nland &&
+		    !ferry__reloc_inbox_writable(t, m->requester, nland, mv->landing)) {
+			/* reserved for another node (the requester expected the key
+			 * elsewhere): ours is only our region */
+			onesided = false;
+		} else if (onesided && mv->landing >= nland) {
 			/* a bad index costs the speed of this hand-over, never a value */
 			if (!atomic_exchange(&t->inbox.bad_index_logged, true))
 				ferry_err("reloc: table %u: rank %u named landing entry %u of rank "
@@ -648,11 +657,7 @@ static void reloc_on_handover_req(struct ferry *fy, struct ferry_table *t, uint3
 			pthread_mutex_unlock(&t->pend.lock);
 			if (onesided) {
 				reloc_take(fy, t, s, mv->key, m->requester, 1);
-				wb->e[wb->n++] = (struct reloc_wentry){ .key = mv->key,
-									.rslot = mv->slot,
-									.landing = mv->landing,
-									.ticket = mv->ticket,
-									.s = s };
+				wb->e[wb->n++] = (struct reloc_wentry){ .mv = *mv, .s = s };
 			} else {
 				reloc_give(fy, t, s, mv->key, mv->slot, mv->landing, mv->ticket, 1,
 					   &b);
@@ -785,12 +790,9 @@ static void reloc_on_handover(struct ferry *fy, struct ferry_table *t, uint32_t 
 		if (!e || e->slot != mv->slot || e->ticket != mv->ticket) {
 			pthread_mutex_unlock(&t->pend.lock);
 			ferry_err("reloc: rank %u handed over key %llu, which this node does not "
-				  "expect%s (slot %u); value dropped, the move goes on",
-				  src, (unsigned long long)mv->key,
-				  e && e->slot == mv->slot ? " with that ticket: a forgery, or a "
-							     "stale move" :
-							     "",
-				  mv->slot);
+				  "expect (slot %u, ticket %#x: a forgery, or a stale move); value "
+				  "dropped",
+				  src, (unsigned long long)mv->key, mv->slot, mv->ticket);
 			val += mv->len;
 			continue;
 		}
@@ -837,12 +839,11 @@ static void reloc_on_ack(struct ferry *fy, struct ferry_table *t, uint32_t src,
 
 		pthread_mutex_lock(&t->pend.lock);
 		e = ferry__pend_find(&t->pend, mv->key);
-		if (e && e->slot == mv->slot && e->ticket != mv->ticket) {
-			ferry_err("reloc: rank %u acknowledged a move of key %llu with a ticket "
-				  "this node did not give; ignored",
+		if (e && e->slot == mv->slot && e->ticket != mv->ticket)
+			ferry_err("reloc: rank %u acknowledged a move of key %llu with another "
+				  "ticket; ignored",
 				  src, (unsigned long long)mv->key);
-			e = NULL;
-		} else if (e && e->slot == mv->slot) {
+		if (e && e->slot == mv->slot && e->ticket == mv->ticket) {
 			ferry__pend_del(&t->pend, e);
 			/* nobody was asked to write it */
 			ferry__inbox_put(t, e->landing);

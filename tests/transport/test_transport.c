@@ -2016,6 +2016,116 @@ TP_TEST(a_one_sided_access_error_completes_with_eacces)
 	cluster_down(nodes, 3);
 }
 
+/*
+ * Least privilege (issue 16, item 3): two regions of one buffer registered
+ * on their own for remote writes, as a landing inbox's per-peer regions are
+ * (lib/reloc/inbox.c). Each key writes its own region; the first region's
+ * key at an address of the second fails with -EACCES and changes nothing,
+ * on the NIC (rxe in the SoftRoCE guest) as in the loop transport.
+ */
+TP_TEST(a_write_outside_its_registration_fails)
+{
+	const struct ferry_tp_ops *ops = tp_get(*tpi);
+	enum {
+		LEN = 4096
+	};
+	struct rdma_slot wr = { 0 };
+	struct ferry_tp_mr *ma, *mb;
+	struct tbuf local;
+	struct tnode nodes[3];
+	uint8_t *mem;
+	bool lost;
+
+	tp_require_onesided(ops);
+	cluster_up(nodes, ops, 3, 0);
+	mem = aligned_alloc(4096, 2 * LEN);
+	ma = calloc(1, ops->mr_size);
+	mb = calloc(1, ops->mr_size);
+	cr_assert(mem && ma && mb);
+	memset(mem, 0, 2 * LEN);
+	cr_assert_eq(ops->mem_reg(nodes[1].tp, mem, LEN, FERRY_TP_ACCESS_REMOTE_WRITE, ma), 0);
+	cr_assert_eq(ops->mem_reg(nodes[1].tp, mem + LEN, LEN, FERRY_TP_ACCESS_REMOTE_WRITE, mb),
+		     0);
+	cr_assert_neq(ma->rkey, mb->rkey);
+	tbuf_reg(&nodes[0], &local, LEN, 0);
+
+	/* each key, its own region, whole */
+	memset(local.mem, 0x11, LEN);
+	cr_assert_eq(ops->write(nodes[0].tp, 1, local.mem, local.mr, (uintptr_t)mem, ma->rkey, LEN,
+				&wr),
+		     0);
+	cr_assert(WAIT_FOR(&nodes[0], wr.done == 1, WAIT_MS), "the write never completed");
+	cr_expect_eq(wr.status, 0, "a write into its region: %s", ferry_strerror(wr.status));
+	memset(local.mem, 0x22, LEN);
+	cr_assert_eq(ops->write(nodes[0].tp, 1, local.mem, local.mr, (uintptr_t)mem + LEN, mb->rkey,
+				LEN, &wr),
+		     0);
+	cr_assert(WAIT_FOR(&nodes[0], wr.done == 2, WAIT_MS), "the write never completed");
+	cr_expect_eq(wr.status, 0);
+	cr_expect(mem[0] == 0x11 && mem[LEN - 1] == 0x11 && mem[LEN] == 0x22 &&
+			  mem[2 * LEN - 1] == 0x22,
+		  "the writes did not land");
+
+	/* the first key, across the boundary into the second region: refused */
+	memset(local.mem, 0x33, LEN);
+	cr_assert_eq(ops->write(nodes[0].tp, 1, local.mem, local.mr, (uintptr_t)mem + LEN / 2,
+				ma->rkey, LEN, &wr),
+		     0);
+	cr_assert(WAIT_FOR(&nodes[0], wr.done == 3, WAIT_MS), "the write never completed");
+	cr_expect_eq(wr.status, -EACCES, "status %s, want %s", ferry_strerror(wr.status),
+		     ferry_strerror(-EACCES));
+	for (size_t i = LEN; i < 2 * LEN; i++)
+		if (mem[i] != 0x22) {
+			cr_expect_fail("the refused write changed byte %zu of the other region", i);
+			break;
+		}
+	lost = WAIT_FOR(&nodes[0], nodes[0].failed[1] == 1, 2000);
+	if (!lost)
+		exchange(&nodes[0], &nodes[1], 20);
+	exchange(&nodes[0], &nodes[2], 20);
+	cr_expect_eq(LOCKED(&nodes[2], nodes[2].failed[0] + nodes[2].failed[1]), 0);
+	tbuf_dereg(&nodes[0], &local);
+	ops->mem_dereg(nodes[1].tp, ma);
+	ops->mem_dereg(nodes[1].tp, mb);
+	free(ma);
+	free(mb);
+	free(mem);
+	cluster_down(nodes, 3);
+}
+
+/* a registration's key is never one handed out before: a key a peer kept
+ * from a destroyed table opens nothing of a later one (transport/rdma/mr.c) */
+TP_TEST(registrations_never_repeat_an_rkey)
+{
+	const struct ferry_tp_ops *ops = tp_get(*tpi);
+	enum {
+		N = 300
+	};
+	static uint64_t keys[N];
+	struct tnode nodes[1];
+	struct ferry_tp_mr *mr;
+	void *mem;
+
+	tp_require_onesided(ops);
+	cr_assert_eq(tnode_init(&nodes[0], ops, 0, 1, cluster_id_for_test(), TIMEOUT_MS, 0), 0);
+	mem = aligned_alloc(4096, 4096);
+	mr = calloc(1, ops->mr_size);
+	cr_assert(mem && mr);
+	for (int i = 0; i < N; i++) {
+		cr_assert_eq(ops->mem_reg(nodes[0].tp, mem, 4096, FERRY_TP_ACCESS_REMOTE_WRITE, mr),
+			     0);
+		keys[i] = mr->rkey;
+		ops->mem_dereg(nodes[0].tp, mr);
+		for (int j = 0; j < i; j++)
+			cr_assert_neq(keys[j], keys[i],
+				      "registration %d got the rkey of %d (%#llx)", i, j,
+				      (unsigned long long)keys[i]);
+	}
+	free(mr);
+	free(mem);
+	tnode_fini(&nodes[0]);
+}
+
 /* ---- rdma_cm injection (rdma only) --------------------------------------- */
 
 #ifdef FERRY_HAVE_RDMA

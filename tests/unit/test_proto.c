@@ -1041,7 +1041,9 @@ Test(proto, chunk_announcements_are_checked)
 		{ 256, 14, "index" },
 		{ 0, 5, "slots" },
 		{ 0, 32, "slots" },
-		{ UINT32_MAX, 14, "index" },
+		{ FERRY_CHUNK_INBOX - 1, 14, "index" },
+		{ FERRY_CHUNK_INBOX, 0, NULL }, /* an inbox region's grant */
+		{ FERRY_CHUNK_INBOX, 14, "inbox grant" },
 	};
 
 	for (size_t i = 0; i < sizeof(c) / sizeof(c[0]); i++) {

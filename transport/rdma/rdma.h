@@ -138,6 +138,7 @@
 #define RDMA_IMM_CREDIT_ONLY (1u << 23)
 #define RDMA_REJ_MAGIC 0x4a525946u /* "FYRJ" */
 #define RDMA_CM_PDATA_MAX 96	   /* private data bytes we look at */
+#define RDMA_RKEY_HIST 4096	   /* rkeys remembered, so none is handed out twice */
 
 _Static_assert(sizeof(struct ferry_msg_hdr) == 16, "the wire header is 16 bytes");
 _Static_assert(sizeof(struct ferry_msg_hello) == 16, "the HELLO body is 16 bytes");
@@ -401,8 +402,13 @@ struct rdma_tp {
 	struct rdma_selfmsg *self_head;
 	struct rdma_selfmsg *self_tail;
 
-	pthread_mutex_t mr_lock; /* guards mrs */
+	pthread_mutex_t mr_lock; /* guards mrs and the rkey history */
 	struct rdma_mr *mrs;
+	/* the last RDMA_RKEY_HIST rkeys this transport handed out (a ring): a
+	 * new registration never repeats one (mr.c), so a key a peer kept from
+	 * a destroyed table opens nothing of a later one */
+	uint32_t rkey_hist[RDMA_RKEY_HIST];
+	uint32_t rkey_hist_n;
 
 	int closing;	  /* atomic: fini() asked the progress thread to stop */
 	int fail_pending; /* atomic: some peer is BROKEN */
