@@ -96,8 +96,10 @@ static void form(const char *const *tokens, int timeout_ms, int *rc)
 		a[i].p.world = RANKS;
 		a[i].p.rendezvous = rdv;
 		a[i].p.rendezvous_fd = i == 0 ? lfd : -1;
-		a[i].p.bind_addr = "127.0.0.1";
-		a[i].p.transport = FERRY_TRANSPORT_TCP;
+		/* FERRY_TRANSPORT=rdma FERRY_BIND_ADDR=10.77.0.1: the SoftRoCE guest */
+		a[i].p.bind_addr = getenv("FERRY_BIND_ADDR") ? NULL : "127.0.0.1";
+		a[i].p.transport = getenv("FERRY_TRANSPORT") ? FERRY_TRANSPORT_AUTO :
+							       FERRY_TRANSPORT_TCP;
 		a[i].p.timeout_ms = timeout_ms;
 		a[i].p.token = tokens[i];
 		a[i].fy = NULL;
