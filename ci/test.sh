@@ -254,10 +254,14 @@ else
 	# In the guest: the transport suite (tcp, loop and rdma cases), then every integration
 	# suite of the core again with the rdma transport (its nodes listen on the rxe address).
 	vm_args=(--build-dir build --timeout 900 --tests "${FERRY_VM_TESTS:-test_transport}")
-	for t in test_cluster test_procs test_onesided test_badinput test_death test_sparse test_coll; do
+	# test_auth and test_roles: the token at the rendezvous and on rdma_cm, forged role frames
+	for t in test_cluster test_procs test_onesided test_badinput test_death test_sparse test_coll \
+		test_auth test_roles; do
 		vm_args+=(--bin "build/tests/$t"
 			--cmd "FERRY_TRANSPORT=rdma FERRY_BIND_ADDR=10.77.0.1 $t --jobs 1")
 	done
+	# a cluster whose every connection proves a token, over rdma
+	vm_args+=(--cmd "FERRY_TRANSPORT=rdma FERRY_BIND_ADDR=10.77.0.1 FERRY_TOKEN=vm-token-of-32-random-characters test_cluster --jobs 1")
 	# the landing inbox over real RDMA WRITEs (its other cases need the loop transport)
 	vm_args+=(--bin build/tests/test_inbox
 		--cmd "FERRY_TRANSPORT=rdma FERRY_BIND_ADDR=10.77.0.1 test_inbox --jobs 1 --filter 'inbox/hand_overs_*'")

@@ -149,6 +149,13 @@ static void frames(void)
 		c->shift = 12;
 		c->rkey = 0x1234;
 		seed_frame("chunk", &f, FERRY_MSG_CHUNK, 1, 3);
+		/* a landing inbox region's grant (lib/reloc/inbox.c) */
+		ferry__frame_begin(&f);
+		c = ferry__frame_put(&f, sizeof(*c));
+		c->chunk = FERRY_CHUNK_INBOX;
+		c->shift = 0;
+		c->rkey = 0x5678;
+		seed_frame("chunk-inbox", &f, FERRY_MSG_CHUNK, 1, 3);
 	}
 	ferry__frame_begin(&f);
 	ferry__frame_put(&f, sizeof(struct ferry_msg_table));

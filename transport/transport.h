@@ -44,6 +44,7 @@
 #include <netinet/in.h>
 #include <sys/uio.h>
 
+#include "transport/base/auth.h"
 #include "transport/base/clock.h"
 #include "transport/base/frame.h"
 #include "transport/base/log.h"
@@ -114,6 +115,10 @@ struct ferry_tp_config {
 	int timeout_ms;	       /* bound on connection setup */
 	const struct ferry_tp_handler *handler;
 	void *core; /* first argument of every handler */
+	/* the cluster token's key (transport/base/auth.h): when auth is set,
+	 * every connection opens with its proof, both ways, before its HELLO */
+	int auth;
+	uint8_t auth_key[FERRY_AUTH_KEY_LEN];
 };
 
 struct ferry_tp_mr {

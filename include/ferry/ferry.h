@@ -110,6 +110,12 @@ struct ferry_params {
 	 * use) fails with -ENOMEM and the node goes on. 0: FERRY_MEM_LIMIT, or
 	 * none */
 	uint64_t mem_limit;
+	/* the cluster's shared secret, any bytes up to a NUL: every connection
+	 * (the rendezvous, each transport link) proves it without sending it,
+	 * and one that cannot is refused. NULL: FERRY_TOKEN, then the first
+	 * line of the file FERRY_TOKEN_FILE names, else none (anyone who can
+	 * reach the ports may join: docs/security.md) */
+	const char *token;
 };
 
 /**

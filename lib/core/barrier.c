@@ -22,12 +22,16 @@ static void barrier_on_msg(struct ferry *fy, struct ferry_table *t, uint32_t src
 	const uint8_t type = v->hdr->type;
 
 	pthread_mutex_lock(&fy->lock);
-	if (type == FERRY_MSG_BARRIER && fy->rank == 0) {
+	if (type == FERRY_MSG_BARRIER && fy->rank == 0 && b->gen != fy->barrier_arrived[src]) {
+		/* a node enters barriers one after the other, and its frames keep order */
+		ferry_warn("barrier: rank %u entered barrier %llu, but its next is %llu; ignored",
+			   src, (unsigned long long)b->gen,
+			   (unsigned long long)fy->barrier_arrived[src]);
+	} else if (type == FERRY_MSG_BARRIER && fy->rank == 0) {
 		uint64_t gen;
 		uint32_t r;
 
-		if (b->gen + 1 > fy->barrier_arrived[src])
-			fy->barrier_arrived[src] = b->gen + 1;
+		fy->barrier_arrived[src] = b->gen + 1;
 		/* release every generation that all ranks have entered */
 		for (;;) {
 			gen = fy->barrier_released;
@@ -65,6 +69,10 @@ static void barrier_on_msg(struct ferry *fy, struct ferry_table *t, uint32_t src
 		if (!fy->barrier_broken)
 			fy->barrier_broken = (b->rank < fy->world ? b->rank : 0) + 1;
 		pthread_cond_broadcast(&fy->cond);
+	} else if (type == FERRY_MSG_BARRIER_REL && src == 0 && b->gen >= fy->barrier_gen) {
+		ferry_warn("barrier: rank 0 released barrier %llu, which this node has not "
+			   "entered (it entered %llu); ignored",
+			   (unsigned long long)b->gen, (unsigned long long)fy->barrier_gen);
 	} else if (type == FERRY_MSG_BARRIER_REL && src == 0) {
 		if (b->gen + 1 > fy->barrier_released)
 			fy->barrier_released = b->gen + 1;

@@ -9,12 +9,14 @@
  *     | <--- BS_LIST {status, cluster id,     | or time out, naming the
  *     |       missing ranks, world addresses} | ranks that never came
  *
- * Anyone who reaches the port may connect (there is no authentication yet:
- * docs/security.md), so rank 0 never waits on one connection: it polls the
- * listener and every connection still to introduce itself at once, each
- * with BS_HELLO_MS to send its whole hello, and bounds how many wait (see
- * struct bs_pending). The messages are checked by pure functions
- * (ferry__bs_*_parse) that the fuzz targets call too.
+ * With a cluster token (FERRY_TOKEN), every connection first proves it,
+ * both ways (transport/base/auth.h), before rank 0 reads a hello or the node
+ * an address list; rank 0 refuses one that cannot, naming its address. Anyone
+ * who reaches the port may still connect, so rank 0 never waits on one
+ * connection: it polls the listener and every connection still to introduce
+ * itself at once, each with BS_HELLO_MS for its proof and its whole hello,
+ * and bounds how many wait (see struct bs_pending). The messages are checked
+ * by pure functions (ferry__bs_*_parse) that the fuzz targets call too.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -79,6 +81,39 @@ static int bs_io(int fd, void *buf, size_t len, int64_t deadline, int out)
 		len -= (size_t)n;
 	}
 	return 0;
+}
+
+/*
+ * bs_auth_dial - prove the token to rank 0 and check its proof, on a
+ * connection we opened (a joining node, or rank 0's probe)
+ * Return: 0; -EACCES with @why; -ETIMEDOUT; -ECONNRESET (rank 0 closed).
+ */
+static int bs_auth_dial(const struct ferry_config *c, int fd, int64_t deadline, char *why,
+			size_t wlen)
+{
+	struct ferry_auth_hs a;
+	int rc;
+
+	ferry__auth_hs_init(&a, c->auth_key, "bootstrap", FERRY_AUTH_DIALER, 0);
+	while ((rc = ferry__auth_hs_step(&a, fd)) == 0) {
+		struct pollfd pfd = {
+			.fd = fd, .events = POLLIN | (ferry__auth_hs_want_out(&a) ? POLLOUT : 0)
+		};
+		int64_t left = deadline - bs_now_ms();
+
+		if (left <= 0 || (poll(&pfd, 1, (int)left) < 0 && errno != EINTR))
+			return -ETIMEDOUT;
+	}
+	if (rc == 1)
+		return 0;
+	if (rc == -EACCES) {
+		snprintf(why, wlen, "%s", a.why);
+		return -EACCES;
+	}
+	snprintf(why, wlen,
+		 "it closed the connection instead of proving the token: was it started without "
+		 "FERRY_TOKEN, or with another one? (see its log)");
+	return -ECONNRESET;
 }
 
 /* @var names the setting that gave @host, for the message; NULL: none */
@@ -184,7 +219,10 @@ static int bs_probe_rank0(const struct ferry_config *c)
 
 	if (!bs_resolve(c->rdv_host, c->rdv_port, &sa, c->rdv_var)) {
 		fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		char why[200];
+
 		if (fd >= 0 && !connect(fd, (struct sockaddr *)&sa, sizeof(sa)) &&
+		    (!c->auth || !bs_auth_dial(c, fd, deadline, why, sizeof(why))) &&
 		    !bs_io(fd, &h, sizeof(h), deadline, 1) &&
 		    !bs_io(fd, &list, sizeof(list), deadline, 0) && list.magic == FERRY_BS_MAGIC)
 			ferry = 1;
@@ -304,7 +342,9 @@ struct bs_pending {
 	int fd;		 /* -1: a free slot */
 	uint32_t source; /* IPv4 address, network order */
 	int64_t until;	 /* closed then if still silent */
+	int authed;	 /* it proved the token (or there is none) */
 	size_t off;	 /* bytes of the hello in */
+	struct ferry_auth_hs auth;
 	struct ferry_bs_hello h;
 };
 
@@ -364,6 +404,30 @@ static struct bs_pending *bs_pending_slot(struct bs_server *s, uint32_t source)
 	return oldest;
 }
 
+/* the token proof of @p is in: 1 passed, 0 not yet, -1 closed (refused: logged) */
+static int bs_pending_auth(struct bs_server *s, struct bs_pending *p)
+{
+	int rc = ferry__auth_hs_step(&p->auth, p->fd);
+	struct in_addr a = { .s_addr = p->source };
+	char who[INET_ADDRSTRLEN];
+
+	if (rc == 1) {
+		p->authed = 1;
+		return 1;
+	}
+	if (!rc)
+		return 0;
+	if (rc == -EACCES) {
+		inet_ntop(AF_INET, &a, who, sizeof(who));
+		ferry_warn("bootstrap: refused a rendezvous connection from %s: %s", who,
+			   p->auth.why);
+		bs_pending_close(s, p, 0);
+	} else {
+		bs_pending_close(s, p, 1);
+	}
+	return -1;
+}
+
 static void bs_accept(struct bs_server *s, int lfd)
 {
 	struct sockaddr_in sa = { 0 };
@@ -382,15 +446,24 @@ static void bs_accept(struct bs_server *s, int lfd)
 	p->source = sa.sin_addr.s_addr;
 	p->until = bs_now_ms() + BS_HELLO_MS;
 	p->off = 0;
+	p->authed = !s->c->auth;
+	if (s->c->auth) {
+		/* our nonce goes out now; the rest when the node answers */
+		ferry__auth_hs_init(&p->auth, s->c->auth_key, "bootstrap", FERRY_AUTH_ACCEPTOR, 0);
+		bs_pending_auth(s, p);
+	}
 }
 
 /* @p's socket is readable: take what it sent; a whole hello joins or is refused */
 static void bs_pending_input(struct bs_server *s, struct bs_pending *p, int64_t deadline)
 {
-	ssize_t n = recv(p->fd, (uint8_t *)&p->h + p->off, sizeof(p->h) - p->off, 0);
 	struct ferry_bs_hello h;
+	ssize_t n;
 	int rc;
 
+	if (!p->authed && bs_pending_auth(s, p) <= 0)
+		return;
+	n = recv(p->fd, (uint8_t *)&p->h + p->off, sizeof(p->h) - p->off, 0);
 	if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK))
 		return;
 	if (n <= 0) {
@@ -398,6 +471,18 @@ static void bs_pending_input(struct bs_server *s, struct bs_pending *p, int64_t 
 		return;
 	}
 	p->off += (size_t)n;
+	if (!s->c->auth && ferry__auth_looks_like(&p->h, p->off)) {
+		struct in_addr a = { .s_addr = p->source };
+		char who[INET_ADDRSTRLEN];
+
+		inet_ntop(AF_INET, &a, who, sizeof(who));
+		ferry_warn("bootstrap: refused a rendezvous connection from %s: it opens with a "
+			   "token proof, and this rank 0 has no token; give every node the same "
+			   "FERRY_TOKEN",
+			   who);
+		bs_pending_close(s, p, 0);
+		return;
+	}
 	if (p->off < sizeof(p->h))
 		return;
 	rc = ferry__bs_hello_parse(&p->h, sizeof(p->h), s->world, &h);
@@ -450,7 +535,13 @@ static void bs_gather(struct bs_server *s, int lfd, int64_t deadline)
 			}
 			if (p->until < wake)
 				wake = p->until;
-			pfd[n] = (struct pollfd){ .fd = p->fd, .events = POLLIN };
+			pfd[n] = (struct pollfd){
+				.fd = p->fd,
+				.events = POLLIN |
+					  (!p->authed && ferry__auth_hs_want_out(&p->auth) ?
+						   POLLOUT :
+						   0),
+			};
 			idx[n++] = i;
 		}
 		rc = poll(pfd, (nfds_t)n, (int)(wake - now));
@@ -574,7 +665,7 @@ static int bs_join(const struct ferry_config *c, const struct ferry_addr *mine,
 {
 	int64_t deadline = bs_now_ms() + c->timeout_ms;
 	struct ferry_bs_hello h = { .magic = FERRY_BS_MAGIC, .version = FERRY_BS_VERSION };
-	struct ferry_bs_list raw, list;
+	struct ferry_bs_list raw = { 0 }, list;
 	struct sockaddr_in sa;
 	int fd = -1, rc, one = 1;
 	char why[512];
@@ -600,12 +691,33 @@ static int bs_join(const struct ferry_config *c, const struct ferry_addr *mine,
 		usleep(20000);
 	}
 	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	if (c->auth) {
+		rc = bs_auth_dial(c, fd, deadline, why, sizeof(why));
+		if (rc) {
+			ferry_err(
+				"bootstrap: rank %d: rank 0 at %s:%d %s: %s; start every node with "
+				"the same FERRY_TOKEN (this one's came from %s)",
+				c->rank, c->rdv_host, c->rdv_port,
+				rc == -ETIMEDOUT ? "did not prove the token in time" : "is refused",
+				rc == -ETIMEDOUT ? "see its log" : why, c->auth_src);
+			close(fd);
+			return rc == -ETIMEDOUT ? -ETIMEDOUT : -EACCES;
+		}
+	}
 	h.rank = (uint32_t)c->rank;
 	h.world = (uint32_t)c->world;
 	h.addr = *mine;
 	rc = bs_io(fd, &h, sizeof(h), deadline, 1);
 	if (!rc)
 		rc = bs_io(fd, &raw, sizeof(raw), deadline + 2000, 0);
+	if (rc && !c->auth && ferry__auth_looks_like(&raw, sizeof(raw))) {
+		ferry_err("bootstrap: rank %d: rank 0 at %s:%d asks for a token proof: it was "
+			  "started with FERRY_TOKEN and this node without; give every node the "
+			  "same token",
+			  c->rank, c->rdv_host, c->rdv_port);
+		close(fd);
+		return -EACCES;
+	}
 	if (rc) {
 		ferry_err("bootstrap: rank %d got no address list from rank 0 at %s:%d (%s); "
 			  "see rank 0's log",
@@ -614,6 +726,14 @@ static int bs_join(const struct ferry_config *c, const struct ferry_addr *mine,
 		return rc == -ECONNRESET ? -FERRY_E_PEER : -ETIMEDOUT;
 	}
 	rc = ferry__bs_list_parse(c, &raw, sizeof(raw), &list, why, sizeof(why));
+	if (rc && !c->auth && ferry__auth_looks_like(&raw, sizeof(raw))) {
+		ferry_err("bootstrap: rank %d: rank 0 at %s:%d asks for a token proof: it was "
+			  "started with FERRY_TOKEN and this node without; give every node the "
+			  "same token",
+			  c->rank, c->rdv_host, c->rdv_port);
+		close(fd);
+		return -EACCES;
+	}
 	if (rc) {
 		ferry_err("%s", why);
 		close(fd);

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 
 #include "lib/core/config.h"
 #include "lib/core/netif.h"
@@ -31,6 +32,9 @@ const struct ferry_option ferry__options[] = {
 	{ "FERRY_BUSY_POLL", "busy_poll", "0", "1: spin instead of sleeping (lower latency)" },
 	{ "FERRY_MEM_LIMIT", "mem_limit", "none",
 	  "bytes of table values a node may hold (K, M, G suffixes); past it: ENOMEM" },
+	{ "FERRY_TOKEN", "token", "none",
+	  "the cluster's shared secret: every connection proves it; none: anyone may join" },
+	{ "FERRY_TOKEN_FILE", "-", "none", "a file whose first line is the token (keep it 0600)" },
 	{ "FERRY_RECONNECT_MS", "-", "1000",
 	  "tcp: bound on re-establishing a broken link; 0: it fails the peer" },
 	{ "FERRY_LOG_LEVEL", "ferry_log_set()", "warn", "none, error, warn, info, debug" },
@@ -49,6 +53,94 @@ const struct ferry_option ferry__options[] = {
 	  "GID index for RoCE" },
 	{ NULL, NULL, NULL, NULL },
 };
+
+#define CONFIG_TOKEN_MAX 4096 /* bytes of a token */
+#define CONFIG_TOKEN_SHORT 16 /* fewer can be guessed from a recorded handshake */
+
+/* the first line of @path into @buf; Return: its length, or -EINVAL logged */
+static int config_token_file(const char *path, char *buf, size_t len)
+{
+	struct stat st;
+	size_t n;
+	FILE *f;
+
+	f = fopen(path, "re");
+	if (!f) {
+		ferry_err("config: cannot read FERRY_TOKEN_FILE=%s: %s; fix the path or its "
+			  "permissions",
+			  path, strerror(errno));
+		return -EINVAL;
+	}
+	if (!fstat(fileno(f), &st) && (st.st_mode & 077))
+		ferry_warn("config: the token file %s can be read by other users (mode %03o); "
+			   "chmod 600 it",
+			   path, (unsigned)(st.st_mode & 0777));
+	n = fread(buf, 1, len - 1, f);
+	fclose(f);
+	buf[n] = '\0';
+	buf[strcspn(buf, "\r\n")] = '\0';
+	return (int)strlen(buf);
+}
+
+/* the token: params, FERRY_TOKEN, FERRY_TOKEN_FILE; 0 or -EINVAL logged */
+static int config_token(const struct ferry_params *params, struct ferry_config *c)
+{
+	const char *env = getenv("FERRY_TOKEN"), *file = getenv("FERRY_TOKEN_FILE");
+	char buf[CONFIG_TOKEN_MAX + 1];
+	const char *tok = NULL;
+	size_t len;
+	int rc;
+
+	if (params->token) {
+		tok = params->token;
+		c->auth_src = "the token parameter";
+	} else if (env && *env) {
+		if (file && *file) {
+			ferry_err("config: both FERRY_TOKEN and FERRY_TOKEN_FILE are set; unset "
+				  "one of them");
+			return -EINVAL;
+		}
+		tok = env;
+		c->auth_src = "FERRY_TOKEN";
+	} else if (file && *file) {
+		rc = config_token_file(file, buf, sizeof(buf));
+		if (rc < 0)
+			return rc;
+		tok = buf;
+		c->auth_src = "FERRY_TOKEN_FILE";
+	}
+	if (!tok) {
+		int rdv = c->rank == 0 && !c->use_pmix; /* this node serves the rendezvous */
+		int open_bind = strncmp(c->bind_addr, "127.", 4) != 0;
+		int open_rdv = rdv && strncmp(c->rdv_host, "127.", 4) &&
+			       strcmp(c->rdv_host, "localhost");
+
+		if (c->world > 1 && (open_bind || open_rdv))
+			ferry_warn(
+				"config: no cluster token: anyone who can reach %s:%d or this "
+				"node's transport port (%s) may join this cluster; set FERRY_TOKEN "
+				"(or FERRY_TOKEN_FILE) to the same secret on every node, e.g. the "
+				"output of `head -c 32 /dev/urandom | base64`",
+				c->rdv_host, c->rdv_port, c->bind_addr);
+		return 0;
+	}
+	len = strlen(tok);
+	if (!len || len > CONFIG_TOKEN_MAX) {
+		ferry_err("config: the token from %s is %s; give 1 to %d bytes", c->auth_src,
+			  len ? "too long" : "empty", CONFIG_TOKEN_MAX);
+		return -EINVAL;
+	}
+	if (len < CONFIG_TOKEN_SHORT)
+		ferry_warn("config: the token from %s has %zu bytes: an eavesdropper can try "
+			   "guesses against a recorded handshake; use %d or more random ones",
+			   c->auth_src, len, CONFIG_TOKEN_SHORT * 2);
+	rc = ferry__auth_key_from_token(tok, len, c->auth_key);
+	ferry__auth_wipe(buf, sizeof(buf));
+	if (rc)
+		return rc;
+	c->auth = 1;
+	return 0;
+}
 
 void ferry_params_init(struct ferry_params *p)
 {
@@ -299,6 +391,9 @@ int ferry__config_resolve(const struct ferry_params *params, struct ferry_config
 		}
 		c->mem_limit = lim;
 	}
+	rc = config_token(params, c);
+	if (rc)
+		return rc;
 	if (c->use_pmix)
 		ferry_info("config: rank %d of %d (from %s), addresses through PMIx (no "
 			   "rendezvous given)",

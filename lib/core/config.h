@@ -4,6 +4,7 @@
 #define FERRY_LIB_CONFIG_H
 
 #include "ferry/ferry.h"
+#include "transport/base/auth.h"
 
 struct ferry_config {
 	int rank;
@@ -22,6 +23,9 @@ struct ferry_config {
 	const char *rdv_src;  /* where the rendezvous came from */
 	const char *rdv_var;  /* the variable to fix when it is wrong */
 	int use_pmix;	      /* no rendezvous: exchange addresses through PMIx (pmix.c) */
+	int auth;	      /* a token was given: auth_key is its key */
+	uint8_t auth_key[FERRY_AUTH_KEY_LEN];
+	const char *auth_src; /* where the token came from */
 };
 
 /* one row of the options table that README and ferry-info print */

@@ -84,18 +84,23 @@ struct ferry_msg_handler {
 /*
  * The landing inbox (lib/reloc/inbox.c): entries a peer RDMA WRITEs a handed-over value
  * into, registered for remote writes only, so that the arena needs no remote
- * write access. The requester reserves an entry with the slot when it starts
- * a localize and frees it when the key is installed (or the home says it is
- * ours already). Free list and busy marks under table.pend.lock.
+ * write access. One region of @k entries per peer, each its own registration
+ * whose rkey only that peer receives (a CHUNK frame to it alone), so a peer
+ * can write only its own region. The requester reserves an entry, in the
+ * region of the node it expects to hand the key over, with the slot when it
+ * starts a localize and frees it when the key is installed (or the home says
+ * it is ours already). Free lists and busy marks under table.pend.lock.
  */
 struct ferry_inbox {
 	uint8_t *base; /* NULL: no inbox, hand-overs to this node go by message */
 	size_t bytes;
-	uint32_t n;	 /* entries */
-	uint32_t stride; /* bytes per entry, a multiple of 64 */
-	struct ferry_tp_mr *mr;
-	uint32_t *free; /* stack of free entries (pend.lock) */
-	uint32_t nfree;
+	uint32_t n;			      /* entries: k per peer, world - 1 regions */
+	uint32_t k;			      /* entries per region */
+	uint32_t stride;		      /* bytes per entry, a multiple of 64 */
+	struct ferry_tp_mr **mrs;	      /* per region (world - 1) */
+	uint32_t *free;			      /* per region r, a stack at free[r * k] (pend.lock) */
+	uint32_t *nfree_r;		      /* per region: entries on its stack */
+	uint32_t nfree;			      /* in all */
 	uint8_t *busy;			      /* per entry: 1 while reserved (pend.lock) */
 	atomic_uint_fast64_t onesided;	      /* values received through it */
 	atomic_uint_fast64_t write_fallbacks; /* old owner: batches sent by message after a
@@ -133,7 +138,9 @@ struct ferry_table {
 	struct ferry_inbox inbox;
 	struct ferry_msg_arena *peer_arena; /* one-sided transports: every rank's arena
 					     * and landing inbox */
-	bool onesided;			    /* one-sided access on: set (release) once peer_arena is
+	uint64_t *inbox_grant; /* per rank: the rkey of its inbox region for us, from its
+				* CHUNK frame; 0: none yet (progress thread) */
+	bool onesided;	       /* one-sided access on: set (release) once peer_arena is
 			* known, after the table is already served; read it with
 			* ferry__table_onesided() */
 
@@ -211,6 +218,10 @@ struct ferry {
 	int busy_poll;
 	struct ferry_tp *tp;
 	uint64_t cluster_id;
+	/* keys a move's ticket (struct ferry_msg_mv) is drawn with: random per
+	 * node (ferry__node_create), read-only afterwards */
+	uint8_t move_key[16];
+	atomic_uint_fast64_t move_seq; /* moves started: each ticket's input */
 	atomic_int refs;
 	atomic_bool closed;
 	atomic_int pollers;  /* threads inside ferry__node_poll(): close waits for them */

@@ -90,6 +90,8 @@ static void node_free(struct ferry *fy)
 {
 	if (fy->coll_free)
 		fy->coll_free(fy->coll);
+	if (fy->cfg)
+		ferry__auth_wipe(fy->cfg->auth_key, sizeof(fy->cfg->auth_key));
 	free(fy->cfg);
 	free(fy->tp);
 	free(fy->failed);
@@ -147,6 +149,7 @@ int ferry__node_create(const struct ferry_params *params, struct ferry **fy_p)
 	fy->rank = (uint32_t)c->rank;
 	fy->world = (uint32_t)c->world;
 	fy->timeout_ms = c->timeout_ms;
+	ferry__auth_random(fy->move_key, sizeof(fy->move_key));
 	fy->busy_poll = c->busy_poll;
 	fy->budget.limit = c->mem_limit;
 	atomic_init(&fy->refs, 1);
@@ -198,8 +201,11 @@ int ferry__node_start(struct ferry *fy, const struct ferry_tp_handler *handler)
 		.timeout_ms = c->timeout_ms,
 		.handler = handler,
 		.core = fy,
+		.auth = c->auth,
 	};
+	memcpy(tcfg.auth_key, c->auth_key, sizeof(tcfg.auth_key));
 	rc = ops->init(fy->tp, &tcfg);
+	ferry__auth_wipe(tcfg.auth_key, sizeof(tcfg.auth_key));
 	if (rc) {
 		ferry_err("transport: %s failed to start: %s", ops->name, ferry_strerror(rc));
 		goto err_free;
@@ -224,6 +230,7 @@ int ferry__node_start(struct ferry *fy, const struct ferry_tp_handler *handler)
 	free(addrs);
 	free(blobs);
 	free(lens);
+	ferry__auth_wipe(fy->cfg->auth_key, sizeof(fy->cfg->auth_key));
 	free(fy->cfg);
 	fy->cfg = NULL;
 	return 0;

@@ -174,8 +174,6 @@ static int proto_parse_move(uint8_t type, const uint8_t *p, size_t left,
 
 		if (lim->num_keys && m->key >= lim->num_keys)
 			PROTO_FAIL("move: key out of range");
-		if (m->pad)
-			PROTO_FAIL("move: padding not zero");
 		if (m->landing != FERRY_LANDING_NONE && m->landing >= FERRY_INBOX_MAX_ENTRIES)
 			PROTO_FAIL("move: landing entry out of range");
 		if (type == FERRY_MSG_HANDOVER_DONE && m->landing == FERRY_LANDING_NONE)
@@ -381,9 +379,12 @@ int ferry__proto_parse(const void *buf, size_t len, const struct ferry_proto_lim
 	case FERRY_MSG_CHUNK: {
 		const struct ferry_msg_chunk *m = view->body;
 
-		if (m->chunk >= FERRY_CHUNKS_MAX)
+		if (m->chunk == FERRY_CHUNK_INBOX) {
+			if (m->shift || !m->rkey)
+				PROTO_FAIL("chunk: an inbox grant with a shift, or without a key");
+		} else if (m->chunk >= FERRY_CHUNKS_MAX) {
 			PROTO_FAIL("chunk: index out of range");
-		if (m->shift < 6 || m->shift > 31)
+		} else if (m->shift < 6 || m->shift > 31)
 			PROTO_FAIL("chunk: slots per chunk out of range");
 		if (!proto_pad_ok(left, 0))
 			PROTO_FAIL("trailing bytes after the body");

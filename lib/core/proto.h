@@ -74,7 +74,10 @@ struct ferry_msg_mv {
 	uint32_t landing; /* the requester's landing entry for a one-sided
 			   * hand-over, or FERRY_LANDING_NONE; HANDOVER_DONE
 			   * names the entry written (never NONE) */
-	uint32_t pad;	  /* 0 */
+	uint32_t ticket;  /* the requester's tag of this move, unguessable: the home
+			   * passes it on in HANDOVER_REQ, the old owner and
+			   * the home echo it; the requester takes a HANDOVER,
+			   * HANDOVER_DONE or LOC_ACK only with its own */
 };
 
 /*
@@ -99,10 +102,15 @@ struct ferry_msg_barrier {
  * (slots [chunk << shift, (chunk + 1) << shift)) is readable with @rkey */
 #define FERRY_CHUNKS_MAX 256u /* = FERRY_ARENA_CHUNKS_MAX */
 struct ferry_msg_chunk {
-	uint32_t chunk; /* < FERRY_CHUNKS_MAX */
-	uint32_t shift; /* 6 .. 31, the same in every CHUNK of one sender and table */
+	uint32_t chunk; /* < FERRY_CHUNKS_MAX, or FERRY_CHUNK_INBOX */
+	uint32_t shift; /* 6 .. 31, the same in every CHUNK of one sender and table;
+			 * 0 with FERRY_CHUNK_INBOX */
 	uint64_t rkey;
 };
+
+/* a CHUNK of this index grants the receiver its region of the sender's
+ * landing inbox (lib/reloc/inbox.c): @rkey, sent to that receiver alone */
+#define FERRY_CHUNK_INBOX 0xffffffffu
 
 /*
  * FERRY_MSG_COLL: one segment of one step of a collective (lib/coll/), then

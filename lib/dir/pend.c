@@ -100,7 +100,7 @@ struct ferry_pend *ferry__pend_find(struct ferry_pend_table *pt, uint64_t key)
 }
 
 struct ferry_pend *ferry__pend_add(struct ferry_pend_table *pt, uint64_t key, uint32_t slot,
-				   uint32_t landing)
+				   uint32_t landing, uint32_t ticket)
 {
 	struct ferry_pend *e = calloc(1, sizeof(*e));
 
@@ -109,6 +109,7 @@ struct ferry_pend *ferry__pend_add(struct ferry_pend_table *pt, uint64_t key, ui
 	e->key = key;
 	e->slot = slot;
 	e->landing = landing;
+	e->ticket = ticket;
 	cds_lfht_node_init(&e->node);
 	/* the caller checked that @key has no entry, under pt->lock */
 	cds_lfht_add(pt->ht, ferry__hash64(key), &e->node);

@@ -44,6 +44,7 @@ struct ferry_pend_item {
 	struct ferry_msg_op op;		   /* FERRY_PEND_OP */
 	struct ferry_msg_key key;	   /* FERRY_PEND_OP */
 	uint32_t requester, slot, landing; /* FERRY_PEND_HANDOVER */
+	uint32_t ticket;		   /* FERRY_PEND_HANDOVER: the requester's */
 	float vals[];			   /* FERRY_PEND_OP push/set */
 };
 
@@ -58,6 +59,7 @@ struct ferry_pend {
 	uint64_t key;
 	uint32_t slot;			     /* the slot reserved for the value */
 	uint32_t landing;		     /* landing entry reserved, or FERRY_LANDING_NONE */
+	uint32_t ticket;		     /* the move's tag: its frames must echo it */
 	struct ferry_pend_item *head, *tail; /* arrived early, in order */
 	struct ferry_pend_waiter *waiters;   /* localize requests to wake */
 	uint32_t nqueued;		     /* items at head..tail: at most FERRY_PEND_QUEUE_MAX */
@@ -90,7 +92,7 @@ void ferry__pend_fini(struct ferry_pend_table *pt, void (*each)(void *arg, struc
 struct ferry_pend *ferry__pend_find(struct ferry_pend_table *pt, uint64_t key);
 /* a new entry for @key (which has none); NULL on -ENOMEM */
 struct ferry_pend *ferry__pend_add(struct ferry_pend_table *pt, uint64_t key, uint32_t slot,
-				   uint32_t landing);
+				   uint32_t landing, uint32_t ticket);
 /* unlink @e; it is the caller's to replay and free */
 void ferry__pend_del(struct ferry_pend_table *pt, struct ferry_pend *e);
 /* call @fn on every entry; pt->lock and rcu_read_lock held (@fn must not

@@ -127,6 +127,12 @@ static void ops_on_chunk(struct ferry *fy, struct ferry_table *t, uint32_t src,
 		ferry__node_peer_failed(fy, src);
 		return;
 	}
+	if (m->chunk == FERRY_CHUNK_INBOX) {
+		/* its inbox region for us (lib/reloc/inbox.c); a peer may renew it */
+		if (t->inbox_grant)
+			t->inbox_grant[src] = m->rkey;
+		return;
+	}
 	pc = &t->peer_chunks[src];
 	shift = __atomic_load_n(&pc->shift, __ATOMIC_RELAXED);
 	if (shift && shift != m->shift) {

@@ -36,19 +36,20 @@
  * A hand-over request that reaches a node still waiting is queued the same
  * way, so moves of one key happen in the order the home recorded them.
  *
- * Least access: the arena is registered for remote reads only (one-sided
- * pulls); no peer can write a slot. A one-sided hand-over lands in the
- * requester's landing inbox instead, a separate registration for remote
- * writes only, and the requester copies it into the slot itself. Entry L is
- * B's from the LOCALIZE until the key is installed (HANDOVER or
- * HANDOVER_DONE) or the home answers LOC_ACK: C sends either message only
- * after every write of its batch completed, so no write lands in L after B
- * freed it. A failed write makes C send the values by HANDOVER message; B
- * frees L all the same. A move that never ends (the home or C failed) keeps
- * its slot and L until the table is destroyed: B cannot tell whether a live
- * peer may still write L. With no free entry, B sends L = FERRY_LANDING_NONE
- * and C hands over by message; an index B never announced (L at or above
- * B's entry count) also makes C use the message, logged once.
+ * Least access: the arena is registered for remote reads only; no peer can
+ * write a slot. A one-sided hand-over lands in the requester's landing inbox
+ * (inbox.c: one region per peer, whose key only that peer has), and the
+ * requester copies it into the slot itself. Entry L, in the region of the
+ * node B expects to hand the key over, is B's from the LOCALIZE until the
+ * key is installed or the home answers LOC_ACK; another old owner finds L
+ * outside its region and sends the value by message. Every frame of a move
+ * carries B's ticket for it, and B takes only frames with it. C sends
+ * HANDOVER_DONE only after every write of its batch completed, so no write
+ * lands in L after B freed it; a failed write makes C send the values by
+ * message (B frees L all the same). A move that never ends (the home or C
+ * failed) keeps its slot and L until the table is destroyed. With no free
+ * entry, B sends L = FERRY_LANDING_NONE and C hands over by message; an
+ * index B never announced also makes C use the message, logged once.
  */
 #include <assert.h>
 #include <errno.h>
@@ -76,6 +77,7 @@
 struct reloc_item {
 	uint64_t key;
 	uint32_t slot;	      /* LOCALIZE: the slot reserved here */
+	uint32_t ticket;      /* LOCALIZE: the move's ticket */
 	struct ferry_slot *s; /* HANDOVER(_DONE): the slot the value left from */
 };
 
@@ -165,13 +167,14 @@ static int reloc_batch_end(struct ferry *fy, struct ferry_table *t, struct reloc
  * Add one move entry for @key. @s: the taken slot of a HANDOVER or
  * HANDOVER_DONE (settled after the send), else NULL; @with_value: copy the
  * slot's value into a HANDOVER; @slot: the requester's slot; @landing: its
- * landing entry, or FERRY_LANDING_NONE. A LOCALIZE entry is undone if its
+ * landing entry, or FERRY_LANDING_NONE; @ticket: the requester's tag of the
+ * move, passed on as it came. A LOCALIZE entry is undone if its
  * frame cannot go. Return: 0, or the failure of a frame sent to make room
  * (its keys were settled as reloc_batch_flush says).
  */
 static int reloc_batch_add(struct ferry *fy, struct ferry_table *t, struct reloc_batch *b,
-			   uint64_t key, uint32_t slot, uint32_t landing, struct ferry_slot *s,
-			   int with_value)
+			   uint64_t key, uint32_t slot, uint32_t landing, uint32_t ticket,
+			   struct ferry_slot *s, int with_value)
 {
 	uint32_t len = with_value ? ferry__value_len(t, key) : 0;
 	size_t need = sizeof(struct ferry_msg_mv) + (size_t)len * sizeof(float);
@@ -215,6 +218,7 @@ static int reloc_batch_add(struct ferry *fy, struct ferry_table *t, struct reloc
 		mv->slot = slot;
 		mv->len = len;
 		mv->landing = landing;
+		mv->ticket = ticket;
 	}
 	b->count++;
 	if (with_value) {
@@ -294,16 +298,24 @@ static int reloc_start(struct ferry_worker *w, struct ferry_table *t, struct fer
 				wt = NULL;
 				rc = arc;
 			} else {
-				uint32_t land = inbox ? ferry__inbox_get(t) : FERRY_LANDING_NONE;
+				/* in the region of the node expected to hand it over */
+				uint32_t land =
+					inbox ? ferry__inbox_get(t, ferry__loc_get(t, key)) :
+						FERRY_LANDING_NONE;
 
-				e = ferry__pend_add(&t->pend, key, slot, land);
+				/* the ticket: only the home and the old owner learn it */
+				e = ferry__pend_add(
+					&t->pend, key, slot, land,
+					ferry__auth_tag32(fy->move_key,
+							  atomic_fetch_add(&fy->move_seq, 1)));
 				if (!e) {
 					ferry__inbox_put(t, land);
 					ferry__arena_free(&t->arena, slot);
 				} else {
 					lands[nmoves] = land;
-					moves[nmoves++] =
-						(struct reloc_item){ .key = key, .slot = slot };
+					moves[nmoves++] = (struct reloc_item){
+						.key = key, .slot = slot, .ticket = e->ticket
+					};
 				}
 			}
 		}
@@ -336,7 +348,8 @@ static int reloc_start(struct ferry_worker *w, struct ferry_table *t, struct fer
 		 * home's to know: a move whose old owner fails waits out the
 		 * timeout) */
 		ferry__ops_req_dst(r, home);
-		reloc_batch_add(fy, t, &to[home], moves[i].key, moves[i].slot, lands[i], NULL, 0);
+		reloc_batch_add(fy, t, &to[home], moves[i].key, moves[i].slot, lands[i],
+				moves[i].ticket, NULL, 0);
 	}
 	for (uint32_t d = 0; d < fy->world; d++)
 		reloc_batch_end(fy, t, &to[d]);
@@ -414,7 +427,8 @@ static void reloc_on_localize(struct ferry *fy, struct ferry_table *t, uint32_t 
 		}
 		cur = ferry__owner(t, mv->key);
 		if (cur == src) {
-			reloc_batch_add(fy, t, &ack, mv->key, mv->slot, mv->landing, NULL, 0);
+			reloc_batch_add(fy, t, &ack, mv->key, mv->slot, mv->landing, mv->ticket,
+					NULL, 0);
 			continue;
 		}
 		if (ferry__dir_owner_set(&t->dir, mv->key, src)) {
@@ -425,7 +439,8 @@ static void reloc_on_localize(struct ferry *fy, struct ferry_table *t, uint32_t 
 				  src, (unsigned long long)mv->key, t->id, cur);
 			continue;
 		}
-		reloc_batch_add(fy, t, &to[cur], mv->key, mv->slot, mv->landing, NULL, 0);
+		reloc_batch_add(fy, t, &to[cur], mv->key, mv->slot, mv->landing, mv->ticket, NULL,
+				0);
 	}
 	reloc_batch_end(fy, t, &ack);
 	for (uint32_t d = 0; d < fy->world; d++)
@@ -467,10 +482,11 @@ static void reloc_take(struct ferry *fy, struct ferry_table *t, struct ferry_slo
 /* take a live slot out of service and hand its value over by message: the
  * slot is freed, or put back into service, once the frame's send is known */
 static void reloc_give(struct ferry *fy, struct ferry_table *t, struct ferry_slot *s, uint64_t key,
-		       uint32_t slot, uint32_t landing, int published, struct reloc_batch *b)
+		       uint32_t slot, uint32_t landing, uint32_t ticket, int published,
+		       struct reloc_batch *b)
 {
 	reloc_take(fy, t, s, key, b->requester, published);
-	reloc_batch_add(fy, t, b, key, slot, landing, s, 1);
+	reloc_batch_add(fy, t, b, key, slot, landing, ticket, s, 1);
 }
 
 /*
@@ -502,9 +518,7 @@ static void reloc_restore(struct ferry *fy, struct ferry_table *t, struct ferry_
  * only then; the requester frees the entries when the message arrives.
  */
 struct reloc_wentry {
-	uint64_t key;
-	uint32_t rslot;	  /* the requester's slot */
-	uint32_t landing; /* and landing entry */
+	struct ferry_msg_mv mv; /* as the requester sent it: its slot, entry, ticket */
 	struct ferry_slot *s;
 };
 
@@ -531,7 +545,8 @@ static void reloc_wbatch_put(struct ferry *fy, struct reloc_wbatch *wb)
 	for (uint32_t i = 0; i < wb->n; i++) {
 		const struct reloc_wentry *e = &wb->e[i];
 
-		reloc_batch_add(fy, t, &b, e->key, e->rslot, e->landing, e->s, wb->failed);
+		reloc_batch_add(fy, t, &b, e->mv.key, e->mv.slot, e->mv.landing, e->mv.ticket, e->s,
+				wb->failed);
 	}
 	if (wb->failed) {
 		atomic_fetch_add_explicit(&t->inbox.write_fallbacks, 1, memory_order_relaxed);
@@ -560,14 +575,14 @@ static void reloc_wbatch_post(struct ferry *fy, struct reloc_wbatch *wb)
 	wb->pending = (int)wb->n + 1;
 	for (uint32_t i = 0; i < wb->n; i++) {
 		struct reloc_wentry *e = &wb->e[i];
-		uint32_t len = ferry__value_len(t, e->key);
+		uint32_t len = ferry__value_len(t, e->mv.key);
 		int rc;
 
 		/* every write completes with the batch as its context */
 		rc = fy->tp->ops->write(fy->tp, wb->requester, e->s->val,
 					ferry__ops_chunk_mr(t, ferry__arena_idx(&t->arena, e->s)),
-					ar->inbox_addr + (uint64_t)e->landing * ar->inbox_stride,
-					ar->inbox_rkey, len * sizeof(float), wb);
+					ar->inbox_addr + (uint64_t)e->mv.landing * ar->inbox_stride,
+					t->inbox_grant[wb->requester], len * sizeof(float), wb);
 		if (rc) {
 			__atomic_store_n(&wb->failed, 1, __ATOMIC_RELAXED);
 			reloc_wbatch_put(fy, wb);
@@ -593,7 +608,9 @@ static void reloc_on_handover_req(struct ferry *fy, struct ferry_table *t, uint3
 	}
 	reloc_batch_init(&b, FERRY_MSG_HANDOVER, m->requester, m->requester);
 
-	if (ferry__table_onesided(t) && fy->tp->ops->write && m->requester != fy->rank)
+	/* only into our region of its inbox, once it granted it (inbox.c) */
+	if (ferry__table_onesided(t) && fy->tp->ops->write && m->requester != fy->rank &&
+	    t->inbox_grant[m->requester])
 		nland = t->peer_arena[m->requester].inbox_entries;
 	if (nland) {
 		wb = calloc(1, sizeof(*wb) + v->count * sizeof(wb->e[0]));
@@ -614,7 +631,12 @@ static void reloc_on_handover_req(struct ferry *fy, struct ferry_table *t, uint3
 				  src, (unsigned long long)mv->key);
 			continue;
 		}
-		if (onesided && mv->landing >= nland) {
+		if (onesided && mv->landing < nland &&
+		    !ferry__reloc_inbox_writable(t, m->requester, nland, mv->landing)) {
+			/* reserved for another node (the requester expected the key
+			 * elsewhere): ours is only our region */
+			onesided = false;
+		} else if (onesided && mv->landing >= nland) {
 			/* a bad index costs the speed of this hand-over, never a value */
 			if (!atomic_exchange(&t->inbox.bad_index_logged, true))
 				ferry_err("reloc: table %u: rank %u named landing entry %u of rank "
@@ -635,12 +657,10 @@ static void reloc_on_handover_req(struct ferry *fy, struct ferry_table *t, uint3
 			pthread_mutex_unlock(&t->pend.lock);
 			if (onesided) {
 				reloc_take(fy, t, s, mv->key, m->requester, 1);
-				wb->e[wb->n++] = (struct reloc_wentry){ .key = mv->key,
-									.rslot = mv->slot,
-									.landing = mv->landing,
-									.s = s };
+				wb->e[wb->n++] = (struct reloc_wentry){ .mv = *mv, .s = s };
 			} else {
-				reloc_give(fy, t, s, mv->key, mv->slot, mv->landing, 1, &b);
+				reloc_give(fy, t, s, mv->key, mv->slot, mv->landing, mv->ticket, 1,
+					   &b);
 			}
 			continue;
 		}
@@ -653,6 +673,7 @@ static void reloc_on_handover_req(struct ferry *fy, struct ferry_table *t, uint3
 				it->requester = m->requester;
 				it->slot = mv->slot;
 				it->landing = mv->landing;
+				it->ticket = mv->ticket;
 				ferry__pend_append(e, it);
 			} else {
 				ferry_err(
@@ -738,7 +759,7 @@ static void reloc_install(struct ferry *fy, struct ferry_table *t, struct ferry_
 			struct reloc_batch b;
 
 			reloc_batch_init(&b, FERRY_MSG_HANDOVER, it->requester, it->requester);
-			reloc_give(fy, t, s, e->key, it->slot, it->landing, 0, &b);
+			reloc_give(fy, t, s, e->key, it->slot, it->landing, it->ticket, 0, &b);
 			if (!reloc_batch_end(fy, t, &b))
 				owned = 0;
 		}
@@ -766,11 +787,12 @@ static void reloc_on_handover(struct ferry *fy, struct ferry_table *t, uint32_t 
 
 		pthread_mutex_lock(&t->pend.lock);
 		e = ferry__pend_find(&t->pend, mv->key);
-		if (!e || e->slot != mv->slot) {
+		if (!e || e->slot != mv->slot || e->ticket != mv->ticket) {
 			pthread_mutex_unlock(&t->pend.lock);
 			ferry_err("reloc: rank %u handed over key %llu, which this node does not "
-				  "expect (slot %u); value dropped",
-				  src, (unsigned long long)mv->key, mv->slot);
+				  "expect (slot %u, ticket %#x: a forgery, or a stale move); value "
+				  "dropped",
+				  src, (unsigned long long)mv->key, mv->slot, mv->ticket);
 			val += mv->len;
 			continue;
 		}
@@ -817,7 +839,11 @@ static void reloc_on_ack(struct ferry *fy, struct ferry_table *t, uint32_t src,
 
 		pthread_mutex_lock(&t->pend.lock);
 		e = ferry__pend_find(&t->pend, mv->key);
-		if (e && e->slot == mv->slot) {
+		if (e && e->slot == mv->slot && e->ticket != mv->ticket)
+			ferry_err("reloc: rank %u acknowledged a move of key %llu with another "
+				  "ticket; ignored",
+				  src, (unsigned long long)mv->key);
+		if (e && e->slot == mv->slot && e->ticket == mv->ticket) {
 			ferry__pend_del(&t->pend, e);
 			/* nobody was asked to write it */
 			ferry__inbox_put(t, e->landing);

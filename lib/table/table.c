@@ -296,6 +296,7 @@ static void table_free(struct ferry_table *t)
 		free(t->chunk_mr[c]);
 	}
 	free(t->peer_chunks);
+	free(t->inbox_grant);
 	ferry__arena_fini(&t->arena);
 	ferry__placement_fini(&t->place);
 	ferry__dir_fini(&t->dir);
@@ -414,7 +415,8 @@ static int table_build(struct ferry *fy, const struct ferry_table_params *p, str
 		t->arena.chunk_arg = t;
 		if (fy->tp->ops->caps & FERRY_TP_CAP_READ) {
 			t->peer_chunks = calloc(fy->world, sizeof(*t->peer_chunks));
-			if (!t->peer_chunks)
+			t->inbox_grant = calloc(fy->world, sizeof(*t->inbox_grant));
+			if (!t->peer_chunks || !t->inbox_grant)
 				return -ENOMEM;
 		}
 		rc = ferry__reloc_inbox_init(fy, t);
@@ -451,7 +453,7 @@ static int table_build(struct ferry *fy, const struct ferry_table_params *p, str
 		t->wire.arena_stride = t->arena.stride;
 		if (t->inbox.base) {
 			t->wire.inbox_addr = (uint64_t)(uintptr_t)t->inbox.base;
-			t->wire.inbox_rkey = t->inbox.mr->rkey;
+			t->wire.inbox_rkey = 0; /* a region's to each peer: inbox.c */
 			t->wire.inbox_entries = t->inbox.n;
 			t->wire.inbox_stride = t->inbox.stride;
 		}
@@ -665,6 +667,7 @@ int ferry_table_create(struct ferry *fy, const struct ferry_table_params *p,
 			table_check_inboxes(t);
 			/* the progress thread may serve this table already: publish last */
 			__atomic_store_n(&t->onesided, true, __ATOMIC_RELEASE);
+			ferry__reloc_inbox_grant(fy, t);
 		}
 	}
 	atomic_fetch_add(&fy->refs, 1);
@@ -750,6 +753,13 @@ static void table_on_free_msg(struct ferry *fy, struct ferry_table *unused, uint
 	pthread_mutex_lock(&fy->lock);
 	if (v->hdr->type == FERRY_MSG_TABLE_FREE && fy->rank == 0) {
 		table_freeing(fy, src, id);
+	} else if (v->hdr->type == FERRY_MSG_TABLE_FREE_ACK && src == 0 &&
+		   !(fy->tables[id] ? fy->tables[id]->dying : fy->table_inuse[id])) {
+		/* rank 0 acknowledges only what every live node destroyed: this
+		 * one has not (or the id is free), so the table stays */
+		ferry_warn("table: rank 0 says table %u was destroyed everywhere, but this node "
+			   "has not destroyed it; ignored",
+			   id);
 	} else if (v->hdr->type == FERRY_MSG_TABLE_FREE_ACK && src == 0) {
 		table_id_reset(fy, id);
 		fy->table_freed[id] = true;
@@ -882,7 +892,7 @@ int ferry_table_stats(struct ferry_table *t, struct ferry_table_stats *st)
 		.slots = t->arena.capacity,
 		.slot_bytes = t->arena.stride,
 		.registered_bytes = __atomic_load_n(&t->registered, __ATOMIC_RELAXED) +
-				    (t->inbox.mr ? t->inbox.bytes : 0),
+				    (t->inbox.base ? t->inbox.bytes : 0),
 	};
 	return 0;
 }

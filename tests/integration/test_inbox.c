@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/cluster.h"
 #include "lib/core/core.h"
@@ -104,6 +105,21 @@ static int probe_rw(struct ferry_tp *tp, struct probe *p, int write, uint32_t ds
 	return rc;
 }
 
+/* the rkey of its inbox region that rank @from granted @t's node (a CHUNK
+ * frame sent when the create succeeded), once it came */
+static uint64_t grant_wait(struct ferry_table *t, uint32_t from)
+{
+	uint64_t k = 0;
+
+	for (int i = 0; i < 500 && !k; i++) {
+		k = __atomic_load_n(&t->inbox_grant[from], __ATOMIC_RELAXED);
+		if (!k)
+			usleep(10000);
+	}
+	cr_assert_neq(k, 0, "rank %u granted no inbox region", from);
+	return k;
+}
+
 /*
  * Rank 1 of the cluster, as far as one-sided access goes: what rank 1 knows
  * of rank 0's memory is all a peer needs to reach it.
@@ -121,7 +137,7 @@ Test(inbox, a_peer_cannot_write_into_an_arena, .init = setup)
 	struct ferry_worker *w;
 	float buf[32], v[16];
 	uint64_t key = 0; /* home: rank 0, slot 0 */
-	uint64_t a0_rkey;
+	uint64_t a0_rkey, in_rkey;
 	uint32_t first, nslots;
 	struct tc c;
 	int rc;
@@ -135,7 +151,9 @@ Test(inbox, a_peer_cannot_write_into_an_arena, .init = setup)
 	cr_assert_neq(a0->inbox_entries, 0, "rank 0 announced no landing inbox");
 	cr_assert_eq(a0->inbox_addr, (uint64_t)(uintptr_t)t0->inbox.base);
 	cr_assert_not_null(t0->chunk_mr[0], "rank 0 registered no chunk of its arena");
-	cr_assert_neq(t0->chunk_mr[0]->rkey, a0->inbox_rkey);
+	cr_assert_eq(a0->inbox_rkey, 0, "an inbox key went to every rank");
+	in_rkey = grant_wait(c.t[1], 0);
+	cr_assert_neq(t0->chunk_mr[0]->rkey, in_rkey);
 
 	cfg = (struct ferry_tp_config){ .rank = 1,
 					.world = 2,
@@ -186,22 +204,21 @@ Test(inbox, a_peer_cannot_write_into_an_arena, .init = setup)
 		buf[i] = 100.0f + (float)i;
 	cr_assert_eq(probe_rw(ptp, &pr, 1, 0, buf, lmr,
 			      a0->inbox_addr + (uint64_t)(a0->inbox_entries - 1) * a0->inbox_stride,
-			      a0->inbox_rkey, a0->inbox_stride),
+			      in_rkey, a0->inbox_stride),
 		     0);
 	cr_assert_eq(memcmp(t0->inbox.base + (size_t)(a0->inbox_entries - 1) * a0->inbox_stride,
 			    buf, a0->inbox_stride),
 		     0, "the write into the inbox did not land");
-	cr_assert_eq(probe_rw(ptp, &pr, 0, 0, buf, lmr, a0->inbox_addr, a0->inbox_rkey, 64),
-		     -EACCES, "the inbox can be read remotely");
+	cr_assert_eq(probe_rw(ptp, &pr, 0, 0, buf, lmr, a0->inbox_addr, in_rkey, 64), -EACCES,
+		     "the inbox can be read remotely");
 	cr_assert_eq(probe_rw(ptp, &pr, 1, 0, buf, lmr,
 			      a0->inbox_addr + (uint64_t)a0->inbox_entries * a0->inbox_stride - 8,
-			      a0->inbox_rkey, 16),
+			      in_rkey, 16),
 		     -EACCES, "a write past the inbox's end was let through");
 	/* the inbox key does not open the arena */
-	cr_assert_eq(probe_rw(ptp, &pr, 1, 0, buf, lmr, a0->addr, a0->inbox_rkey, 64), -EACCES);
+	cr_assert_eq(probe_rw(ptp, &pr, 1, 0, buf, lmr, a0->addr, in_rkey, 64), -EACCES);
 	/* rank 0's keys name rank 0's memory only */
-	cr_assert_eq(probe_rw(ptp, &pr, 1, 1, buf, lmr, a0->inbox_addr, a0->inbox_rkey, 64),
-		     -EACCES);
+	cr_assert_eq(probe_rw(ptp, &pr, 1, 1, buf, lmr, a0->inbox_addr, in_rkey, 64), -EACCES);
 
 	/* and the node still works: pull key 0 from rank 1 */
 	cr_assert_eq(ferry_worker_create(c.fy[1], &w), 0);
@@ -332,6 +349,86 @@ static uint64_t inbox_fallbacks(struct tc *c)
 }
 
 /*
+ * Least privilege (issue 16, item 3): rank 0's inbox has one region per
+ * peer, each its own registration, and each peer got its own region's key
+ * alone. With rank 1's key, a write lands in rank 1's region and nowhere
+ * else: not in rank 2's region, not past the region's end; rank 2's key is
+ * another; nobody got rank 0's keys in the broadcast. (The loop transport
+ * checks accesses as a NIC does; the rxe check of the same bound is
+ * test_transport's a_write_outside_its_registration_fails.)
+ */
+Test(inbox, a_peer_writes_only_its_own_region_of_an_inbox, .init = setup)
+{
+	struct ferry_table_params tp = { .num_keys = 30, .value_len = 16 };
+	struct probe pr = { .lock = PTHREAD_MUTEX_INITIALIZER };
+	const struct ferry_msg_arena *a0;
+	struct ferry_tp_config cfg;
+	struct ferry_table *t0;
+	struct ferry_tp *ptp;
+	struct ferry_tp_mr *lmr;
+	uint64_t k1, k2, r1, r2;
+	uint32_t k, stride;
+	float buf[16];
+	struct tc c;
+
+	cr_assert_eq(tc_open(&c, 3, &tp, 20000), 0);
+	t0 = c.t[0];
+	a0 = &c.t[1]->peer_arena[0];
+	cr_assert_eq(a0->inbox_rkey, 0, "an inbox key went to every rank");
+	k1 = grant_wait(c.t[1], 0);
+	k2 = grant_wait(c.t[2], 0);
+	cr_assert_neq(k1, k2, "ranks 1 and 2 got the same key to rank 0's inbox");
+	k = t0->inbox.k;
+	stride = t0->inbox.stride;
+	cr_assert_eq(t0->inbox.n, 2 * k, "rank 0's inbox is not two regions");
+	cr_assert_eq(a0->inbox_entries, 2 * k);
+	r1 = a0->inbox_addr;			    /* region of rank 1: entries 0 .. k-1 */
+	r2 = a0->inbox_addr + (uint64_t)k * stride; /* of rank 2: k .. 2k-1 */
+
+	cfg = (struct ferry_tp_config){ .rank = 1,
+					.world = 3,
+					.cluster_id = c.fy[0]->cluster_id,
+					.bind_addr = "127.0.0.1",
+					.timeout_ms = 5000,
+					.handler = &probe_handler,
+					.core = &pr };
+	ptp = calloc(1, ferry__loop_ops.tp_size);
+	lmr = calloc(1, ferry__loop_ops.mr_size);
+	cr_assert(ptp && lmr);
+	ptp->ops = &ferry__loop_ops;
+	cr_assert_eq(ferry__loop_ops.init(ptp, &cfg), 0);
+	cr_assert_eq(ferry__loop_ops.mem_reg(ptp, buf, sizeof(buf), 0, lmr), 0);
+	for (int i = 0; i < 16; i++)
+		buf[i] = 42.0f + (float)i;
+
+	/* rank 1's key: its region, first and last entry */
+	cr_expect_eq(probe_rw(ptp, &pr, 1, 0, buf, lmr, r1, k1, 64), 0);
+	cr_expect_eq(probe_rw(ptp, &pr, 1, 0, buf, lmr, r1 + (uint64_t)(k - 1) * stride, k1, 64),
+		     0);
+	cr_expect_eq(memcmp(t0->inbox.base, buf, 64), 0, "the write into its region is lost");
+	/* not rank 2's region, not across the boundary, not a read */
+	memset(t0->inbox.base + (size_t)k * stride, 0, 64);
+	cr_expect_eq(probe_rw(ptp, &pr, 1, 0, buf, lmr, r2, k1, 64), -EACCES,
+		     "rank 1's key wrote rank 2's region");
+	cr_expect_eq(probe_rw(ptp, &pr, 1, 0, buf, lmr, r2 - 32, k1, 64), -EACCES,
+		     "rank 1's key wrote across into rank 2's region");
+	cr_expect_eq(probe_rw(ptp, &pr, 0, 0, buf, lmr, r1, k1, 64), -EACCES,
+		     "rank 1's key reads rank 0's inbox");
+	for (int i = 0; i < 16; i++)
+		cr_expect_eq(((float *)(t0->inbox.base + (size_t)k * stride))[i], 0.0f,
+			     "a refused write changed rank 2's region");
+	/* rank 2's key opens rank 2's region only */
+	cr_expect_eq(probe_rw(ptp, &pr, 1, 0, buf, lmr, r2, k2, 64), 0);
+	cr_expect_eq(probe_rw(ptp, &pr, 1, 0, buf, lmr, r1, k2, 64), -EACCES);
+
+	ferry__loop_ops.mem_dereg(ptp, lmr);
+	ferry__loop_ops.fini(ptp);
+	free(lmr);
+	free(ptp);
+	tc_close(&c);
+}
+
+/*
  * Range placement over 3 nodes: rank 1 is home of keys 1000 .. 1999. One
  * localize of every key moves the 2000 others; the first 1024 (the inbox's
  * size) land in the inbox, the rest go by message.
@@ -362,8 +459,16 @@ Test(inbox, hand_overs_land_in_the_inbox_and_overflow_by_message, .init = setup_
 	check_inboxes_free(&c);
 	check_all(&c, 1, 0);
 	check_all(&c, 2, 0);
-	/* and back, key by key, all through the inbox */
+	/* and back, key by key, all through the inbox: rank 2 pulls them first,
+	 * so its hints name rank 1, in whose region of its inbox it reserves */
 	cr_assert_eq(ferry_worker_create(c.fy[2], &w), 0);
+	{
+		float *tmp = malloc(200 * 37 * sizeof(float));
+
+		cr_assert_not_null(tmp);
+		cr_assert_eq(ferry_pull(w, c.t[2], all_keys, 200, tmp), 0);
+		free(tmp);
+	}
 	for (uint32_t k = 0; k < 200; k++)
 		cr_assert_eq(ferry_localize(w, c.t[2], &all_keys[k], 1), 0);
 	cr_assert_eq(atomic_load(&c.t[2]->inbox.onesided), 200);

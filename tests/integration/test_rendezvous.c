@@ -63,6 +63,9 @@ static int dial(int port)
 	return fd;
 }
 
+/* the cluster's token (NULL: none); a case sets it */
+static const char *token;
+
 enum stranger {
 	IDLE,
 	HALF_HELLO,
@@ -110,6 +113,7 @@ static void form_with_strangers(int n, enum stranger kind)
 		a[i].p.bind_addr = "127.0.0.1";
 		a[i].p.transport = FERRY_TRANSPORT_TCP;
 		a[i].p.timeout_ms = TIMEOUT_MS;
+		a[i].p.token = token;
 		a[i].fy = NULL;
 		pthread_create(&th[i], NULL, rank_thread, &a[i]);
 	}
@@ -149,5 +153,19 @@ Test(rendezvous, the_cluster_forms_beside_50_half_sent_hellos, .timeout = 60)
 
 Test(rendezvous, the_cluster_forms_beside_50_connections_that_send_garbage, .timeout = 60)
 {
+	form_with_strangers(50, GARBAGE);
+}
+
+/* with a token, each connection must also prove it before its hello: the
+ * strangers cannot, and the ranks still get in */
+Test(rendezvous, a_token_cluster_forms_with_100_idle_connections_held_open, .timeout = 60)
+{
+	token = "the rendezvous test's token, 32B";
+	form_with_strangers(100, IDLE);
+}
+
+Test(rendezvous, a_token_cluster_forms_beside_50_connections_that_send_garbage, .timeout = 60)
+{
+	token = "the rendezvous test's token, 32B";
 	form_with_strangers(50, GARBAGE);
 }

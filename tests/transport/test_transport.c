@@ -437,6 +437,9 @@ static const char *tnode_bind_addr(const struct ferry_tp_ops *ops)
 	return getenv("FERRY_TEST_IN_VM") ? "10.77.0.1" : "127.0.0.1";
 }
 
+/* per rank: the cluster token's key its node proves (NULL: no token); tests set it */
+static const uint8_t *tnode_key[MAX_NODES];
+
 /* init one node; Return: what ops->init returned */
 static int tnode_init(struct tnode *n, const struct ferry_tp_ops *ops, uint32_t rank,
 		      uint32_t world, uint64_t cluster_id, int timeout_ms, int busy_poll)
@@ -450,10 +453,13 @@ static int tnode_init(struct tnode *n, const struct ferry_tp_ops *ops, uint32_t 
 		.timeout_ms = timeout_ms,
 		.handler = &t_handler,
 		.core = n,
+		.auth = rank < MAX_NODES && tnode_key[rank],
 	};
 	pthread_condattr_t ca;
 	int ret;
 
+	if (cfg.auth)
+		memcpy(cfg.auth_key, tnode_key[rank], sizeof(cfg.auth_key));
 	memset(n, 0, sizeof(*n));
 	n->ops = ops;
 	n->rank = rank;
@@ -686,6 +692,264 @@ static int raw_closed_within(int fd, int ms)
 			return 1;
 	}
 	return 0;
+}
+
+/* ---- the cluster token (transport/base/auth.h) --------------------------- */
+
+/* the count of log lines with @a and @b once it reached @n, or after @ms */
+static int log_wait(const char *a, const char *b, int n, int ms)
+{
+	int64_t end = now_ms() + ms;
+	int got;
+
+	while ((got = log_count(a, b)) < n && now_ms() < end)
+		usleep(10000);
+	return got;
+}
+
+static uint8_t key_a[FERRY_AUTH_KEY_LEN], key_b[FERRY_AUTH_KEY_LEN];
+
+/* two different tokens' keys, as the core derives them */
+static void keys_make(void)
+{
+	cr_assert_eq(ferry__auth_key_from_token("the cluster's token A", 21, key_a), 0);
+	cr_assert_eq(ferry__auth_key_from_token("the cluster's token B", 21, key_b), 0);
+	cr_assert_neq(memcmp(key_a, key_b, sizeof(key_a)), 0);
+}
+
+/* @n nodes with the keys @keys (NULL entries: no token) try to connect within
+ * @timeout_ms; @rets receives each connect()'s result */
+static void cluster_try(struct tnode *nodes, const struct ferry_tp_ops *ops, uint32_t world,
+			const uint8_t *const *keys, int timeout_ms, int *rets)
+{
+	struct connect_arg args[MAX_NODES];
+	uint64_t cid = cluster_id_for_test();
+
+	for (uint32_t r = 0; r < world; r++) {
+		tnode_key[r] = keys[r];
+		cr_assert_eq(tnode_init(&nodes[r], ops, r, world, cid, timeout_ms, 0), 0,
+			     "init of rank %u failed", r);
+	}
+	for (uint32_t r = 0; r < world; r++)
+		connect_start(&args[r], &nodes[r], nodes);
+	for (uint32_t r = 0; r < world; r++) {
+		connect_join(&args[r], timeout_ms + 5000);
+		rets[r] = args[r].ret;
+	}
+}
+
+TP_TEST(nodes_with_the_same_token_connect_and_exchange_frames)
+{
+	const struct ferry_tp_ops *ops = tp_get(*tpi);
+	const uint8_t *keys[3] = { key_a, key_a, key_a };
+	struct tnode nodes[3];
+	int rets[3];
+
+	keys_make();
+	cluster_try(nodes, ops, 3, keys, TIMEOUT_MS, rets);
+	for (uint32_t r = 0; r < 3; r++)
+		cr_assert_eq(rets[r], 0, "rank %u: %s", r, ferry_strerror(rets[r]));
+	for (uint32_t a = 0; a < 3; a++)
+		for (uint32_t b = 0; b < 3; b++)
+			if (a != b)
+				exchange(&nodes[a], &nodes[b], 50);
+	for (uint32_t r = 0; r < 3; r++)
+		assert_clean(&nodes[r]);
+	cr_expect_eq(log_count("rejected a connection", NULL), 0);
+	cluster_down(nodes, 3);
+}
+
+/* rank 2 has another token, or none: no connection with it stands, both
+ * ends say why, and the two with the same token still connect each other */
+static void refused_case(const struct ferry_tp_ops *ops, const uint8_t *key2, const char *why)
+{
+	const uint8_t *keys[3] = { key_a, key_a, key2 };
+	struct tnode nodes[3];
+	int rets[3];
+
+	cluster_try(nodes, ops, 3, keys, 1500, rets);
+	for (uint32_t r = 0; r < 3; r++)
+		cr_expect_eq(rets[r], -ETIMEDOUT, "rank %u connected without rank 2's token: %s", r,
+			     ferry_strerror(rets[r]));
+	cr_expect_gt(log_count("timed out", "rank 2"), 0, "no rank names rank 2 as missing");
+	cr_expect_gt(log_count(why, NULL), 0, "no log line says \"%s\"", why);
+	cr_expect_eq(LOCKED(&nodes[0], nodes[0].frames[2]), 0);
+	cr_expect_eq(LOCKED(&nodes[2], nodes[2].frames[0]), 0);
+	cluster_down(nodes, 3);
+}
+
+TP_TEST(a_node_with_another_token_is_refused)
+{
+	const struct ferry_tp_ops *ops = tp_get(*tpi);
+
+	keys_make();
+	refused_case(ops, key_b, "its token proof is wrong");
+}
+
+TP_TEST(a_node_without_a_token_is_refused)
+{
+	const struct ferry_tp_ops *ops = tp_get(*tpi);
+
+	keys_make();
+	if (!strcmp(ops->name, "rdma")) {
+		/* a REQ's private data comes padded: a missing proof reads as a wrong one */
+		refused_case(ops, NULL, "its token proof is wrong");
+		return;
+	}
+	refused_case(ops, NULL, "it sent no token proof");
+	cr_expect_gt(log_count("it opens with a token proof", NULL), 0,
+		     "the node without a token did not say what it met");
+}
+
+/* run a dialer's side of the token exchange on @fd with @key; @a keeps it */
+static int raw_auth(int fd, const uint8_t *key, struct ferry_auth_hs *a)
+{
+	int64_t end = now_ms() + 3000;
+	int ret;
+
+	ferry__auth_hs_init(a, key, "tcp", FERRY_AUTH_DIALER, 1);
+	while ((ret = ferry__auth_hs_step(a, fd)) == 0 && now_ms() < end) {
+		struct pollfd p = { .fd = fd, .events = POLLIN };
+
+		poll(&p, 1, 100);
+	}
+	return ret;
+}
+
+/*
+ * A stranger on a token cluster's transport port: a HELLO without a proof,
+ * a proof under another token, a genuine proof replayed on another
+ * connection. Each is refused (the node closes it and logs its address);
+ * with the right token the proof passes and the HELLO is still checked; the
+ * cluster serves throughout.
+ */
+TP_TEST(a_stranger_without_the_token_is_refused_on_the_transport_port)
+{
+	const struct ferry_tp_ops *ops = tp_get(*tpi);
+	const uint8_t *keys[2] = { key_a, key_a };
+	uint8_t buf[HS_LEN];
+	struct ferry_auth_hs a;
+	struct tnode nodes[2];
+	int rets[2], fd;
+
+	tp_require_tcp(ops);
+	keys_make();
+	cluster_try(nodes, ops, 2, keys, TIMEOUT_MS, rets);
+	cr_assert(!rets[0] && !rets[1]);
+
+	/* no token: a member's handshake, as it was before tokens */
+	fd = raw_dial(&nodes[0]);
+	raw_handshake(buf, cluster_id_for_test(), 1, 2);
+	raw_write(fd, buf, sizeof(buf));
+	cr_expect(raw_closed_within(fd, 3000), "a HELLO without a proof was not closed");
+	close(fd);
+	cr_expect_eq(log_wait("rejected a connection from 127.0.0.1", "no token proof", 1, 3000),
+		     1);
+
+	/* another token: our check of the node's proof fails, and it closes us */
+	fd = raw_dial(&nodes[0]);
+	cr_expect_eq(raw_auth(fd, key_b, &a), -EACCES);
+	cr_expect(strstr(a.why, "token proof is wrong"), "%s", a.why);
+	cr_expect(raw_closed_within(fd, 3000), "a wrong proof was not closed");
+	close(fd);
+	cr_expect_eq(log_wait("rejected a connection from 127.0.0.1", "token proof is wrong", 1,
+			      3000),
+		     1);
+
+	/* the right token: the proof passes, and the HELLO after it is still checked */
+	fd = raw_dial(&nodes[0]);
+	cr_expect_eq(raw_auth(fd, key_a, &a), 1, "the right token: %s", a.why);
+	raw_hello(buf, cluster_id_for_test() ^ 1, 1, 2);
+	raw_write(fd, buf, HELLO_LEN);
+	cr_expect(raw_closed_within(fd, 3000), "a HELLO of another cluster was not closed");
+	close(fd);
+	cr_expect_eq(log_wait("rejected a connection from 127.0.0.1", "is not ours", 1, 3000), 1);
+
+	/* a replay: the nonce and proof that passed above, on a new connection */
+	fd = raw_dial(&nodes[0]);
+	raw_write(fd, a.out, FERRY_AUTH_HS_LEN);
+	cr_expect(raw_closed_within(fd, 3000), "a replayed proof was not closed");
+	close(fd);
+	cr_expect_eq(log_wait("rejected a connection from 127.0.0.1", "token proof is wrong", 2,
+			      3000),
+		     2, "the replayed proof was not refused as wrong");
+
+	exchange(&nodes[0], &nodes[1], 20);
+	exchange(&nodes[1], &nodes[0], 20);
+	cr_expect_eq(LOCKED(&nodes[0], nodes[0].failed[1]), 0);
+	cr_expect_eq(LOCKED(&nodes[1], nodes[1].failed[0]), 0);
+	cluster_down(nodes, 2);
+}
+
+/*
+ * 100 connections held open and silent against every node's transport port
+ * while the cluster connects, and again while its links break and come back
+ * (fault injection resets one every 100 ms): every node connects well inside
+ * its timeout, and no frame is lost.
+ */
+TP_TEST(the_cluster_forms_and_reconnects_beside_100_idle_connections_per_port)
+{
+	const struct ferry_tp_ops *ops = tp_get(*tpi);
+	const uint8_t *keys[3] = { key_a, key_a, key_a };
+	struct connect_arg args[3];
+	struct tnode nodes[3];
+	enum {
+		IDLE_PER_NODE = 100
+	};
+	static int idle[3][IDLE_PER_NODE];
+	int64_t t0, took;
+
+	tp_require_tcp(ops);
+	keys_make();
+	setenv("FERRY_TCP_FAULT_RESET_MS", "100", 1);
+	for (uint32_t r = 0; r < 3; r++) {
+		tnode_key[r] = keys[r];
+		cr_assert_eq(tnode_init(&nodes[r], ops, r, 3, cluster_id_for_test(), TIMEOUT_MS, 0),
+			     0);
+	}
+	for (uint32_t r = 0; r < 3; r++)
+		for (int i = 0; i < IDLE_PER_NODE; i++) {
+			idle[r][i] = raw_dial(&nodes[r]);
+			cr_assert_geq(idle[r][i], 0);
+		}
+	t0 = now_ms();
+	for (uint32_t r = 0; r < 3; r++)
+		connect_start(&args[r], &nodes[r], nodes);
+	for (uint32_t r = 0; r < 3; r++) {
+		connect_join(&args[r], TIMEOUT_MS + 5000);
+		cr_assert_eq(args[r].ret, 0, "rank %u beside %d idle connections: %s", r,
+			     IDLE_PER_NODE, ferry_strerror(args[r].ret));
+	}
+	took = now_ms() - t0;
+	cr_expect_lt(took, 3000, "the cluster took %lld ms to connect", (long long)took);
+	cr_expect_gt(log_count("gave way to newer ones", NULL), 0,
+		     "no node said it closed the idle connections");
+
+	/* the links break and redial while a new set of idle connections waits */
+	for (uint32_t r = 0; r < 3; r++)
+		for (int i = 0; i < IDLE_PER_NODE; i++) {
+			close(idle[r][i]);
+			idle[r][i] = raw_dial(&nodes[r]);
+		}
+	for (int round = 0; round < 10; round++) {
+		for (uint32_t a = 0; a < 3; a++)
+			for (uint32_t b = 0; b < 3; b++)
+				if (a != b)
+					exchange(&nodes[a], &nodes[b], 20);
+		usleep(150000);
+	}
+	cr_expect_gt(log_count("fault injection", NULL), 2, "no link was broken");
+	cr_expect_gt(log_count("resumed", NULL), 2, "no link came back");
+	for (uint32_t r = 0; r < 3; r++) {
+		assert_clean(&nodes[r]);
+		for (uint32_t p = 0; p < 3; p++)
+			cr_expect_eq(LOCKED(&nodes[r], nodes[r].failed[p]), 0,
+				     "rank %u marked rank %u failed", r, p);
+	}
+	for (uint32_t r = 0; r < 3; r++)
+		for (int i = 0; i < IDLE_PER_NODE; i++)
+			close(idle[r][i]);
+	cluster_down(nodes, 3);
 }
 
 /* ---- the suite ---------------------------------------------------------- */
@@ -1750,6 +2014,116 @@ TP_TEST(a_one_sided_access_error_completes_with_eacces)
 	tbuf_dereg(&nodes[0], &local);
 	tbuf_dereg(&nodes[1], &remote);
 	cluster_down(nodes, 3);
+}
+
+/*
+ * Least privilege (issue 16, item 3): two regions of one buffer registered
+ * on their own for remote writes, as a landing inbox's per-peer regions are
+ * (lib/reloc/inbox.c). Each key writes its own region; the first region's
+ * key at an address of the second fails with -EACCES and changes nothing,
+ * on the NIC (rxe in the SoftRoCE guest) as in the loop transport.
+ */
+TP_TEST(a_write_outside_its_registration_fails)
+{
+	const struct ferry_tp_ops *ops = tp_get(*tpi);
+	enum {
+		LEN = 4096
+	};
+	struct rdma_slot wr = { 0 };
+	struct ferry_tp_mr *ma, *mb;
+	struct tbuf local;
+	struct tnode nodes[3];
+	uint8_t *mem;
+	bool lost;
+
+	tp_require_onesided(ops);
+	cluster_up(nodes, ops, 3, 0);
+	mem = aligned_alloc(4096, 2 * LEN);
+	ma = calloc(1, ops->mr_size);
+	mb = calloc(1, ops->mr_size);
+	cr_assert(mem && ma && mb);
+	memset(mem, 0, 2 * LEN);
+	cr_assert_eq(ops->mem_reg(nodes[1].tp, mem, LEN, FERRY_TP_ACCESS_REMOTE_WRITE, ma), 0);
+	cr_assert_eq(ops->mem_reg(nodes[1].tp, mem + LEN, LEN, FERRY_TP_ACCESS_REMOTE_WRITE, mb),
+		     0);
+	cr_assert_neq(ma->rkey, mb->rkey);
+	tbuf_reg(&nodes[0], &local, LEN, 0);
+
+	/* each key, its own region, whole */
+	memset(local.mem, 0x11, LEN);
+	cr_assert_eq(ops->write(nodes[0].tp, 1, local.mem, local.mr, (uintptr_t)mem, ma->rkey, LEN,
+				&wr),
+		     0);
+	cr_assert(WAIT_FOR(&nodes[0], wr.done == 1, WAIT_MS), "the write never completed");
+	cr_expect_eq(wr.status, 0, "a write into its region: %s", ferry_strerror(wr.status));
+	memset(local.mem, 0x22, LEN);
+	cr_assert_eq(ops->write(nodes[0].tp, 1, local.mem, local.mr, (uintptr_t)mem + LEN, mb->rkey,
+				LEN, &wr),
+		     0);
+	cr_assert(WAIT_FOR(&nodes[0], wr.done == 2, WAIT_MS), "the write never completed");
+	cr_expect_eq(wr.status, 0);
+	cr_expect(mem[0] == 0x11 && mem[LEN - 1] == 0x11 && mem[LEN] == 0x22 &&
+			  mem[2 * LEN - 1] == 0x22,
+		  "the writes did not land");
+
+	/* the first key, across the boundary into the second region: refused */
+	memset(local.mem, 0x33, LEN);
+	cr_assert_eq(ops->write(nodes[0].tp, 1, local.mem, local.mr, (uintptr_t)mem + LEN / 2,
+				ma->rkey, LEN, &wr),
+		     0);
+	cr_assert(WAIT_FOR(&nodes[0], wr.done == 3, WAIT_MS), "the write never completed");
+	cr_expect_eq(wr.status, -EACCES, "status %s, want %s", ferry_strerror(wr.status),
+		     ferry_strerror(-EACCES));
+	for (size_t i = LEN; i < 2 * LEN; i++)
+		if (mem[i] != 0x22) {
+			cr_expect_fail("the refused write changed byte %zu of the other region", i);
+			break;
+		}
+	lost = WAIT_FOR(&nodes[0], nodes[0].failed[1] == 1, 2000);
+	if (!lost)
+		exchange(&nodes[0], &nodes[1], 20);
+	exchange(&nodes[0], &nodes[2], 20);
+	cr_expect_eq(LOCKED(&nodes[2], nodes[2].failed[0] + nodes[2].failed[1]), 0);
+	tbuf_dereg(&nodes[0], &local);
+	ops->mem_dereg(nodes[1].tp, ma);
+	ops->mem_dereg(nodes[1].tp, mb);
+	free(ma);
+	free(mb);
+	free(mem);
+	cluster_down(nodes, 3);
+}
+
+/* a registration's key is never one handed out before: a key a peer kept
+ * from a destroyed table opens nothing of a later one (transport/rdma/mr.c) */
+TP_TEST(registrations_never_repeat_an_rkey)
+{
+	const struct ferry_tp_ops *ops = tp_get(*tpi);
+	enum {
+		N = 300
+	};
+	static uint64_t keys[N];
+	struct tnode nodes[1];
+	struct ferry_tp_mr *mr;
+	void *mem;
+
+	tp_require_onesided(ops);
+	cr_assert_eq(tnode_init(&nodes[0], ops, 0, 1, cluster_id_for_test(), TIMEOUT_MS, 0), 0);
+	mem = aligned_alloc(4096, 4096);
+	mr = calloc(1, ops->mr_size);
+	cr_assert(mem && mr);
+	for (int i = 0; i < N; i++) {
+		cr_assert_eq(ops->mem_reg(nodes[0].tp, mem, 4096, FERRY_TP_ACCESS_REMOTE_WRITE, mr),
+			     0);
+		keys[i] = mr->rkey;
+		ops->mem_dereg(nodes[0].tp, mr);
+		for (int j = 0; j < i; j++)
+			cr_assert_neq(keys[j], keys[i],
+				      "registration %d got the rkey of %d (%#llx)", i, j,
+				      (unsigned long long)keys[i]);
+	}
+	free(mr);
+	free(mem);
+	tnode_fini(&nodes[0]);
 }
 
 /* ---- rdma_cm injection (rdma only) --------------------------------------- */

@@ -57,6 +57,12 @@ int ferry__proto_check_hello(const void *frame, size_t len, uint64_t cluster_id,
 	}
 	memcpy(&hdr, frame, sizeof(hdr));
 	memcpy(&hello, (const uint8_t *)frame + sizeof(hdr), sizeof(hello));
+	if (hdr.magic == FERRY_MSG_MAGIC && hdr.type == FERRY_MSG_AUTH) {
+		snprintf(why, wlen,
+			 "it opens with a token proof: it was started with FERRY_TOKEN and this "
+			 "node without; give every node the same token");
+		return -1;
+	}
 	if (ferry__proto_check_hdr(&hdr, world, &bad)) {
 		snprintf(why, wlen, "not a Ferry HELLO (%s)", bad);
 		return -1;

@@ -69,6 +69,15 @@ enum ferry_msg_type {
 	FERRY_MSG_TYPE_MAX
 };
 
+/*
+ * The token proof (transport/base/auth.h) that opens a connection when the
+ * cluster has a token, before its HELLO. Outside the enum on purpose: they
+ * never travel inside a session, so ferry__proto_check_hdr() refuses them
+ * there like any unknown type.
+ */
+#define FERRY_MSG_AUTH 30	/* a nonce */
+#define FERRY_MSG_AUTH_PROOF 31 /* a MAC over both nonces */
+
 struct ferry_msg_hdr {
 	uint16_t magic;
 	uint8_t version;

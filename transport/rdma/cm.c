@@ -29,6 +29,22 @@
  *   connect() was called (the cluster id is not known yet) are held and judged
  *   when it is. Once every peer is up the listener is destroyed, so later
  *   strangers are refused by the kernel.
+ *
+ * Token (cfg.auth). rdma_cm carries one message each way before the
+ * connection stands (56 bytes of private data in a REQ), so the proof here
+ * is not tcp's nonce exchange (transport/base/auth.h) but a MAC under the
+ * token's key of what makes each attempt unique:
+ *
+ *   REQ  ... HELLO, geometry, {attempt a, mac96(k, "rdma req", cluster id, i, j, a)}
+ *   REP  ... HELLO, geometry, {a, mac256(k, "rdma rep", cluster id, i, j, a)}
+ *
+ * The cluster id (64 random bits rank 0 draws for each cluster it forms)
+ * plays the acceptor's nonce, the dialer's attempt counter the dialer's:
+ * rank j accepts rank i's proof only for an attempt above the last that
+ * passed, so a recorded REQ is worth nothing in another cluster, to another
+ * rank, or once a newer attempt came; the dialer takes only the REP of the
+ * attempt in flight. A REQ without a valid proof is rejected
+ * (RDMA_REJ_AUTH) and logged with its address, like a bad HELLO.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -108,9 +124,70 @@ static int rdma_hello_check(struct rdma_tp *t, const uint8_t *pdata, size_t len,
 	return peer;
 }
 
+/* the MAC of attempt @a of rank @i's dials to rank @j; @label: whose */
+static void rdma_auth_mac(const struct rdma_tp *t, const char *label, uint32_t i, uint32_t j,
+			  uint32_t a, uint8_t *mac)
+{
+	const uint64_t cid = t->base.cfg.cluster_id;
+	const void *parts[] = { &cid, &i, &j, &a };
+	const size_t lens[] = { sizeof(cid), sizeof(i), sizeof(j), sizeof(a) };
+
+	ferry__auth_mac(t->base.cfg.auth_key, label, parts, lens, 4, mac);
+}
+
+/*
+ * rdma_auth_check - the token proof after a HELLO of rank @i to rank @j
+ * @rep: 0 a dialer's REQ (checked by the acceptor: its attempt must be above
+ *       @attempt_p's), 1 an acceptor's REP (its attempt must be *@attempt_p)
+ * Return: 0 (a REQ's attempt stored in *@attempt_p), or -1 with @why.
+ */
+static int rdma_auth_check(const struct rdma_tp *t, const uint8_t *pdata, size_t len, int rep,
+			   uint32_t i, uint32_t j, uint32_t *attempt_p, char *why, size_t wlen)
+{
+	uint8_t mac[FERRY_AUTH_MAC_LEN];
+	struct rdma_auth_rep ar;
+	struct rdma_auth_req aq;
+	size_t need = rep ? RDMA_REP_PDATA_LEN : RDMA_REQ_PDATA_LEN;
+
+	if (len < need) {
+		snprintf(why, wlen,
+			 "it sent no token proof (%zu bytes of private data): was it "
+			 "started without FERRY_TOKEN? every node needs the same one",
+			 len);
+		return -1;
+	}
+	rdma_auth_mac(t, rep ? "rdma rep" : "rdma req", i, j,
+		      rep ? (memcpy(&ar, pdata + RDMA_PDATA_LEN, sizeof(ar)), ar.attempt) :
+			    (memcpy(&aq, pdata + RDMA_PDATA_LEN, sizeof(aq)), aq.attempt),
+		      mac);
+	if (!ferry__auth_equal(mac, rep ? ar.mac : aq.mac, rep ? sizeof(ar.mac) : sizeof(aq.mac))) {
+		snprintf(why, wlen,
+			 "its token proof is wrong: it was started with another "
+			 "FERRY_TOKEN, or none");
+		return -1;
+	}
+	if (rep && ar.attempt != *attempt_p) {
+		snprintf(why, wlen, "its token proof answers dial attempt %u, not %u", ar.attempt,
+			 *attempt_p);
+		return -1;
+	}
+	if (!rep && aq.attempt <= *attempt_p) {
+		snprintf(why, wlen,
+			 "it replays the token proof of dial attempt %u (attempt %u passed "
+			 "already)",
+			 aq.attempt, *attempt_p);
+		return -1;
+	}
+	if (!rep)
+		*attempt_p = aq.attempt;
+	return 0;
+}
+
 static const char *rdma_rej_str(uint32_t reason)
 {
 	switch (reason) {
+	case RDMA_REJ_AUTH:
+		return "it did not accept our token proof (see its log)";
 	case RDMA_REJ_HELLO:
 		return "it did not accept our HELLO (see its log)";
 	case RDMA_REJ_DUP:
@@ -192,12 +269,31 @@ static void rdma_conn_reject(struct rdma_tp *t, struct rdma_conn *c, enum rdma_r
 	ferry__rdma_conn_destroy(t, c);
 }
 
-static void rdma_conn_param(struct rdma_tp *t, struct rdma_conn_param *cp, uint8_t their_init,
-			    uint8_t their_resp, int accepting)
+/* our private data for @c: the HELLO, and with a token the proof of c->attempt */
+static void rdma_conn_param(struct rdma_tp *t, struct rdma_conn *c, struct rdma_conn_param *cp,
+			    uint8_t their_init, uint8_t their_resp, int accepting)
 {
+	uint32_t me = t->base.cfg.rank;
+
 	memset(cp, 0, sizeof(*cp));
-	cp->private_data = t->hello;
+	memcpy(c->pdata_out, t->hello, RDMA_PDATA_LEN);
+	cp->private_data = c->pdata_out;
 	cp->private_data_len = RDMA_PDATA_LEN;
+	if (t->base.cfg.auth && accepting) {
+		struct rdma_auth_rep ar = { .attempt = c->attempt };
+
+		rdma_auth_mac(t, "rdma rep", c->rank, me, c->attempt, ar.mac);
+		memcpy(c->pdata_out + RDMA_PDATA_LEN, &ar, sizeof(ar));
+		cp->private_data_len = RDMA_REP_PDATA_LEN;
+	} else if (t->base.cfg.auth) {
+		uint8_t mac[FERRY_AUTH_MAC_LEN];
+		struct rdma_auth_req aq = { .attempt = c->attempt };
+
+		rdma_auth_mac(t, "rdma req", me, c->rank, c->attempt, mac);
+		memcpy(aq.mac, mac, sizeof(aq.mac));
+		memcpy(c->pdata_out + RDMA_PDATA_LEN, &aq, sizeof(aq));
+		cp->private_data_len = RDMA_REQ_PDATA_LEN;
+	}
 	cp->responder_resources = (uint8_t)t->max_rd;
 	cp->initiator_depth = (uint8_t)t->max_rd;
 	if (accepting) {
@@ -293,6 +389,12 @@ static void rdma_accept_request(struct rdma_tp *t, struct rdma_conn *c)
 	int rank;
 
 	rank = rdma_hello_check(t, c->pdata, c->plen, -1, why, sizeof(why));
+	if (rank >= 0 && t->base.cfg.auth &&
+	    rdma_auth_check(t, c->pdata, c->plen, 0, (uint32_t)rank, me,
+			    &t->peers[rank].auth_attempt, why, sizeof(why))) {
+		reason = RDMA_REJ_AUTH;
+		rank = -1;
+	}
 	if (rank >= 0 && (t->peers[rank].reported ||
 			  (t->peers[rank].conn && t->peers[rank].conn->state == RDMA_CS_UP))) {
 		snprintf(why, sizeof(why), "rank %d is already connected%s", rank,
@@ -310,7 +412,8 @@ static void rdma_accept_request(struct rdma_tp *t, struct rdma_conn *c)
 		rdma_conn_reject(t, c, RDMA_REJ_RESOURCES);
 		return;
 	}
-	rdma_conn_param(t, &cp, c->initiator_depth, c->responder_resources, 1);
+	c->attempt = t->peers[rank].auth_attempt;
+	rdma_conn_param(t, c, &cp, c->initiator_depth, c->responder_resources, 1);
 	if (rdma_accept(c->id, &cp)) {
 		ferry_warn("rdma: rank %u: rdma_accept of rank %d from %s: %s", me, rank, c->who,
 			   strerror(errno));
@@ -439,7 +542,8 @@ static void rdma_dial_event(struct rdma_tp *t, struct rdma_conn *c, const struct
 			snprintf(why, sizeof(why), "no queue pair");
 			break;
 		}
-		rdma_conn_param(t, &cp, 0, 0, 0);
+		c->attempt = ++d->attempts;
+		rdma_conn_param(t, c, &cp, 0, 0, 0);
 		if (rdma_connect(c->id, &cp)) {
 			snprintf(why, sizeof(why), "rdma_connect: %s", strerror(errno));
 			break;
@@ -447,7 +551,9 @@ static void rdma_dial_event(struct rdma_tp *t, struct rdma_conn *c, const struct
 		c->state = RDMA_CS_CONNECTING;
 		return;
 	case RDMA_CM_EVENT_ESTABLISHED:
-		if (rdma_hello_check(t, ev->pdata, ev->plen, (int)j, why, sizeof(why)) < 0) {
+		if (rdma_hello_check(t, ev->pdata, ev->plen, (int)j, why, sizeof(why)) < 0 ||
+		    (t->base.cfg.auth && rdma_auth_check(t, ev->pdata, ev->plen, 1, me, j,
+							 &c->attempt, why, sizeof(why)))) {
 			if (!d->logged++)
 				ferry_warn("rdma: rank %u: the node at %s, dialed as rank %u, is "
 					   "refused: %s",

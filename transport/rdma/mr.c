@@ -13,11 +13,28 @@
 
 #include "transport/rdma/rdma.h"
 
+/* was @rkey handed out before (among the last RDMA_RKEY_HIST)? mr_lock held */
+static int rdma_rkey_seen(const struct rdma_tp *t, uint32_t rkey)
+{
+	uint32_t n = t->rkey_hist_n < RDMA_RKEY_HIST ? t->rkey_hist_n : RDMA_RKEY_HIST;
+
+	for (uint32_t i = 0; i < n; i++)
+		if (t->rkey_hist[i] == rkey)
+			return 1;
+	return 0;
+}
+
+#define RDMA_REG_TRIES 8 /* registrations held aside while looking for a new rkey */
+
 /*
  * ferry__rdma_mem_reg - register @len bytes at @addr with the least access needed
  *
  * Local write always (the buffer may be the target of a READ), remote read
- * and remote write only as @access asks. Context: any thread, after init().
+ * and remote write only as @access asks. The rkey is one this transport never
+ * handed out before (of its last RDMA_RKEY_HIST): a device may reuse a freed
+ * registration's key (ReDMArk), so one that does is registered again, with
+ * the repeated registration held until a new key comes. Context: any thread,
+ * after init().
  * Return: 0 (@mr filled), -EINVAL, -ENOMEM when the memlock limit is too
  * small (logged with the fix), or ibv_reg_mr's errno.
  */
@@ -26,7 +43,7 @@ int ferry__rdma_mem_reg(struct ferry_tp *tp, void *addr, size_t len, unsigned ac
 {
 	struct rdma_tp *t = to_rdma(tp);
 	struct rdma_mr *m = to_rdma_mr(mr);
-	int flags = IBV_ACCESS_LOCAL_WRITE, ret;
+	int flags = IBV_ACCESS_LOCAL_WRITE, ret, reg_err = 0;
 	char what[64];
 
 	if (!addr || !len)
@@ -39,9 +56,36 @@ int ferry__rdma_mem_reg(struct ferry_tp *tp, void *addr, size_t len, unsigned ac
 	ret = ferry__rdma_memlock_check(tp->cfg.rank, len, what);
 	if (ret)
 		return ret;
-	m->mr = ibv_reg_mr(t->pd, addr, len, flags);
+	{
+		struct ibv_mr *aside[RDMA_REG_TRIES];
+		int naside = 0, seen;
+
+		for (;;) {
+			m->mr = ibv_reg_mr(t->pd, addr, len, flags);
+			if (!m->mr) {
+				reg_err = errno;
+				break;
+			}
+			pthread_mutex_lock(&t->mr_lock);
+			seen = rdma_rkey_seen(t, m->mr->rkey);
+			if (!seen || naside == RDMA_REG_TRIES)
+				t->rkey_hist[t->rkey_hist_n++ % RDMA_RKEY_HIST] = m->mr->rkey;
+			pthread_mutex_unlock(&t->mr_lock);
+			if (!seen)
+				break;
+			if (naside == RDMA_REG_TRIES) {
+				ferry_warn("rdma: rank %u: the device handed out rkey %#x again "
+					   "%d times; using it",
+					   tp->cfg.rank, m->mr->rkey, RDMA_REG_TRIES);
+				break;
+			}
+			aside[naside++] = m->mr;
+		}
+		while (naside--)
+			ibv_dereg_mr(aside[naside]);
+	}
 	if (!m->mr) {
-		ret = errno ? -errno : -ENOMEM;
+		ret = reg_err ? -reg_err : -ENOMEM;
 		ferry_err(
 			"rdma: rank %u: registering %zu bytes at %p failed: %s%s", tp->cfg.rank,
 			len, addr, strerror(-ret),

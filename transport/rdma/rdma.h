@@ -137,7 +137,8 @@
 #define RDMA_IMM_TAG 0xf7u
 #define RDMA_IMM_CREDIT_ONLY (1u << 23)
 #define RDMA_REJ_MAGIC 0x4a525946u /* "FYRJ" */
-#define RDMA_CM_PDATA_MAX 64	   /* private data bytes we look at */
+#define RDMA_CM_PDATA_MAX 96	   /* private data bytes we look at */
+#define RDMA_RKEY_HIST 4096	   /* rkeys remembered, so none is handed out twice */
 
 _Static_assert(sizeof(struct ferry_msg_hdr) == 16, "the wire header is 16 bytes");
 _Static_assert(sizeof(struct ferry_msg_hello) == 16, "the HELLO body is 16 bytes");
@@ -156,6 +157,27 @@ struct rdma_hello_ext {
 #define RDMA_PDATA_LEN (RDMA_HELLO_LEN + sizeof(struct rdma_hello_ext))
 _Static_assert(RDMA_PDATA_LEN <= 56, "a REQ carries 56 bytes of private data over rdma_cm");
 
+/*
+ * The cluster token's proof, after the HELLO and the geometry, when the
+ * cluster has a token (cm.c, "Token"): the dialer's in its REQ (56 bytes
+ * in all: the MAC is cut to 96 bits), the acceptor's in its REP.
+ */
+struct rdma_auth_req {
+	uint32_t attempt; /* the dialer's count of its dials to this rank: must grow */
+	uint8_t mac[12];
+};
+
+struct rdma_auth_rep {
+	uint32_t attempt; /* the REQ's */
+	uint32_t pad;
+	uint8_t mac[FERRY_AUTH_MAC_LEN];
+};
+
+#define RDMA_REQ_PDATA_LEN (RDMA_PDATA_LEN + sizeof(struct rdma_auth_req))
+#define RDMA_REP_PDATA_LEN (RDMA_PDATA_LEN + sizeof(struct rdma_auth_rep))
+_Static_assert(RDMA_REQ_PDATA_LEN == 56, "the REQ's proof fills its private data");
+_Static_assert(RDMA_REP_PDATA_LEN <= 196, "a REP carries 196 bytes of private data");
+
 /* why a connection request was rejected: the REJ's private data */
 enum rdma_rej_reason {
 	RDMA_REJ_HELLO = 1, /* not a HELLO of this cluster */
@@ -163,6 +185,7 @@ enum rdma_rej_reason {
 	RDMA_REJ_CLOSED,    /* the cluster is connected, or gave up */
 	RDMA_REJ_BUSY,	    /* too many requests held */
 	RDMA_REJ_RESOURCES, /* no queue pair could be made */
+	RDMA_REJ_AUTH,	    /* no valid proof of the cluster token */
 };
 
 struct rdma_rej {
@@ -240,6 +263,8 @@ struct rdma_conn {
 	uint8_t plen;
 	uint8_t initiator_depth;
 	uint8_t responder_resources;
+	uint32_t attempt; /* with a token: the dial attempt its proofs name */
+	unsigned char pdata_out[RDMA_REP_PDATA_LEN]; /* what we send: HELLO, proof */
 };
 
 enum rdma_peer_state {
@@ -282,6 +307,7 @@ struct rdma_peer {
 	int rx_ok;		/* chunks on qp are delivered (from attach until failure) */
 	int live;		/* UP and not failed */
 	int bye;		/* it sent FERRY_MSG_BYE: its disconnect is a departure */
+	uint32_t auth_attempt;	/* the last dial attempt of its whose token proof passed */
 	int reported;		/* on_peer_failed() was called */
 	int dirty;		/* flush after this batch of completions */
 	unsigned char *asm_buf; /* reassembly of a frame that spans chunks */
@@ -312,8 +338,9 @@ struct rdma_dial {
 	struct rdma_conn *conn; /* the attempt in flight; progress thread */
 	int64_t next_ms;	/* earliest next attempt; progress thread */
 	int backoff_ms;
-	int logged;    /* a refused HELLO was logged */
-	char why[160]; /* the last failure; under setup_lock */
+	int logged;	   /* a refused HELLO was logged */
+	char why[160];	   /* the last failure; under setup_lock */
+	uint32_t attempts; /* dials made: each REQ's proof names its number */
 };
 
 enum rdma_phase {
@@ -375,8 +402,13 @@ struct rdma_tp {
 	struct rdma_selfmsg *self_head;
 	struct rdma_selfmsg *self_tail;
 
-	pthread_mutex_t mr_lock; /* guards mrs */
+	pthread_mutex_t mr_lock; /* guards mrs and the rkey history */
 	struct rdma_mr *mrs;
+	/* the last RDMA_RKEY_HIST rkeys this transport handed out (a ring): a
+	 * new registration never repeats one (mr.c), so a key a peer kept from
+	 * a destroyed table opens nothing of a later one */
+	uint32_t rkey_hist[RDMA_RKEY_HIST];
+	uint32_t rkey_hist_n;
 
 	int closing;	  /* atomic: fini() asked the progress thread to stop */
 	int fail_pending; /* atomic: some peer is BROKEN */

@@ -121,13 +121,17 @@ int ferry__tcp_listen(struct tcp_tp *t)
 
 /* ---- connection setup --------------------------------------------------- */
 
-/* a connection in its HELLO exchange */
+/* a connection in its handshake: token proof (with a token), then HELLO */
 struct tcp_hs {
 	int fd;		/* -1: none */
 	int connecting; /* our non-blocking connect() is in flight */
+	int authed;	/* the token proof is through (or there is no token) */
 	size_t out_off;
 	size_t in_off;
-	int peer; /* -1 until the peer's HELLO passed */
+	int peer;	 /* -1 until the peer's HELLO passed */
+	int64_t until;	 /* accepted: closed then if not through (TCP_HS_MS) */
+	uint32_t source; /* accepted: the peer's IPv4 address (TCP_HS_PER_SOURCE) */
+	struct ferry_auth_hs auth;
 	unsigned char in[TCP_HS_LEN];
 	char who[64]; /* the peer's ip:port, for the log */
 };
@@ -156,8 +160,29 @@ struct tcp_setup {
 	struct tcp_hs acc[TCP_MAX_HANDSHAKES];
 	unsigned char hello[TCP_HS_LEN]; /* our HELLO and RESUME */
 	int64_t deadline;
-	int full_logged; /* "too many handshakes" was logged */
+	unsigned gave_way; /* accepted handshakes closed for a newcomer or for time */
+	char gave_way_who[64];
 };
+
+/* a new handshake: its token proof starts (our nonce goes out first) */
+static void tcp_hs_auth_start(struct tcp_setup *s, struct tcp_hs *hs, int role)
+{
+	const struct ferry_tp_config *cfg = &s->t->base.cfg;
+
+	hs->authed = !cfg->auth;
+	if (cfg->auth)
+		ferry__auth_hs_init(&hs->auth, cfg->auth_key, "tcp", role, cfg->rank);
+}
+
+/* what a handshake waits for */
+static short tcp_hs_events(const struct tcp_hs *hs)
+{
+	if (hs->connecting)
+		return POLLOUT;
+	if (!hs->authed)
+		return POLLIN | (ferry__auth_hs_want_out(&hs->auth) ? POLLOUT : 0);
+	return POLLIN | (hs->out_off < TCP_HS_LEN ? POLLOUT : 0);
+}
 
 static void tcp_hs_close(struct tcp_hs *hs)
 {
@@ -175,7 +200,7 @@ static void tcp_dial_retry(struct tcp_dial *d, int err)
 	d->backoff_ms = d->backoff_ms * 2 > TCP_RETRY_MAX_MS ? TCP_RETRY_MAX_MS : d->backoff_ms * 2;
 }
 
-static void tcp_dial_start(struct tcp_dial *d)
+static void tcp_dial_start(struct tcp_setup *s, struct tcp_dial *d)
 {
 	struct tcp_hs *hs = &d->hs;
 	int fd;
@@ -189,6 +214,7 @@ static void tcp_dial_start(struct tcp_dial *d)
 	memset(hs, 0, sizeof(*hs));
 	hs->fd = fd;
 	hs->peer = -1;
+	tcp_hs_auth_start(s, hs, FERRY_AUTH_DIALER);
 	snprintf(hs->who, sizeof(hs->who), "%s", d->where);
 	if (!connect(fd, (struct sockaddr *)&d->sa, sizeof(d->sa)))
 		return;
@@ -204,8 +230,9 @@ static void tcp_dial_start(struct tcp_dial *d)
  *
  * Return: 1 when our HELLO and RESUME are out and the peer's are in, 0 while
  * it goes on (the peer's HELLO may be in: hs->in_off says), -ENODATA when the
- * peer closed before its handshake was complete, or the negative errno of a
- * socket error.
+ * peer closed before its handshake was complete, -EACCES when it failed the
+ * token proof (hs->auth.why says how), or the negative errno of a socket
+ * error.
  */
 static int tcp_hs_step(struct tcp_setup *s, struct tcp_hs *hs)
 {
@@ -220,6 +247,13 @@ static int tcp_hs_step(struct tcp_setup *s, struct tcp_hs *hs)
 		if (err)
 			return -err;
 		hs->connecting = 0;
+	}
+	if (!hs->authed) {
+		int ret = ferry__auth_hs_step(&hs->auth, hs->fd);
+
+		if (ret <= 0)
+			return ret;
+		hs->authed = 1;
 	}
 	while (hs->out_off < TCP_HS_LEN) {
 		n = send(hs->fd, s->hello + hs->out_off, TCP_HS_LEN - hs->out_off, MSG_NOSIGNAL);
@@ -296,6 +330,47 @@ static int tcp_hs_check(struct tcp_setup *s, struct tcp_hs *hs, int dialed, int 
 	return 0;
 }
 
+static void tcp_hs_gave_way(struct tcp_setup *s, struct tcp_hs *hs)
+{
+	s->gave_way++;
+	snprintf(s->gave_way_who, sizeof(s->gave_way_who), "%s", hs->who);
+	tcp_hs_close(hs);
+}
+
+/* a slot for a connection from @source: a free one, else the oldest of the
+ * source's when it holds TCP_HS_PER_SOURCE, else the oldest of all (a real
+ * rank sends its handshake at once: the oldest is an idle one) */
+static struct tcp_hs *tcp_setup_slot(struct tcp_setup *s, uint32_t source)
+{
+	struct tcp_hs *free_slot = NULL, *oldest = NULL, *oldest_src = NULL;
+	unsigned from_src = 0;
+
+	for (int i = 0; i < TCP_MAX_HANDSHAKES; i++) {
+		struct tcp_hs *hs = &s->acc[i];
+
+		if (hs->fd < 0) {
+			if (!free_slot)
+				free_slot = hs;
+			continue;
+		}
+		if (!oldest || hs->until < oldest->until)
+			oldest = hs;
+		if (hs->source == source) {
+			from_src++;
+			if (!oldest_src || hs->until < oldest_src->until)
+				oldest_src = hs;
+		}
+	}
+	if (from_src >= TCP_HS_PER_SOURCE) {
+		tcp_hs_gave_way(s, oldest_src);
+		return oldest_src;
+	}
+	if (free_slot)
+		return free_slot;
+	tcp_hs_gave_way(s, oldest);
+	return oldest;
+}
+
 static void tcp_setup_accept(struct tcp_setup *s)
 {
 	for (;;) {
@@ -313,22 +388,14 @@ static void tcp_setup_accept(struct tcp_setup *s)
 				ferry_warn("tcp: rank %u: accept: %s", s->rank, strerror(errno));
 			return;
 		}
-		for (int i = 0; i < TCP_MAX_HANDSHAKES && !hs; i++)
-			if (s->acc[i].fd < 0)
-				hs = &s->acc[i];
-		if (!hs) {
-			if (!s->full_logged++)
-				ferry_warn(
-					"tcp: rank %u: %d connections are in their HELLO already; "
-					"closing new ones",
-					s->rank, TCP_MAX_HANDSHAKES);
-			close(fd);
-			continue;
-		}
+		hs = tcp_setup_slot(s, sa.sin_addr.s_addr);
 		ferry__tcp_set_nodelay(fd);
 		memset(hs, 0, sizeof(*hs));
 		hs->fd = fd;
 		hs->peer = -1;
+		hs->until = tcp_now_ms() + TCP_HS_MS;
+		hs->source = sa.sin_addr.s_addr;
+		tcp_hs_auth_start(s, hs, FERRY_AUTH_ACCEPTOR);
 		ferry__tcp_sockaddr_str(&sa, hs->who, sizeof(hs->who));
 	}
 }
@@ -342,7 +409,9 @@ static void tcp_setup_acc_step(struct tcp_setup *s, struct tcp_hs *hs)
 	ret = tcp_hs_step(s, hs);
 	if (ret < 0) {
 		ferry_warn("tcp: rank %u rejected a connection from %s: %s", s->rank, hs->who,
-			   ret == -ENODATA ? "it closed before its HELLO" : strerror(-ret));
+			   ret == -EACCES  ? hs->auth.why :
+			   ret == -ENODATA ? "it closed before its HELLO" :
+					     strerror(-ret));
 		tcp_hs_close(hs);
 		return;
 	}
@@ -369,11 +438,21 @@ static void tcp_setup_dial_step(struct tcp_setup *s, uint32_t j)
 	ret = tcp_hs_step(s, &d->hs);
 	if (ret < 0) {
 		/* refused (not listening yet), or it closed on us: try again */
-		if (ret == -ENODATA)
+		if (ret == -EACCES) {
+			snprintf(d->why, sizeof(d->why), "%s", d->hs.auth.why);
+			if (!d->logged++)
+				ferry_warn("tcp: rank %u: the node at %s, dialed as rank %u, is "
+					   "refused: %s",
+					   s->rank, d->where, j, d->why);
+		} else if (ret == -ENODATA) {
 			snprintf(d->why, sizeof(d->why),
-				 "it closed the connection before its HELLO");
-		else
+				 "it closed the connection before its HELLO%s",
+				 s->t->base.cfg.auth ? " (or its token proof: does it have the "
+						       "same token?)" :
+						       "");
+		} else {
 			d->why[0] = '\0';
+		}
 		ferry_dbg("tcp: rank %u: dialing rank %u at %s: %s", s->rank, j, d->where,
 			  ret == -ENODATA ? d->why : strerror(-ret));
 		tcp_dial_retry(d, ret == -ENODATA ? 0 : -ret);
@@ -547,20 +626,14 @@ int ferry__tcp_connect(struct ferry_tp *tp, const void *const *addrs, const size
 			if (s->fds[r] >= 0)
 				continue;
 			if (d->hs.fd < 0 && now >= d->next_ms)
-				tcp_dial_start(d);
+				tcp_dial_start(s, d);
 			if (d->hs.fd < 0) {
 				if (d->next_ms < wake)
 					wake = d->next_ms;
 				continue;
 			}
-			pfds[n] = (struct pollfd){
-				.fd = d->hs.fd,
-				.events = d->hs.connecting ?
-						  POLLOUT :
-						  POLLIN |
-							  (d->hs.out_off < TCP_HELLO_LEN ? POLLOUT :
-											   0),
-			};
+			pfds[n] =
+				(struct pollfd){ .fd = d->hs.fd, .events = tcp_hs_events(&d->hs) };
 			owner[n++] = (int)r;
 		}
 		for (int i = 0; i < TCP_MAX_HANDSHAKES; i++) {
@@ -568,10 +641,13 @@ int ferry__tcp_connect(struct ferry_tp *tp, const void *const *addrs, const size
 
 			if (hs->fd < 0)
 				continue;
-			pfds[n] = (struct pollfd){
-				.fd = hs->fd,
-				.events = POLLIN | (hs->out_off < TCP_HELLO_LEN ? POLLOUT : 0),
-			};
+			if (hs->until <= now) {
+				tcp_hs_gave_way(s, hs);
+				continue;
+			}
+			if (hs->until < wake)
+				wake = hs->until;
+			pfds[n] = (struct pollfd){ .fd = hs->fd, .events = tcp_hs_events(hs) };
 			owner[n++] = -1 - i;
 		}
 
@@ -616,6 +692,12 @@ int ferry__tcp_connect(struct ferry_tp *tp, const void *const *addrs, const size
 		t->lfd = -1;
 	}
 	ferry_dbg("tcp: rank %u is connected to all %u peers", cfg->rank, cfg->world - 1);
+	if (s->gave_way)
+		ferry_warn("tcp: rank %u closed %u connection%s that did not finish a handshake "
+			   "within %d ms or gave way to newer ones (the last from %s); something "
+			   "other than this cluster's ranks connects to %s",
+			   cfg->rank, s->gave_way, s->gave_way > 1 ? "s" : "", TCP_HS_MS,
+			   s->gave_way_who, t->addr);
 
 out_close:
 	for (int i = 0; i < TCP_MAX_HANDSHAKES; i++) {

@@ -396,10 +396,38 @@ static void link_start(struct tcp_tp *t, struct tcp_conn *c)
 		link_later(t, l, probe, strerror(errno));
 }
 
-/* Return: 1 when the peer's handshake is in, 0 while it goes on, -1 after link_later() */
+/* Return: 1 when the peer's handshake is in, 0 while it goes on, -1 after
+ * link_later(), -2 when the peer failed the token proof (l->auth.why) */
 static int link_hs_step(struct tcp_tp *t, struct tcp_link *l)
 {
 	ssize_t n;
+
+	if (!l->authed) {
+		struct epoll_event ev = { .events = EPOLLIN | EPOLLRDHUP, .data.ptr = l };
+		int ret = ferry__auth_hs_step(&l->auth, l->fd);
+
+		if (ret == -EACCES)
+			return -2;
+		if (ret < 0) {
+			link_later(t, l, 0,
+				   ret == -ENODATA ? "it closed before its token proof" :
+						     strerror(-ret));
+			return -1;
+		}
+		if (ret == 1) {
+			/* proven: now the HELLO and RESUME, with the counts of now */
+			l->authed = 1;
+			ferry__tcp_hs_build(t, l->c, l->out);
+		}
+		if (ret == 1 || ferry__auth_hs_want_out(&l->auth))
+			ev.events |= EPOLLOUT;
+		if (epoll_ctl(t->epfd, EPOLL_CTL_MOD, l->fd, &ev)) {
+			link_later(t, l, 0, strerror(errno));
+			return -1;
+		}
+		if (!ret)
+			return 0;
+	}
 
 	if (l->out_off < TCP_HS_LEN) {
 		while (l->out_off < TCP_HS_LEN) {
@@ -475,13 +503,26 @@ void ferry__tcp_link_event(struct tcp_tp *t, struct tcp_link *l, uint32_t events
 			link_later(t, l, 1, "its listener answers");
 			return;
 		}
-		ferry__tcp_hs_build(t, c, l->out);
+		l->authed = !cfg->auth;
+		if (cfg->auth)
+			ferry__auth_hs_init(&l->auth, cfg->auth_key, "tcp", FERRY_AUTH_DIALER,
+					    cfg->rank);
+		else
+			ferry__tcp_hs_build(t, c, l->out);
 		if (epoll_ctl(t->epfd, EPOLL_CTL_MOD, l->fd, &ev)) {
 			link_later(t, l, 0, strerror(errno));
 			return;
 		}
 	}
 	ret = link_hs_step(t, l);
+	if (ret == -2) {
+		char msg[256];
+
+		link_close(t, l);
+		snprintf(msg, sizeof(msg), "answers, but fails the token proof: %s", l->auth.why);
+		session_gone(t, c, msg);
+		return;
+	}
 	if (ret <= 0)
 		return;
 	if (ferry__proto_check_hello(l->in, TCP_HELLO_LEN, cfg->cluster_id, cfg->world, cfg->rank,
@@ -507,6 +548,71 @@ static void acc_close(struct tcp_tp *t, struct tcp_acc *a)
 	a->fd = -1;
 }
 
+/* move @a's token proof on. Return: 1 through, 0 not yet, -1 closed (logged) */
+static int acc_auth(struct tcp_tp *t, struct tcp_acc *a)
+{
+	struct epoll_event ev = { .events = EPOLLIN | EPOLLRDHUP, .data.ptr = a };
+	int ret = ferry__auth_hs_step(&a->auth, a->fd);
+
+	if (ret == 1) {
+		a->authed = 1;
+		return 1;
+	}
+	if (ret < 0) {
+		/* nothing at all: a peer's probe of our listener */
+		if (ret != -ENODATA || a->auth.in_off)
+			ferry_warn("tcp: rank %u rejected a connection from %s: %s",
+				   t->base.cfg.rank, a->who,
+				   ret == -EACCES  ? a->auth.why :
+				   ret == -ENODATA ? "it closed before its token proof" :
+						     strerror(-ret));
+		acc_close(t, a);
+		return -1;
+	}
+	if (ferry__auth_hs_want_out(&a->auth))
+		ev.events |= EPOLLOUT;
+	if (epoll_ctl(t->epfd, EPOLL_CTL_MOD, a->fd, &ev)) {
+		acc_close(t, a);
+		return -1;
+	}
+	return 0;
+}
+
+/* a slot for a connection from @source: a free one, else the oldest of the
+ * source's when it holds TCP_HS_PER_SOURCE, else the oldest of all (a real
+ * peer sends its handshake at once: the oldest is an idle one) */
+static struct tcp_acc *acc_slot(struct tcp_tp *t, uint32_t source)
+{
+	struct tcp_acc *free_slot = NULL, *oldest = NULL, *oldest_src = NULL, *a;
+	unsigned from_src = 0;
+
+	for (int i = 0; i < TCP_MAX_HANDSHAKES; i++) {
+		a = &t->acc[i];
+		if (a->fd < 0) {
+			if (!free_slot)
+				free_slot = a;
+			continue;
+		}
+		if (!oldest || a->until < oldest->until)
+			oldest = a;
+		if (a->source == source) {
+			from_src++;
+			if (!oldest_src || a->until < oldest_src->until)
+				oldest_src = a;
+		}
+	}
+	a = from_src >= TCP_HS_PER_SOURCE ? oldest_src : free_slot ? free_slot : oldest;
+	if (a->fd >= 0) {
+		if (!t->acc_full_logged++)
+			ferry_warn("tcp: rank %u: %d connections wait in their handshake (%u from "
+				   "the newcomer's address); closing the oldest (from %s) to make "
+				   "room; logged once",
+				   t->base.cfg.rank, TCP_MAX_HANDSHAKES, from_src, a->who);
+		acc_close(t, a);
+	}
+	return a;
+}
+
 void ferry__tcp_listen_event(struct tcp_tp *t)
 {
 	for (;;) {
@@ -525,17 +631,7 @@ void ferry__tcp_listen_event(struct tcp_tp *t)
 					   strerror(errno));
 			return;
 		}
-		for (int i = 0; i < TCP_MAX_HANDSHAKES && !a; i++)
-			if (t->acc[i].fd < 0)
-				a = &t->acc[i];
-		if (!a) {
-			if (!t->acc_full_logged++)
-				ferry_warn("tcp: rank %u: %d connections are in their handshake "
-					   "already; closing new ones",
-					   t->base.cfg.rank, TCP_MAX_HANDSHAKES);
-			close(fd);
-			continue;
-		}
+		a = acc_slot(t, sa.sin_addr.s_addr);
 		ev.data.ptr = a;
 		if (epoll_ctl(t->epfd, EPOLL_CTL_ADD, fd, &ev)) {
 			ferry_warn("tcp: rank %u: epoll_ctl: %s", t->base.cfg.rank,
@@ -547,8 +643,16 @@ void ferry__tcp_listen_event(struct tcp_tp *t)
 		a->fd = fd;
 		a->in_off = 0;
 		a->until = tcp_now_ms() + TCP_HS_MS;
+		a->source = sa.sin_addr.s_addr;
+		a->authed = !t->base.cfg.auth;
 		ferry__tcp_sockaddr_str(&sa, a->who, sizeof(a->who));
 		ferry__tcp_timer_at(t, a->until);
+		if (t->base.cfg.auth) {
+			/* our nonce goes out now; the rest when the peer answers */
+			ferry__auth_hs_init(&a->auth, t->base.cfg.auth_key, "tcp",
+					    FERRY_AUTH_ACCEPTOR, t->base.cfg.rank);
+			acc_auth(t, a);
+		}
 	}
 }
 
@@ -618,6 +722,8 @@ void ferry__tcp_acc_event(struct tcp_tp *t, struct tcp_acc *a, uint32_t events)
 
 	(void)events;
 	if (a->fd < 0)
+		return;
+	if (!a->authed && acc_auth(t, a) <= 0)
 		return;
 	while (a->in_off < TCP_HS_LEN) {
 		ssize_t n = recv(a->fd, a->in + a->in_off, TCP_HS_LEN - a->in_off, MSG_DONTWAIT);

@@ -57,6 +57,7 @@
 #define TCP_FLUSH_IOV 64	   /* chunks per gathered write */
 #define TCP_EVENTS 64		   /* epoll events per wait */
 #define TCP_MAX_HANDSHAKES 64	   /* accepted connections in their HELLO at once */
+#define TCP_HS_PER_SOURCE 32	   /* of them, from one address; past a bound the oldest goes */
 #define TCP_DRAIN_MS 1000	   /* fini: bound on flushing the out queues */
 #define TCP_RETRY_MIN_MS 10	   /* backoff between dials of a refused rank */
 #define TCP_RETRY_MAX_MS 250
@@ -114,7 +115,9 @@ struct tcp_link {
 	size_t out_off, in_off;
 	unsigned char out[TCP_HS_LEN]; /* our HELLO and RESUME (dials) */
 	unsigned char in[TCP_HS_LEN];  /* the peer's */
-	int64_t next_ms;	       /* earliest time of the next attempt */
+	int authed;		       /* the token proof is through (or there is no token) */
+	struct ferry_auth_hs auth;
+	int64_t next_ms; /* earliest time of the next attempt */
 	int backoff_ms;
 };
 
@@ -174,9 +177,12 @@ struct tcp_conn {
 
 /* an accepted connection in its handshake (progress thread) */
 struct tcp_acc {
-	int ev;	       /* TCP_EV_ACC */
-	int fd;	       /* -1: free slot */
-	int64_t until; /* closed at this time if not through (TCP_HS_MS) */
+	int ev;		 /* TCP_EV_ACC */
+	int fd;		 /* -1: free slot */
+	int64_t until;	 /* closed at this time if not through (TCP_HS_MS) */
+	uint32_t source; /* the peer's IPv4 address: TCP_HS_PER_SOURCE */
+	int authed;	 /* the token proof is through (or there is no token) */
+	struct ferry_auth_hs auth;
 	size_t in_off;
 	unsigned char in[TCP_HS_LEN];
 	char who[64];
