@@ -21,9 +21,11 @@
 
 #include "common/cluster.h"
 #include "ferry/ferry.h"
+#include "lib/core/core.h"
 
 #define VLEN (256 * 1024) /* floats: 1 MiB */
 #define PUSHES 1000
+#define FLOOD_TIMEOUT_MS 1000
 
 struct bp {
 	volatile int ready;
@@ -75,6 +77,13 @@ static int child(int rank, struct ferry_params *p, struct bp *b)
 		return 10;
 	if (ferry_barrier(fy))
 		return 11;
+	if (rank == 0) {
+		/* set up under a generous bound (a loaded machine may take more than a
+		 * second to create the table); flood under the short one, the bound a
+		 * push waits for room in the transport's queue */
+		__atomic_store_n(&fy->timeout_ms, FLOOD_TIMEOUT_MS, __ATOMIC_RELAXED);
+		__atomic_store_n(&fy->tp->cfg.timeout_ms, FLOOD_TIMEOUT_MS, __ATOMIC_RELAXED);
+	}
 	__atomic_fetch_add(&b->ready, 1, __ATOMIC_SEQ_CST);
 	if (rank == 1) {
 		while (!b->done)
@@ -132,13 +141,12 @@ Test(backpressure, a_peer_that_stops_reading_bounds_the_flooders_memory, .timeou
 	cr_assert_neq(b, MAP_FAILED);
 	ferry_params_init(&p);
 	p.transport = FERRY_TRANSPORT_TCP;
-	p.timeout_ms = 1000;
+	/* rank 1 must not give up on rank 0 while stopped; rank 0 lowers its
+	 * own bound to FLOOD_TIMEOUT_MS once the table stands */
+	p.timeout_ms = 30000;
 	rc = ferry_local_cluster_fork(2, &p, pids);
-	if (rc == 0 || rc == 1) {
-		if (rc == 1)
-			p.timeout_ms = 30000; /* the stopped node must not give up on rank 0 */
+	if (rc == 0 || rc == 1)
 		_exit(child(rc, &p, b));
-	}
 	cr_assert_eq(rc, FERRY_LOCAL_PARENT, "fork: %s", ferry_strerror(rc));
 	for (int i = 0; i < 30000 && b->ready < 2; i++)
 		usleep(1000);
