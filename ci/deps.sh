@@ -15,7 +15,7 @@
 # one line per group. Exit status: 0 when every requested package is present afterwards.
 set -euo pipefail
 
-readonly GROUP_BUILD="cmake gcc make pkg-config liburcu-dev libxxhash-dev libcriterion-dev libibverbs-dev librdmacm-dev clang-format libpmix-dev openmpi-bin libopenmpi-dev iproute2"
+readonly GROUP_BUILD="cmake gcc make pkg-config liburcu-dev libxxhash-dev libjansson-dev libcriterion-dev libibverbs-dev librdmacm-dev clang-format libpmix-dev openmpi-bin libopenmpi-dev iproute2"
 readonly GROUP_FUZZ="clang-14 libfuzzer-14-dev"
 readonly GROUP_VM="qemu-system-x86 busybox-static rdma-core ibverbs-utils rdmacm-utils perftest ibverbs-providers iproute2 cpio kmod"
 readonly GROUP_BENCH="gnuplot-nox dataset-fashion-mnist"

@@ -6,7 +6,7 @@
  *
  *   lib/ferry.c, lib/cluster.c      open/close, local clusters
  *     lib/table/                    collective create/destroy
- *       lib/reloc/                  localize protocol, landing inbox
+ *       lib/reloc/ lib/ckpt/        localize protocol, landing inbox; checkpoints
  *         lib/ops/ lib/coll/        pull/push/set, requests, one-sided pulls;
  *                                   broadcast, reduce, all-reduce
  *           lib/core/               node, dispatcher, barrier, proto, bootstrap
