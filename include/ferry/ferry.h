@@ -110,6 +110,14 @@ struct ferry_params {
 	 * use) fails with -ENOMEM and the node goes on. 0: FERRY_MEM_LIMIT, or
 	 * none */
 	uint64_t mem_limit;
+	/* the membership manager (docs/membership.md): NULL: FERRY_ETCD_ENDPOINTS,
+	 * or none: the embedded one (rank 0). "http://host:port[,http://...]":
+	 * etcd keeps the membership, each node's key held by a lease */
+	const char *etcd_endpoints;
+	/* seconds a node's etcd lease lives without a renewal: a node that stops
+	 * (killed, stopped, cut off) is declared dead within about this; 0:
+	 * FERRY_ETCD_TTL or 5 */
+	int etcd_ttl;
 };
 
 /**
@@ -155,6 +163,16 @@ FERRY_API int ferry_world(const struct ferry *fy);
  * Return: 0, -ETIMEDOUT (naming the missing ranks in the log), -FERRY_E_CLOSED.
  */
 FERRY_API int ferry_barrier(struct ferry *fy);
+
+/**
+ * ferry_epoch - the membership epoch this node has seen
+ *
+ * With etcd as the manager, the etcd revision of the last membership change
+ * this node saw (every node registered; later, a node's key gone): it only
+ * grows, and two nodes that saw the same changes report the same value. With
+ * the embedded manager (rank 0), 0.
+ */
+FERRY_API uint64_t ferry_epoch(const struct ferry *fy);
 
 /* ---- tables ----------------------------------------------------------- */
 
