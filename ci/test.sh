@@ -146,7 +146,7 @@ tsan_build_run()
 	cmake -S . -B build-tsan -DFERRY_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 		-DFERRY_SANITIZE=thread &&
 		cmake --build build-tsan -j"$jobs" --target test_store test_onesided test_cluster \
-			test_keymap test_sparse test_reconnect test_coll &&
+			test_keymap test_sparse test_reconnect test_coll test_ckpt test_etcd &&
 		TSAN_OPTIONS="suppressions=$PWD/tests/tsan.supp halt_on_error=1" \
 			ctest --test-dir build-tsan -R '^test_' --output-on-failure
 }

@@ -543,8 +543,9 @@ FERRY_API int ferry_table_checkpoint_start(struct ferry_table *table, const char
  * returns the same result: the checkpoint is whole, or it failed somewhere
  * (the node that failed logged the file and the cause).
  *
- * Context: the thread that started it; a collective: every node calls it in
- * the same order as its other collectives. Return: 0; -EIO (a node could
+ * Context: the thread that started it, before @table is destroyed or the
+ * node closed; a collective: every node calls it in the same order as its
+ * other collectives. Return: 0; -EIO (a node could
  * not write its shard or the manifest); -ETIMEDOUT, -FERRY_E_PEER.
  */
 FERRY_API int ferry_checkpoint_wait(struct ferry_checkpoint *ckpt);

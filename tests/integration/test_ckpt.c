@@ -474,7 +474,7 @@ static void ck_file(char *path, size_t len, const char *dir, const char *name)
 
 static void ck_copy(const char *from, const char *to)
 {
-	char cmd[1024];
+	char cmd[2048];
 
 	snprintf(cmd, sizeof(cmd), "cp -p '%s' '%s'", from, to);
 	cr_assert_eq(system(cmd), 0);
