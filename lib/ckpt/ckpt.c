@@ -127,8 +127,11 @@ static int ckpt_mark(struct ferry_checkpoint *ck)
 
 	pthread_mutex_lock(&d->own_lock);
 	n = d->home_live + ferry__keymap_count(&d->own);
-	/* a first guess at the size: exact for a table of one value_len */
-	e.rc = ckpt_reserve(ck, n * (sizeof(struct ferry_ckpt_rec) + ck->t->max_len * 4ull));
+	/* the size: exact for a table of one value_len; with value_lens the
+	 * headers only (one long value must not make every key count as long),
+	 * and the buffer doubles as it fills */
+	e.rc = ckpt_reserve(ck, n * (sizeof(struct ferry_ckpt_rec) +
+				     (ck->t->value_lens ? 0 : ck->t->max_len * 4ull)));
 	for (uint64_t i = 0; !e.rc && i < d->home_n; i++) {
 		const struct ferry_slot *s = __atomic_load_n(&d->home_own[i], __ATOMIC_ACQUIRE);
 

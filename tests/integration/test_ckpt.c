@@ -295,6 +295,84 @@ Test(ckpt, threads_sparse_taken_in_training_restores_into_2_and_4_nodes, .timeou
 	ck_threads(1);
 }
 
+/* ---- per-key value lengths ------------------------------------------------ */
+
+#define VL_KEYS 500
+static uint32_t vl_lens[VL_KEYS];
+
+static float vl_val(uint64_t key, uint32_t j)
+{
+	return (float)(key * 10 + j);
+}
+
+/* @check 0: set every key (each node a share); 1: read every key back */
+static int vl_fn(struct tc *c, int rank, void *arg)
+{
+	const char *dir = arg;
+	struct ferry_worker *w;
+	float v[64];
+	int rc = ferry_worker_create(c->fy[rank], &w);
+
+	for (uint64_t k = (uint64_t)rank; !rc && k < VL_KEYS; k += (uint64_t)c->n) {
+		for (uint32_t j = 0; j < vl_lens[k]; j++)
+			v[j] = vl_val(k, j);
+		rc = ferry_set(w, c->t[rank], &k, 1, v);
+	}
+	if (!rc)
+		rc = ferry_barrier(c->fy[rank]);
+	if (!rc)
+		rc = ferry_table_checkpoint(c->t[rank], dir);
+	if (!rc)
+		rc = ferry_barrier(c->fy[rank]);
+	ferry_worker_destroy(w);
+	return rc;
+}
+
+static int vl_check_fn(struct tc *c, int rank, void *arg)
+{
+	const char *dir = arg;
+	struct ferry_worker *w;
+	float v[64];
+	int rc = ferry_table_restore(c->t[rank], dir);
+
+	if (!rc)
+		rc = ferry_worker_create(c->fy[rank], &w);
+	if (rc)
+		return rc;
+	for (uint64_t k = 0; !rc && k < VL_KEYS; k++) {
+		rc = ferry_pull(w, c->t[rank], &k, 1, v);
+		for (uint32_t j = 0; !rc && j < vl_lens[k]; j++)
+			if (v[j] != vl_val(k, j))
+				rc = 1000 + (int)k;
+	}
+	if (!rc)
+		rc = ferry_barrier(c->fy[rank]);
+	ferry_worker_destroy(w);
+	return rc;
+}
+
+Test(ckpt, per_key_value_lengths_restore_from_3_into_2_nodes, .timeout = 60)
+{
+	struct ferry_table_params tp = { .num_keys = VL_KEYS, .value_lens = vl_lens };
+	char *dir = ck_tmpdir();
+	struct tc c;
+	int rc;
+
+	for (uint64_t k = 0; k < VL_KEYS; k++)
+		vl_lens[k] = 1 + (uint32_t)(k * 7 % 64);
+	cr_assert_eq(tc_open(&c, 3, &tp, 20000), 0);
+	rc = tc_run(&c, vl_fn, dir);
+	cr_assert_eq(rc, 0, "set and checkpoint: %d (%s)", rc, ferry_strerror(rc));
+	tc_close(&c);
+	tp.placement = FERRY_PLACEMENT_HASH;
+	cr_assert_eq(tc_open(&c, 2, &tp, 20000), 0);
+	rc = tc_run(&c, vl_check_fn, dir);
+	cr_assert_eq(rc, 0, "restore: %d (%s)", rc,
+		     rc >= 1000 ? "a key read wrong" : ferry_strerror(rc));
+	tc_close(&c);
+	ck_rmdir(dir);
+}
+
 /* ---- as processes -------------------------------------------------------- */
 
 struct ck_shared {
