@@ -78,6 +78,8 @@ struct etcd {
 	char *watch_body;
 	int64_t watch_from; /* the watch's start revision */
 	bool lease_lost_logged;
+	bool ka_failing;    /* renewals fail now (logged once) */
+	bool watch_failing; /* the watch ended, no line since (logged once) */
 };
 
 static int64_t etcd_now_ms(void)
@@ -358,6 +360,10 @@ static void etcd_watch_line(struct etcd *e, const char *line)
 
 	if (!j)
 		return;
+	if (e->watch_failing)
+		ferry_warn("membership: etcd: watching %s again from revision %lld", e->prefix,
+			   (long long)e->watch_from);
+	e->watch_failing = false;
 	res = json_object_get(j, "result");
 	rev = etcd_revision(res);
 	if (json_is_true(json_object_get(res, "canceled"))) {
@@ -463,10 +469,18 @@ static void etcd_ka_done(struct etcd *e, CURLcode c)
 				e->fy->rank, e->lease, e->ttl);
 		}
 		json_decref(j);
+		if (e->ka_failing)
+			ferry_warn("membership: etcd: rank %u's lease renewed again at %s",
+				   e->fy->rank, e->eps[e->cur]);
+		e->ka_failing = false;
 	} else {
-		ferry_warn("membership: etcd: renewing rank %u's lease at %s failed (%s, HTTP "
-			   "%ld); trying again",
-			   e->fy->rank, e->eps[e->cur], curl_easy_strerror(c), code);
+		/* once per outage: a renewal is tried every third of the TTL */
+		if (!e->ka_failing)
+			ferry_warn("membership: etcd: renewing rank %u's lease at %s failed (%s, "
+				   "HTTP %ld); trying again every %d ms, and the next endpoint",
+				   e->fy->rank, e->eps[e->cur], curl_easy_strerror(c), code,
+				   e->ttl * 1000 / 3);
+		e->ka_failing = true;
 		e->cur = (e->cur + 1) % e->neps;
 	}
 }
@@ -506,11 +520,14 @@ static void *etcd_thread(void *arg)
 				etcd_ka_done(e, msg->data.result);
 				e->ka = NULL;
 			} else if (h == e->watch) {
-				if (!__atomic_load_n(&e->stop, __ATOMIC_ACQUIRE))
+				/* once per outage; every 250 ms it is tried again */
+				if (!__atomic_load_n(&e->stop, __ATOMIC_ACQUIRE) &&
+				    !e->watch_failing)
 					ferry_warn("membership: etcd: the watch on %s ended (%s); "
 						   "watching again from revision %lld",
 						   e->prefix, curl_easy_strerror(msg->data.result),
 						   (long long)e->watch_from);
+				e->watch_failing = true;
 				e->watch = NULL;
 				next_watch = etcd_now_ms() + 250;
 			}

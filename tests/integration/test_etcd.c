@@ -41,7 +41,8 @@
 struct etcd_srv {
 	pid_t pid;
 	char dir[64];
-	char url[64];
+	char url[64];  /* clients */
+	char purl[64]; /* peers */
 };
 
 static int64_t ed_now_ms(void)
@@ -131,28 +132,24 @@ static int ed_count_keys(const struct etcd_srv *s)
 }
 #endif
 
-static void ed_up(struct etcd_srv *s)
+/* start etcd on @s's folder and ports and wait until it answers */
+static void ed_spawn(struct etcd_srv *s)
 {
-	char purl[64], log[96], cluster[128];
-	int cport = ed_free_port(), pport = ed_free_port();
+	char log[96], cluster[128];
 	int64_t deadline;
 
-	snprintf(s->dir, sizeof(s->dir), "/tmp/ferry-etcd-XXXXXX");
-	cr_assert(mkdtemp(s->dir));
-	snprintf(s->url, sizeof(s->url), "http://127.0.0.1:%d", cport);
-	snprintf(purl, sizeof(purl), "http://127.0.0.1:%d", pport);
-	snprintf(cluster, sizeof(cluster), "ferrytest=%s", purl);
+	snprintf(cluster, sizeof(cluster), "ferrytest=%s", s->purl);
 	snprintf(log, sizeof(log), "%s/etcd.log", s->dir);
 	s->pid = fork();
 	cr_assert_geq(s->pid, 0);
 	if (s->pid == 0) {
 		/* never outlive the test process, even when an assertion ends it */
 		prctl(PR_SET_PDEATHSIG, SIGKILL);
-		if (!freopen(log, "w", stdout) || !freopen(log, "a", stderr))
+		if (!freopen(log, "a", stdout) || !freopen(log, "a", stderr))
 			_exit(126);
 		execlp("etcd", "etcd", "--name", "ferrytest", "--data-dir", s->dir,
 		       "--listen-client-urls", s->url, "--advertise-client-urls", s->url,
-		       "--listen-peer-urls", purl, "--initial-advertise-peer-urls", purl,
+		       "--listen-peer-urls", s->purl, "--initial-advertise-peer-urls", s->purl,
 		       "--initial-cluster", cluster, (char *)NULL);
 		_exit(127);
 	}
@@ -168,9 +165,18 @@ static void ed_up(struct etcd_srv *s)
 #endif
 }
 
-static void ed_down(struct etcd_srv *s)
+static void ed_up(struct etcd_srv *s)
 {
-	char cmd[128];
+	snprintf(s->dir, sizeof(s->dir), "/tmp/ferry-etcd-XXXXXX");
+	cr_assert(mkdtemp(s->dir));
+	snprintf(s->url, sizeof(s->url), "http://127.0.0.1:%d", ed_free_port());
+	snprintf(s->purl, sizeof(s->purl), "http://127.0.0.1:%d", ed_free_port());
+	ed_spawn(s);
+}
+
+/* stop etcd (SIGTERM, SIGKILL after 5 s) and reap it; the folder stays */
+static void ed_stop(struct etcd_srv *s)
+{
 	int64_t deadline = ed_now_ms() + 5000;
 
 	kill(s->pid, SIGTERM);
@@ -182,6 +188,13 @@ static void ed_down(struct etcd_srv *s)
 		}
 		usleep(20000);
 	}
+}
+
+static void ed_down(struct etcd_srv *s)
+{
+	char cmd[128];
+
+	ed_stop(s);
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", s->dir);
 	cr_assert_eq(system(cmd), 0);
 }
@@ -467,4 +480,74 @@ Test(etcd, unreachable_etcd_at_start_is_a_clear_error, .timeout = 60)
 	cr_assert_eq(rc, -ECONNREFUSED, "open returned %d (%s)", rc, ferry_strerror(rc));
 	cr_assert(strstr(ed_log, "cannot reach etcd") && strstr(ed_log, url),
 		  "no log line says etcd at %s is unreachable:\n%s", url, ed_log);
+}
+
+struct ed_bar {
+	struct ferry *fy;
+	int rc;
+};
+
+static void *ed_barrier_thread(void *arg)
+{
+	struct ed_bar *b = arg;
+
+	b->rc = ferry_barrier(b->fy);
+	return NULL;
+}
+
+/* a barrier of @n nodes of this process; 0 or the first error */
+static int ed_barrier(struct ferry **fys, int n)
+{
+	struct ed_bar b[3];
+	pthread_t th[3];
+	int rc = 0;
+
+	for (int i = 0; i < n; i++) {
+		b[i] = (struct ed_bar){ .fy = fys[i] };
+		pthread_create(&th[i], NULL, ed_barrier_thread, &b[i]);
+	}
+	for (int i = 0; i < n; i++) {
+		pthread_join(th[i], NULL);
+		if (b[i].rc && !rc)
+			rc = b[i].rc;
+	}
+	return rc;
+}
+
+/*
+ * etcd restarts under a running cluster (same folder and ports): nobody is
+ * declared dead past 2 TTLs, and the watch comes back: a node that closes
+ * afterwards is seen to go (the others' epoch grows).
+ */
+Test(etcd, an_etcd_restart_kills_nobody_and_the_watch_comes_back, .timeout = 120)
+{
+	struct ferry_params p;
+	struct ferry *fys[3];
+	struct etcd_srv s;
+	uint64_t before;
+	int64_t deadline;
+	int rc;
+
+	ed_skip_unless_available();
+	ed_up(&s);
+	ed_params(&p, &s);
+	rc = ferry_local_cluster_open(3, &p, fys);
+	cr_assert_eq(rc, 0, "open: %s", ferry_strerror(rc));
+	ed_stop(&s);
+	usleep(500000);
+	ed_spawn(&s);
+	usleep(2 * TTL * 1000000);
+	rc = ed_barrier(fys, 3);
+	cr_assert_eq(rc, 0, "a barrier after etcd restarted: %s (a node was declared dead?)",
+		     ferry_strerror(rc));
+	before = ferry_epoch(fys[0]);
+	ferry_close(fys[2]);
+	deadline = ed_now_ms() + TTL * 1000 + BOUND_MS;
+	while (ferry_epoch(fys[0]) == before && ed_now_ms() < deadline)
+		usleep(10000);
+	cr_assert_gt(ferry_epoch(fys[0]), before,
+		     "rank 0 never saw rank 2's key go after etcd restarted");
+	ferry_close(fys[0]);
+	ferry_close(fys[1]);
+	ed_down(&s);
 }
