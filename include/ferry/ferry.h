@@ -530,7 +530,10 @@ struct ferry_checkpoint;
  * thread of this node writes the shard meanwhile.
  *
  * Context: any application thread, as said above. Return: 0; -EINVAL;
- * -ENOMEM (the copy); -ETIMEDOUT, -FERRY_E_PEER (a barrier); no handle then.
+ * -ENOMEM (the copy); -EBUSY (a key was moving at the mark: an operation
+ * was still under way); mkdir's or unlink's -errno for the folder (logged);
+ * -ETIMEDOUT, -FERRY_E_PEER (a barrier). A failure on any node fails every
+ * node, and leaves no handle.
  */
 FERRY_API int ferry_table_checkpoint_start(struct ferry_table *table, const char *dir,
 					   struct ferry_checkpoint **ckpt_p);
