@@ -17,7 +17,7 @@
  *     lease/keepalive {ID} every TTL/3 s
  *     watch {create_request: prefix, start_revision = epoch + 1}: a stream
  *       of JSON lines; a DELETE of rank r's key (its lease ended: r stopped
- *       renewing) -> epoch = its revision, ferry__mgr_declare_dead(r)
+ *       renewing) -> epoch = its revision, cfg->declare_dead(r)
  *     a watch that ends (etcd restarted, compaction): range again (a key
  *       gone meanwhile is a death too), then watch from that revision + 1
  *   ferry_close: wake the thread and join it (quiesce: no departure is
@@ -58,6 +58,7 @@ struct etcd_buf {
 
 struct etcd {
 	struct ferry *fy;
+	int (*declare_dead)(struct ferry *fy, uint32_t rank, uint64_t epoch);
 	char *eps[ETCD_MAX_ENDPOINTS];
 	int neps, cur;	 /* the endpoint in use */
 	const char *api; /* "/v3" or "/v3beta" */
@@ -312,7 +313,7 @@ static void etcd_gone(struct etcd *e, uint32_t rank, int64_t rev)
 	ferry_info("membership: etcd: rank %u's key is gone at revision %lld (its lease of %d s "
 		   "ended: it stopped renewing)",
 		   rank, (long long)rev, e->ttl);
-	rc = ferry__mgr_declare_dead(e->fy, rank, (uint64_t)rev);
+	rc = e->declare_dead(e->fy, rank, (uint64_t)rev);
 	if (rc)
 		ferry_err("membership: could not hand rank %u's death to the progress thread: %s",
 			  rank, ferry_strerror(rc));
@@ -662,6 +663,7 @@ static int etcd_start(struct ferry *fy, const struct ferry_mgr_cfg *cfg, void **
 	if (!e)
 		return -ENOMEM;
 	e->fy = fy;
+	e->declare_dead = cfg->declare_dead;
 	e->ttl = cfg->ttl;
 	e->api = "/v3";
 	pthread_once(&etcd_curl_once, etcd_curl_init);

@@ -45,7 +45,9 @@ int ferry__mgr_attach(struct ferry *fy)
 	return ferry__dispatch_register(fy, FERRY_MSG_MGR_DEAD, FERRY_DISPATCH_NODE, mgr_on_dead);
 }
 
-int ferry__mgr_declare_dead(struct ferry *fy, uint32_t rank, uint64_t epoch)
+/* @rank's membership ended at @epoch: have the progress thread declare it
+ * failed. Context: the manager's thread. Return: 0 or a negative errno. */
+static int mgr_declare_dead(struct ferry *fy, uint32_t rank, uint64_t epoch)
 {
 	struct {
 		struct ferry_msg_hdr h;
@@ -82,7 +84,7 @@ static int mgr_ttl(const struct ferry_params *p)
 
 int ferry__mgr_start(struct ferry *fy, const struct ferry_params *params)
 {
-	struct ferry_mgr_cfg cfg = { 0 };
+	struct ferry_mgr_cfg cfg = { .declare_dead = mgr_declare_dead };
 	struct ferry_mgr *m;
 	int rc;
 

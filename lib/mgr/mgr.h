@@ -16,7 +16,7 @@
  * the node stopped renewing) makes this node declare that rank failed.
  *
  * A manager runs on a thread of its own, and ferry__node_peer_failed() is
- * for the progress thread only: ferry__mgr_declare_dead() sends the node a
+ * for the progress thread only: the cfg's declare_dead() sends the node a
  * MGR_DEAD frame of its own (proto.h), whose handler makes the call.
  */
 #ifndef FERRY_LIB_MGR_H
@@ -32,6 +32,10 @@ struct ferry_mgr_cfg {
 	const char *endpoints; /* comma-separated URLs */
 	int ttl;	       /* seconds */
 	const char *prefix;    /* key prefix of every Ferry cluster */
+	/* what the manager's thread calls when it sees @rank's membership end
+	 * at @epoch: hands it to the progress thread (a MGR_DEAD frame to
+	 * self). A callback, so that a manager never calls mgr.c by name. */
+	int (*declare_dead)(struct ferry *fy, uint32_t rank, uint64_t epoch);
 };
 
 struct ferry_mgr_ops {
@@ -68,8 +72,5 @@ struct ferry_mgr *ferry__mgr_detach(struct ferry *fy);
 /* leave the membership and free @m (NULL: nothing). Context: ferry_close,
  * after the node closed. */
 void ferry__mgr_leave(struct ferry_mgr *m);
-/* @rank's membership ended at @epoch: have the progress thread declare it
- * failed. Context: the manager's thread. Return: 0 or a negative errno. */
-int ferry__mgr_declare_dead(struct ferry *fy, uint32_t rank, uint64_t epoch);
 
 #endif /* FERRY_LIB_MGR_H */
