@@ -4,9 +4,10 @@
 #   bash ci/deps.sh [build|fuzz|vm|bench|all]...     (default: all)
 #
 # Groups:
-#   build  compile libferry and its Criterion tests, check formatting; run the multi-host tests
-#          (mpirun through PMIx: openmpi-bin, libpmix-dev; network namespaces: iproute2); the
-#          tools' JSON (libjansson-dev) and its checks (jq); the .deb's check (dpkg-dev)
+#   build  compile libferry and its Criterion tests (etcd-server: the etcd manager's tests), check
+#          formatting; run the multi-host tests (mpirun through PMIx: openmpi-bin, libpmix-dev;
+#          network namespaces: iproute2); the tools' JSON (libjansson-dev) and its checks (jq); the
+#          .deb's check (dpkg-dev)
 #   fuzz   build and run the libFuzzer targets in fuzz/ (clang-14 and its libFuzzer)
 #   vm     run the RDMA suites on SoftRoCE inside QEMU (ci/softroce-vm.sh)
 #   bench  plot benchmark figures; Fashion-MNIST for ferry-dp (dataset-fashion-mnist)
@@ -16,7 +17,7 @@
 # one line per group. Exit status: 0 when every requested package is present afterwards.
 set -euo pipefail
 
-readonly GROUP_BUILD="cmake gcc make pkg-config liburcu-dev libxxhash-dev libsodium-dev libcriterion-dev libibverbs-dev librdmacm-dev clang-format libpmix-dev openmpi-bin libopenmpi-dev iproute2 libjansson-dev jq dpkg-dev"
+readonly GROUP_BUILD="cmake gcc make pkg-config liburcu-dev libxxhash-dev libsodium-dev libjansson-dev libcurl4-openssl-dev etcd-server libcriterion-dev libibverbs-dev librdmacm-dev clang-format libpmix-dev openmpi-bin libopenmpi-dev iproute2 jq dpkg-dev"
 readonly GROUP_FUZZ="clang-14 libfuzzer-14-dev"
 readonly GROUP_VM="qemu-system-x86 busybox-static rdma-core ibverbs-utils rdmacm-utils perftest ibverbs-providers iproute2 cpio kmod"
 readonly GROUP_BENCH="gnuplot-nox dataset-fashion-mnist"
@@ -27,7 +28,7 @@ readonly INSTALL_TIMEOUT=${FERRY_APT_INSTALL_TIMEOUT:-900}
 
 usage()
 {
-	sed -n '2,15s/^# \{0,1\}//p' "$0"
+	sed -n '2,16s/^# \{0,1\}//p' "$0"
 }
 
 group_packages()

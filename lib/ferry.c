@@ -6,9 +6,9 @@
  *
  *   lib/ferry.c, lib/cluster.c      open/close, local clusters
  *     lib/table/                    collective create/destroy
- *       lib/reloc/                  localize protocol, landing inbox
+ *       lib/reloc/ lib/ckpt/        localize protocol, landing inbox; checkpoints
  *         lib/ops/ lib/coll/        pull/push/set, requests, one-sided pulls;
- *                                   broadcast, reduce, all-reduce
+ *         lib/mgr/                  broadcast, reduce, all-reduce; membership (etcd)
  *           lib/core/               node, dispatcher, barrier, proto, bootstrap
  *             lib/dir/ lib/store/   placement, pending moves; arenas and slots
  *               transport/          tcp, rdma, loop over transport/base
@@ -19,6 +19,7 @@
 
 #include "lib/coll/coll.h"
 #include "lib/core/core.h"
+#include "lib/mgr/mgr.h"
 #include "lib/ops/ops.h"
 #include "lib/reloc/reloc.h"
 #include "lib/table/table.h"
@@ -42,6 +43,8 @@ int ferry_open(const struct ferry_params *params, struct ferry **fy_p)
 		rc = ferry__table_attach(fy);
 	if (!rc)
 		rc = ferry__coll_attach(fy);
+	if (!rc)
+		rc = ferry__mgr_attach(fy);
 	if (rc) {
 		ferry__node_put(fy);
 		return rc;
@@ -49,15 +52,28 @@ int ferry_open(const struct ferry_params *params, struct ferry **fy_p)
 	rc = ferry__node_start(fy, &ferry__dispatch_handler);
 	if (rc)
 		return rc;
+	/* the membership manager, once the rendezvous gave the cluster its id */
+	rc = ferry__mgr_start(fy, params);
+	if (rc) {
+		ferry_close(fy);
+		return rc;
+	}
 	*fy_p = fy;
 	return 0;
 }
 
 void ferry_close(struct ferry *fy)
 {
+	struct ferry_mgr *m;
+
 	if (!fy)
 		return;
+	/* stop watching the membership: the others' departures are theirs */
+	m = ferry__mgr_detach(fy);
+
 	/* destroyed tables still registered with the transport go first */
 	ferry__table_close(fy);
 	ferry__node_close(fy);
+	/* the others heard this node's goodbye; now its key goes */
+	ferry__mgr_leave(m);
 }

@@ -208,6 +208,23 @@ static void print_config(void)
 	printf("  listen on %s, peers dial %s\n    because: %s\n", c.bind_addr, c.adv_addr,
 	       c.bind_why);
 	printf("  timeout %d ms, busy poll %s\n", c.timeout_ms, c.busy_poll ? "on" : "off");
+	{
+		const char *ep = getenv("FERRY_ETCD_ENDPOINTS");
+
+		if (!ep || !*ep)
+			printf("  membership: embedded (rank 0; docs/membership.md)\n");
+		else
+#ifdef FERRY_HAVE_ETCD
+			printf("  membership: etcd at %s, lease %s s (FERRY_ETCD_TTL), prefix %s\n",
+			       ep, getenv("FERRY_ETCD_TTL") ? getenv("FERRY_ETCD_TTL") : "5",
+			       getenv("FERRY_ETCD_PREFIX") ? getenv("FERRY_ETCD_PREFIX") :
+							     "/ferry");
+#else
+			printf("  membership: etcd at %s asked for, but this build has no etcd "
+			       "manager (no libcurl): ferry_open will refuse it\n",
+			       ep);
+#endif
+	}
 }
 
 static void print_devices(void)

@@ -116,6 +116,14 @@ struct ferry_params {
 	 * line of the file FERRY_TOKEN_FILE names, else none (anyone who can
 	 * reach the ports may join: docs/security.md) */
 	const char *token;
+	/* the membership manager (docs/membership.md): NULL: FERRY_ETCD_ENDPOINTS,
+	 * or none: the embedded one (rank 0). "http://host:port[,http://...]":
+	 * etcd keeps the membership, each node's key held by a lease */
+	const char *etcd_endpoints;
+	/* seconds a node's etcd lease lives without a renewal: a node that stops
+	 * (killed, stopped, cut off) is declared dead within about this; 0:
+	 * FERRY_ETCD_TTL or 5 */
+	int etcd_ttl;
 };
 
 /**
@@ -161,6 +169,16 @@ FERRY_API int ferry_world(const struct ferry *fy);
  * Return: 0, -ETIMEDOUT (naming the missing ranks in the log), -FERRY_E_CLOSED.
  */
 FERRY_API int ferry_barrier(struct ferry *fy);
+
+/**
+ * ferry_epoch - the membership epoch this node has seen
+ *
+ * With etcd as the manager, the etcd revision of the last membership change
+ * this node saw (every node registered; later, a node's key gone): it only
+ * grows, and two nodes that saw the same changes report the same value. With
+ * the embedded manager (rank 0), 0.
+ */
+FERRY_API uint64_t ferry_epoch(const struct ferry *fy);
 
 /* ---- tables ----------------------------------------------------------- */
 
@@ -540,6 +558,91 @@ struct ferry_stats {
  * @stats_p: filled in
  */
 FERRY_API int ferry_stats(struct ferry *fy, struct ferry_stats *stats_p);
+
+/* ---- checkpoints ------------------------------------------------------ */
+
+/*
+ * A checkpoint of a table is a folder: one shard file per node (the keys it
+ * owned and their values, shard-<rank>-of-<world>.fck) and manifest.json
+ * (the table's parameters, the node count, each shard's file, key count,
+ * size and XXH3-64 checksum), written by rank 0 last, so a folder with a
+ * manifest holds a whole checkpoint (docs/checkpoints.md). The folder must
+ * be one every node can read and write (a shared file system, or one
+ * machine).
+ *
+ * Consistency: every operation acknowledged on any node before that node
+ * called the checkpoint is in it, and none started after the call returned.
+ * Every node calls it at the same point (a clock boundary of training):
+ * once its workers finished every operation on the table they started
+ * (synchronous calls returned, tickets waited), and none starts another
+ * until ferry_table_checkpoint_start() returns. The call marks the point: a
+ * barrier, a copy of the values this node owns into memory, a barrier; the
+ * shard is written afterwards, while training goes on.
+ */
+struct ferry_checkpoint;
+
+/**
+ * ferry_table_checkpoint_start - mark a checkpoint of @table (collective)
+ * @table: the table; every node calls it, in the same order as its other
+ *         collectives (barriers, all-reduces, creates)
+ * @dir: the folder (created if missing); every node passes the same
+ * @ckpt_p: receives the handle: pass it to ferry_checkpoint_wait()
+ *
+ * Returns once every node copied what it owns: training may go on. A
+ * thread of this node writes the shard meanwhile.
+ *
+ * Context: any application thread, as said above. Return: 0; -EINVAL;
+ * -ENOMEM (the copy); -EBUSY (a key was moving at the mark: an operation
+ * was still under way); mkdir's or unlink's -errno for the folder (logged);
+ * -ETIMEDOUT, -FERRY_E_PEER (a barrier). A failure on any node fails every
+ * node, and leaves no handle.
+ */
+FERRY_API int ferry_table_checkpoint_start(struct ferry_table *table, const char *dir,
+					   struct ferry_checkpoint **ckpt_p);
+
+/**
+ * ferry_checkpoint_wait - finish a checkpoint (collective) and free @ckpt
+ *
+ * Waits for this node's shard, then every node's status and checksum go to
+ * every node (an all-reduce) and rank 0 writes the manifest. Every node
+ * returns the same result: the checkpoint is whole, or it failed somewhere
+ * (the node that failed logged the file and the cause).
+ *
+ * Context: the thread that started it, before @table is destroyed or the
+ * node closed; a collective: every node calls it in the same order as its
+ * other collectives. Return: 0; -EIO (a node could
+ * not write its shard or the manifest); -ETIMEDOUT, -FERRY_E_PEER.
+ */
+FERRY_API int ferry_checkpoint_wait(struct ferry_checkpoint *ckpt);
+
+/** ferry_table_checkpoint - ferry_table_checkpoint_start(), then ferry_checkpoint_wait() */
+FERRY_API int ferry_table_checkpoint(struct ferry_table *table, const char *dir);
+
+/**
+ * ferry_table_restore - load a checkpoint into @table (collective)
+ * @table: a table created with the same num_keys, value lengths, sparse
+ *         flag and initial values as the checkpointed one; placement, mode,
+ *         capacity and the node count may differ
+ * @dir: the checkpoint's folder
+ *
+ * Every node reads the manifest and every shard, checks sizes and
+ * checksums, and keeps the values of the keys it owns now; only once every
+ * node found the whole checkpoint good does any node install them, so a bad
+ * checkpoint leaves the table as it was on every node. A sparse key that is
+ * not in the checkpoint reads as its initial value afterwards.
+ *
+ * Context: every node, with no operation on @table running on any node
+ * (as for ferry_table_checkpoint_start); returns once every node installed.
+ * Return: 0; -ENOENT (no manifest or a shard missing); -EBADMSG (a file is
+ * truncated or corrupt: the log names the file and the fault);
+ * -FERRY_E_MISMATCH (the checkpoint is of another kind of table: the log
+ * names the field); -EBUSY (a key of the checkpoint found no node that
+ * owns it: an operation ran meanwhile); -ENOMEM, -ENOSPC; -ETIMEDOUT,
+ * -FERRY_E_PEER. When any node fails, every node fails (with its own
+ * error, or else the lowest error of the cluster) and the table is
+ * unchanged (docs/checkpoints.md).
+ */
+FERRY_API int ferry_table_restore(struct ferry_table *table, const char *dir);
 
 /* ---- local clusters (tests, demos) ------------------------------------- */
 

@@ -241,6 +241,10 @@ struct ferry {
 	 * stopped and every handle that holds a reference went): collectives */
 	void *coll;
 	void (*coll_free)(void *coll);
+	/* the membership manager's state (lib/mgr/): set by ferry_open after the
+	 * node started, taken back by ferry_close before it stops; NULL: the
+	 * embedded manager */
+	void *mgr;
 	atomic_uint failures; /* peers marked failed so far: waiters re-check on change */
 
 	/* barrier: rank 0 counts, everyone waits for the release */

@@ -102,6 +102,8 @@ static size_t proto_body_size(uint8_t type)
 	case FERRY_MSG_COLL_ACK:
 	case FERRY_MSG_COLL_KICK:
 		return sizeof(struct ferry_msg_coll);
+	case FERRY_MSG_MGR_DEAD:
+		return sizeof(struct ferry_msg_mgr);
 	}
 	return 0;
 }
@@ -395,6 +397,15 @@ int ferry__proto_parse(const void *buf, size_t len, const struct ferry_proto_lim
 	case FERRY_MSG_COLL_KICK:
 		view->coll = view->body;
 		return proto_parse_coll(hdr->type, p, left, lim, view, why_p);
+	case FERRY_MSG_MGR_DEAD: {
+		const struct ferry_msg_mgr *m = view->body;
+
+		if (!lim || m->rank >= lim->world || m->rank == hdr->src || m->pad)
+			PROTO_FAIL("mgr: rank out of range");
+		if (!proto_pad_ok(left, 0))
+			PROTO_FAIL("trailing bytes after the body");
+		return 0;
+	}
 	default:
 		if (!proto_pad_ok(left, 0))
 			PROTO_FAIL("trailing bytes after the body");

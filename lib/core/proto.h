@@ -112,6 +112,15 @@ struct ferry_msg_chunk {
  * landing inbox (lib/reloc/inbox.c): @rkey, sent to that receiver alone */
 #define FERRY_CHUNK_INBOX 0xffffffffu
 
+/* FERRY_MSG_MGR_DEAD: from a node to itself only: the membership manager
+ * (lib/mgr/) saw @rank's membership end at @epoch; the progress thread then
+ * declares it failed */
+struct ferry_msg_mgr {
+	uint64_t epoch; /* the manager's epoch (etcd: the revision of the delete) */
+	uint32_t rank;	/* < world, never the sender */
+	uint32_t pad;
+};
+
 /*
  * FERRY_MSG_COLL: one segment of one step of a collective (lib/coll/), then
  * n elements of the collective's type; _COLL_ACK and _COLL_KICK: the body

@@ -69,7 +69,7 @@ void ferry__dir_fini(struct ferry_dir *d)
  * after a bound (ferry__spin). A home key's array entry needs no lock: one
  * thread at a time moves a given key.
  */
-static void dir_own_lock(struct ferry_dir *d)
+void ferry__dir_own_lock(struct ferry_dir *d)
 {
 	unsigned round = 0;
 
@@ -78,7 +78,7 @@ static void dir_own_lock(struct ferry_dir *d)
 			ferry__spin(&round);
 }
 
-static void dir_own_unlock(struct ferry_dir *d)
+void ferry__dir_own_unlock(struct ferry_dir *d)
 {
 	__atomic_store_n(&d->own_lock, 0, __ATOMIC_RELEASE);
 }
@@ -95,13 +95,25 @@ int ferry__dir_own_set(struct ferry_dir *d, uint64_t key, void *slot)
 				   __ATOMIC_RELAXED);
 		return 0;
 	}
-	dir_own_lock(d);
+	ferry__dir_own_lock(d);
 	if (slot)
 		rc = ferry__slotmap_put(&d->own, key, slot);
 	else
 		ferry__slotmap_del(&d->own, key);
-	dir_own_unlock(d);
+	ferry__dir_own_unlock(d);
 	return rc;
+}
+
+void ferry__dir_own_each(const struct ferry_dir *d, void (*fn)(void *arg, uint64_t key, void *slot),
+			 void *arg)
+{
+	for (uint64_t i = 0; i < d->home_n; i++) {
+		void *s = __atomic_load_n(&d->home_own[i], __ATOMIC_ACQUIRE);
+
+		if (s)
+			fn(arg, d->home_lo + i, s);
+	}
+	ferry__slotmap_each(&d->own, fn, arg);
 }
 
 uint64_t ferry__dir_own_count(struct ferry_dir *d)

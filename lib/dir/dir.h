@@ -99,6 +99,19 @@ static inline void *ferry__dir_own(const struct ferry_dir *d, uint64_t key)
  */
 int ferry__dir_own_set(struct ferry_dir *d, uint64_t key, void *slot);
 
+/*
+ * A walk of every key owned here: ferry__dir_own_each() calls @fn(@arg,
+ * key, slot) for each, between ferry__dir_own_lock() and _unlock(), which
+ * hold off the map's writers (a spin lock: they wait, yielding, for the
+ * walk). A dense table's home keys take no lock: their entries can change
+ * during the walk, which a caller at a quiescent point (a checkpoint's
+ * mark) does not see. Context: any registered thread.
+ */
+void ferry__dir_own_lock(struct ferry_dir *d);
+void ferry__dir_own_unlock(struct ferry_dir *d);
+void ferry__dir_own_each(const struct ferry_dir *d, void (*fn)(void *arg, uint64_t key, void *slot),
+			 void *arg);
+
 /* keys owned here; keys homed here that live elsewhere (snapshots, any
  * thread) */
 uint64_t ferry__dir_own_count(struct ferry_dir *d);

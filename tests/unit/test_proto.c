@@ -692,10 +692,13 @@ Test(proto, frame_shorter_than_its_fixed_body)
 		{ FERRY_MSG_COLL, sizeof(struct ferry_msg_coll) },
 		{ FERRY_MSG_COLL_ACK, sizeof(struct ferry_msg_coll) },
 		{ FERRY_MSG_COLL_KICK, sizeof(struct ferry_msg_coll) },
+		{ FERRY_MSG_MGR_DEAD, sizeof(struct ferry_msg_mgr) },
 	};
 
-	/* every type but BYE, which is a bare header (below) */
-	cr_assert_eq(sizeof(c) / sizeof(c[0]), FERRY_MSG_TYPE_MAX - 2, "a type is not covered");
+	/* every type but BYE, which is a bare header (below), and the numbers
+	 * not assigned (22-31) */
+	cr_assert_eq(sizeof(c) / sizeof(c[0]), FERRY_MSG_TYPE_MAX - 2 - 10,
+		     "a type is not covered");
 	for (size_t i = 0; i < sizeof(c) / sizeof(c[0]); i++) {
 		/* one word short, and a bare header */
 		struct fr x = fixed_frame(c[i].type, c[i].body - 8, 0);
@@ -1063,6 +1066,43 @@ Test(proto, chunk_announcements_are_checked)
 		} else {
 			expect_ok(&x, NULL, &v, "chunk");
 			cr_assert_eq(((const struct ferry_msg_chunk *)v.body)->rkey, 0x1234);
+		}
+		fr_free(&x);
+	}
+}
+
+/* MGR_DEAD: a node tells itself that another's membership ended */
+Test(proto, mgr_dead_names_another_rank_in_range)
+{
+	static const struct {
+		uint32_t src, rank, pad;
+		const char *why; /* NULL: fine */
+	} c[] = {
+		{ 1, 3, 0, NULL },
+		{ 0, 1, 0, NULL },
+		{ 2, 2, 0, "rank" },
+		{ 1, WORLD, 0, "rank" },
+		{ 1, UINT32_MAX, 0, "rank" },
+		{ 1, 2, 7, "rank" },
+	};
+
+	for (size_t i = 0; i < sizeof(c) / sizeof(c[0]); i++) {
+		struct ferry_proto_view v;
+		struct ferry_frame f;
+		struct ferry_msg_mgr *m;
+		struct fr x;
+
+		ferry__frame_begin(&f);
+		m = ferry__frame_put(&f, sizeof(*m));
+		m->epoch = 42;
+		m->rank = c[i].rank;
+		m->pad = c[i].pad;
+		x = fr_take(&f, FERRY_MSG_MGR_DEAD, c[i].src, 0);
+		if (c[i].why) {
+			expect_body_bad(&x, &lim_fixed, c[i].why, "mgr_dead");
+		} else {
+			expect_ok(&x, &lim_fixed, &v, "mgr_dead");
+			cr_assert_eq(((const struct ferry_msg_mgr *)v.body)->epoch, 42);
 		}
 		fr_free(&x);
 	}

@@ -66,6 +66,7 @@ enum ferry_msg_type {
 	FERRY_MSG_COLL,		  /* a collective's data: one segment of one step */
 	FERRY_MSG_COLL_ACK,	  /* broadcast: a node has all of it (-> root) */
 	FERRY_MSG_COLL_KICK,	  /* to self: a started collective has frames to replay */
+	FERRY_MSG_MGR_DEAD = 32,  /* to self: the membership manager saw a node leave */
 	FERRY_MSG_TYPE_MAX
 };
 
