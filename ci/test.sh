@@ -15,8 +15,9 @@
 #               the timing, about 15 s; mf_data_cli: ferry-mf on MovieLens-format files;
 #               deb_package: cpack -G DEB, the package checked unpacked, about 10 s)
 #   netns       ci/netns-test.sh: 3 ranks in 3 network namespaces on a bridge, torchrun variables
-#               only; again with FERRY_SOCKET_IFNAME and FERRY_BIND_ADDR=0.0.0.0; then while one
-#               namespace loses every packet for 3 s (about 10 s; needs root, skipped otherwise)
+#               only; the transport suite's message cases across them (ferry-tp-check); again
+#               with FERRY_SOCKET_IFNAME and FERRY_BIND_ADDR=0.0.0.0; then while one namespace
+#               loses every packet for 3 s (about 12 s; needs root, skipped otherwise)
 #   asan-build  the same into build-asan/ with -DFERRY_SANITIZE=address,undefined
 #   asan-ctest  ctest there, with ASAN_OPTIONS / UBSAN_OPTIONS that abort on the first finding
 #   tsan        the threaded suites (test_store, test_onesided, test_cluster over tcp and loop,

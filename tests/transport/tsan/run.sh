@@ -24,8 +24,9 @@ grep -q 'FERRY_SANITIZE:STRING=thread' "$build/CMakeCache.txt" || {
 }
 bin=$build/test_transport_tsan
 # shellcheck disable=SC2046
-gcc -std=gnu11 -g -O1 -fsanitize=thread -I"$here" -I"$top" -I"$top/include" \
-	"$top/tests/transport/test_transport.c" "$here/crshim.c" "$build/libferry.a" \
+gcc -std=gnu11 -g -O1 -fsanitize=thread -I"$here" -I"$top" -I"$top/include" -I"$top/tests" \
+	"$top/tests/transport/test_transport.c" "$top/tests/common/tnode.c" "$here/crshim.c" \
+	"$build/libferry.a" \
 	$(pkg-config --libs liburcu-memb liburcu-cds libxxhash) -lpthread -o "$bin"
 supp=
 [[ -f $top/tests/tsan.supp ]] && supp="suppressions=$top/tests/tsan.supp"
