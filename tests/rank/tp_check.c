@@ -204,7 +204,8 @@ static int case_fifo(struct run *r)
 		started++;
 	}
 	if (started < r->senders) {
-		/* the started ones wait at the barrier for the others: cannot recover */
+		/* the started ones wait at the barrier for the others, sending nothing; the
+		 * process ends with them */
 		return failed(r, "fifo", "pthread_create failed");
 	}
 	for (long s = 0; s < r->senders; s++) {
@@ -235,6 +236,7 @@ static int case_flood(struct run *r)
 {
 	struct tn_flood args[TN_MAX_NODES];
 	struct tnode *n = &r->n;
+	uint32_t started = 0;
 	int64_t t0;
 	int ret;
 
@@ -259,11 +261,15 @@ static int case_flood(struct run *r)
 			.sender = FLOOD_SENDER,
 		};
 		if (pthread_create(&args[dst].thread, NULL, tn_flood_main, &args[dst]))
-			return failed(r, "flood", "pthread_create failed");
+			break;
+		started |= 1u << dst;
 	}
+	/* every thread started ends by itself: join them before anything else */
 	for (uint32_t dst = 0; dst < r->world; dst++)
-		if (dst != r->rank)
+		if (started & (1u << dst))
 			pthread_join(args[dst].thread, NULL);
+	if (started != (r->all & ~(1u << r->rank)))
+		return failed(r, "flood", "pthread_create failed");
 	for (uint32_t dst = 0; dst < r->world; dst++)
 		if (dst != r->rank && args[dst].errors)
 			return failed(r, "flood", "%d sends to rank %u failed", args[dst].errors,
@@ -516,8 +522,10 @@ int main(int argc, char **argv)
 		       ferry_strerror(ret));
 		return 1;
 	}
-	if (start(&r, &c))
+	if (start(&r, &c)) {
+		tn_fini(&r.n);
 		return 1;
+	}
 	bad = case_sizes(&r) || case_fifo(&r) || case_flood(&r) || case_baddst(&r) || case_bye(&r);
 	if (!bad)
 		printf("ferry-tp-check: rank %u of %u over %s: ok: %s; one-sided: %s\n", r.rank,
