@@ -268,6 +268,10 @@ else
 	# a model larger than each node's memory budget, over rdma (fewer keys than on the host)
 	vm_args+=(--bin build/tests/test_budget
 		--cmd "FERRY_TRANSPORT=rdma FERRY_BIND_ADDR=10.77.0.1 FERRY_BUDGET_KEYS=8000 test_budget --jobs 1")
+	# the transport suite's message cases with one process per rank over rdma (ferry-tp-check;
+	# ci/netns-test.sh runs them over tcp across namespaces), and the survivors saw rank 2 leave
+	vm_args+=(--bin build/tests/ferry-tp-check
+		--cmd 'for i in 0 1 2; do RANK=$i WORLD_SIZE=3 MASTER_ADDR=10.77.0.1 MASTER_PORT=29400 FERRY_TRANSPORT=rdma FERRY_LOG_LEVEL=info FERRY_LOG_FILE=/tmp/tp.%r.log timeout 120 ferry-tp-check --count 200 >/tmp/tp$i.out 2>&1 & done; wait; cat /tmp/tp0.out /tmp/tp1.out /tmp/tp2.out; [ "$(cat /tmp/tp0.out /tmp/tp1.out /tmp/tp2.out | grep -c ": ok:")" = 3 ] && grep -q "rdma: rank 2 left" /tmp/tp.0.log && grep -q "rdma: rank 2 left" /tmp/tp.1.log')
 	# ferry-info reads the GID table through verbs: it must list rxe0's RoCE v2 GID
 	vm_args+=(--cmd 'ferry-info >/tmp/fi.txt; rc=$?; grep "gid\[" /tmp/fi.txt; [ $rc -eq 0 ] && grep -q "::ffff:10.77.0.1 RoCE v2" /tmp/fi.txt')
 	stage vm 1000 bash ci/softroce-vm.sh "${vm_args[@]}" || true
