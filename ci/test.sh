@@ -15,8 +15,9 @@
 #               the timing, about 15 s; mf_data_cli: ferry-mf on MovieLens-format files;
 #               deb_package: cpack -G DEB, the package checked unpacked, about 10 s)
 #   netns       ci/netns-test.sh: 3 ranks in 3 network namespaces on a bridge, torchrun variables
-#               only; again with FERRY_SOCKET_IFNAME and FERRY_BIND_ADDR=0.0.0.0; then while one
-#               namespace loses every packet for 3 s (about 10 s; needs root, skipped otherwise)
+#               only; the transport suite's message cases across them (ferry-tp-check); again
+#               with FERRY_SOCKET_IFNAME and FERRY_BIND_ADDR=0.0.0.0; then while one namespace
+#               loses every packet for 3 s (about 12 s; needs root, skipped otherwise)
 #   asan-build  the same into build-asan/ with -DFERRY_SANITIZE=address,undefined
 #   asan-ctest  ctest there, with ASAN_OPTIONS / UBSAN_OPTIONS that abort on the first finding
 #   tsan        the threaded suites (test_store, test_onesided, test_cluster over tcp and loop,
@@ -275,6 +276,10 @@ else
 	# suite took 125 s under TCG; this case about a sixth of it)
 	vm_args+=(--bin build/tests/test_ckpt
 		--cmd "FERRY_TRANSPORT=rdma FERRY_BIND_ADDR=10.77.0.1 test_ckpt --jobs 1 --filter 'ckpt/procs_dense_*'")
+	# the transport suite's message cases with one process per rank over rdma (ferry-tp-check;
+	# ci/netns-test.sh runs them over tcp across namespaces), and the survivors saw rank 2 leave
+	vm_args+=(--bin build/tests/ferry-tp-check
+		--cmd 'for i in 0 1 2; do RANK=$i WORLD_SIZE=3 MASTER_ADDR=10.77.0.1 MASTER_PORT=29400 FERRY_TRANSPORT=rdma FERRY_LOG_LEVEL=info FERRY_LOG_FILE=/tmp/tp.%r.log timeout 120 ferry-tp-check --count 200 >/tmp/tp$i.out 2>&1 & done; wait; cat /tmp/tp0.out /tmp/tp1.out /tmp/tp2.out; [ "$(cat /tmp/tp0.out /tmp/tp1.out /tmp/tp2.out | grep -c ": ok:")" = 3 ] && grep -q "rdma: rank 2 left" /tmp/tp.0.log && grep -q "rdma: rank 2 left" /tmp/tp.1.log')
 	# ferry-info reads the GID table through verbs: it must list rxe0's RoCE v2 GID
 	vm_args+=(--cmd 'ferry-info >/tmp/fi.txt; rc=$?; grep "gid\[" /tmp/fi.txt; [ $rc -eq 0 ] && grep -q "::ffff:10.77.0.1 RoCE v2" /tmp/fi.txt')
 	stage vm 1000 bash ci/softroce-vm.sh "${vm_args[@]}" || true

@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "ferry/ferry.h"
+#include "common/args.h"
 
 #define VLEN 4
 
@@ -54,19 +55,6 @@ static int fail(int rank, const char *what, int rc)
 	printf("ferry-rank-check: rank %d: FAILED: %s: %s\n", rank, what, ferry_strerror(rc));
 	fflush(stdout);
 	return 1;
-}
-
-static int num_arg(const char *s, long lo, long hi, long *v_p)
-{
-	char *end;
-	long v;
-
-	errno = 0;
-	v = strtol(s, &end, 10);
-	if (errno || *end || v < lo || v > hi)
-		return -1;
-	*v_p = v;
-	return 0;
 }
 
 int main(int argc, char **argv)
@@ -98,7 +86,7 @@ int main(int argc, char **argv)
 		case 'r':
 		case 's':
 		case 'k':
-			if (num_arg(optarg, o == 's' ? 0 : 1, o == 'k' ? 4096 : 100000, dst)) {
+			if (targ_num(optarg, o == 's' ? 0 : 1, o == 'k' ? 4096 : 100000, dst)) {
 				fprintf(stderr, "ferry-rank-check: bad --%s '%s'\n%s",
 					o == 'r' ? "rounds" :
 					o == 's' ? "sleep-ms" :

@@ -4,20 +4,15 @@
  * against every transport in tp_table (transport/transport.h's contract).
  *
  * Each test brings up 2..4 transport instances inside the test process, one
- * per rank, each with a struct tnode as its core: the handlers record what
- * they see (frames checked for length, content and order; failures; the
- * progress thread's identity) under the node's mutex, and the test thread
- * waits on the node's condvar with a deadline. Handlers never assert: they
- * count, and the test thread asserts on the counts.
+ * per rank, each with a struct tnode as its core (tests/common/tnode.h: the
+ * handlers record what they see, frames checked for length, content and
+ * order, and never assert; the test thread waits with a deadline and asserts
+ * on the counts). The message cases' traffic (size classes, concurrent
+ * senders, floods) lives there too: ferry-tp-check (tests/rank/tp_check.c)
+ * runs the same cases with one rank per process, across network namespaces.
  *
  * The loop transport (tcp messages, in-process one-sided access) runs the
  * same message cases as tcp; the raw-socket cases are tcp's alone.
- *
- * Test frames: a struct ferry_msg_hdr whose table field carries
- * (sender thread << 24 | sequence number), then a byte pattern derived from
- * (src, table, offset), so that a lost, reordered, shifted or torn frame is
- * seen. Type FERRY_MSG_OP marks data frames, FERRY_MSG_REPLY the acks that a
- * node with echo set sends back from its progress thread.
  *
  * The raw-socket cases (strangers, a misbehaving peer) are specific to the
  * tcp transport and skip the others.
@@ -52,13 +47,13 @@
 
 #include "ferry/ferry.h"
 #include "transport/transport.h"
+#include "common/tnode.h"
 
 #define ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
-#define MAX_NODES 4
-#define MAX_SENDERS 8
-#define TIMEOUT_MS 5000 /* transport connect timeout */
-#define WAIT_MS 30000	/* bound on any wait for frames (sanitizers are slow) */
-#define HDR_LEN sizeof(struct ferry_msg_hdr)
+#define MAX_NODES TN_MAX_NODES
+#define TIMEOUT_MS 5000	   /* transport connect timeout */
+#define WAIT_MS TN_WAIT_MS /* bound on any wait for frames */
+#define HDR_LEN TN_HDR_LEN
 #define HELLO_LEN (sizeof(struct ferry_msg_hdr) + sizeof(struct ferry_msg_hello))
 #define RESUME_LEN (sizeof(struct ferry_msg_hdr) + sizeof(struct ferry_msg_resume))
 #define HS_LEN (HELLO_LEN + RESUME_LEN) /* tcp's handshake: HELLO, then RESUME */
@@ -120,277 +115,7 @@ static int log_count(const char *a, const char *b)
 	return n;
 }
 
-/* ---- time --------------------------------------------------------------- */
-
-static int64_t now_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static struct timespec deadline_in(int ms)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	ts.tv_sec += ms / 1000;
-	ts.tv_nsec += (long)(ms % 1000) * 1000000;
-	if (ts.tv_nsec >= 1000000000) {
-		ts.tv_sec++;
-		ts.tv_nsec -= 1000000000;
-	}
-	return ts;
-}
-
-/* ---- test nodes --------------------------------------------------------- */
-
-struct tnode {
-	const struct ferry_tp_ops *ops;
-	struct ferry_tp *tp;
-	uint32_t rank, world;
-	char addr[FERRY_TP_ADDR_MAX];
-	size_t addr_len;
-
-	pthread_mutex_t lock; /* guards everything below */
-	pthread_cond_t cond;  /* broadcast on every change */
-	int starts, stops;
-	pthread_t progress;
-	int wrong_thread; /* handler calls off the progress thread */
-	int after_fini;	  /* handler calls after fini() returned */
-	int fini_done;
-
-	uint64_t frames[MAX_NODES]; /* data frames from each src */
-	uint64_t bytes[MAX_NODES];
-	uint64_t acks[MAX_NODES];
-	uint32_t next_seq[MAX_NODES][MAX_SENDERS];
-	int bad_len, bad_content, bad_order, misaligned, ack_errs;
-	char first_bad[160];
-
-	int failed[MAX_NODES]; /* on_peer_failed() calls per rank */
-	int failed_err[MAX_NODES];
-
-	int echo;	 /* ack every data frame back to its src */
-	int gate_closed; /* on_msg waits while set (bounded) */
-	int gated;	 /* on_msg is waiting at the gate */
-
-	uint64_t rdma_done; /* on_rdma_done() calls */
-	int rdma_errs;	    /* ... with a non-zero status */
-	int rdma_first_err;
-	int rdma_off_thread; /* ... off the progress thread, outside poll() */
-	int rdma_polled;     /* ... inside poll(), on the thread that called it */
-
-	/* when set, every data frame checks that watch holds watch_len bytes of watch_want */
-	const uint8_t *watch;
-	const uint8_t *watch_want;
-	size_t watch_len;
-	int watch_good, watch_bad;
-};
-
-/* what the ctx of a one-sided operation points to; filled by on_rdma_done */
-struct rdma_slot {
-	int done; /* on_rdma_done() calls for it: exactly 1 */
-	int status;
-};
-
-static uint8_t pattern(uint32_t src, uint32_t table, size_t i)
-{
-	return (uint8_t)((i * 31u) ^ (i >> 7) ^ (table * 131u) ^ (src * 17u) ^ 0x5a);
-}
-
-static void frame_fill(uint8_t *buf, uint8_t type, uint32_t len, uint32_t src, uint32_t table)
-{
-	struct ferry_msg_hdr hdr = {
-		.magic = FERRY_MSG_MAGIC,
-		.version = FERRY_PROTO_VERSION,
-		.type = type,
-		.len = len,
-		.src = src,
-		.table = table,
-	};
-
-	memcpy(buf, &hdr, sizeof(hdr));
-	for (size_t i = HDR_LEN; i < len; i++)
-		buf[i] = pattern(src, table, i);
-}
-
-/* note a defect: counted under n->lock, the first one described */
-static void note_bad(struct tnode *n, int *counter, const char *what, uint32_t src, size_t len)
-{
-	if (!n->first_bad[0])
-		snprintf(n->first_bad, sizeof(n->first_bad), "%s (frame of %zu bytes from rank %u)",
-			 what, len, src);
-	(*counter)++;
-}
-
-/* every handler starts here: is it on the progress thread, before fini? */
-static void handler_enter(struct tnode *n)
-{
-	if (!n->starts || !pthread_equal(pthread_self(), n->progress))
-		n->wrong_thread++;
-	if (n->fini_done)
-		n->after_fini++;
-}
-
-static void t_on_msg(void *core, uint32_t src, const void *buf, size_t len)
-{
-	struct tnode *n = core;
-	const struct ferry_msg_hdr *hdr = buf;
-	const uint8_t *p = buf;
-	uint32_t sender, seq;
-	int content_ok = 1, ack = 0;
-
-	pthread_mutex_lock(&n->lock);
-	handler_enter(n);
-	if ((uintptr_t)buf & 7)
-		note_bad(n, &n->misaligned, "misaligned", src, len);
-	if (src >= n->world || len < HDR_LEN || hdr->len != len || hdr->src != src) {
-		note_bad(n, &n->bad_len, "length or src differs from the header", src, len);
-		goto out;
-	}
-	if (hdr->type == FERRY_MSG_REPLY) {
-		n->acks[src]++;
-		goto out;
-	}
-	sender = hdr->table >> 24;
-	seq = hdr->table & 0xffffff;
-	if (sender >= MAX_SENDERS || seq != n->next_seq[src][sender])
-		note_bad(n, &n->bad_order, "out of order", src, len);
-	else
-		n->next_seq[src][sender] = seq + 1;
-	for (size_t i = HDR_LEN; i < len && content_ok; i++)
-		content_ok = p[i] == pattern(src, hdr->table, i);
-	if (!content_ok)
-		note_bad(n, &n->bad_content, "content differs", src, len);
-	n->frames[src]++;
-	n->bytes[src] += len;
-	if (n->watch) {
-		if (memcmp(n->watch, n->watch_want, n->watch_len))
-			n->watch_bad++;
-		else
-			n->watch_good++;
-	}
-	ack = n->echo;
-	if (n->gate_closed) {
-		struct timespec dl = deadline_in(20000);
-
-		n->gated = 1;
-		pthread_cond_broadcast(&n->cond);
-		while (n->gate_closed && pthread_cond_timedwait(&n->cond, &n->lock, &dl) == 0)
-			;
-		n->gated = 0;
-	}
-out:
-	pthread_cond_broadcast(&n->cond);
-	pthread_mutex_unlock(&n->lock);
-
-	if (ack) {
-		uint8_t reply[HDR_LEN];
-		struct iovec iov = { .iov_base = reply, .iov_len = sizeof(reply) };
-
-		frame_fill(reply, FERRY_MSG_REPLY, sizeof(reply), n->rank, hdr->table);
-		if (n->ops->send(n->tp, src, &iov, 1)) {
-			pthread_mutex_lock(&n->lock);
-			n->ack_errs++;
-			pthread_mutex_unlock(&n->lock);
-		}
-	}
-}
-
-static void t_on_peer_failed(void *core, uint32_t src, int err)
-{
-	struct tnode *n = core;
-
-	pthread_mutex_lock(&n->lock);
-	handler_enter(n);
-	if (src < MAX_NODES) {
-		n->failed[src]++;
-		n->failed_err[src] = err;
-	}
-	pthread_cond_broadcast(&n->cond);
-	pthread_mutex_unlock(&n->lock);
-}
-
-/* this thread is inside ops->poll(), where a read's completion may run */
-static __thread int in_poll;
-
-static void t_on_rdma_done(void *core, void *ctx, int status)
-{
-	struct tnode *n = core;
-	struct rdma_slot *slot = ctx;
-
-	pthread_mutex_lock(&n->lock);
-	/* checked apart from the other handlers: see rdma_check_threads() */
-	if (in_poll)
-		n->rdma_polled++;
-	else if (!n->starts || !pthread_equal(pthread_self(), n->progress))
-		n->rdma_off_thread++;
-	if (n->fini_done)
-		n->after_fini++;
-	n->rdma_done++;
-	if (status && !n->rdma_errs++)
-		n->rdma_first_err = status;
-	if (slot) {
-		slot->done++;
-		slot->status = status;
-	}
-	pthread_cond_broadcast(&n->cond);
-	pthread_mutex_unlock(&n->lock);
-}
-
-static void t_on_thread_start(void *core)
-{
-	struct tnode *n = core;
-
-	pthread_mutex_lock(&n->lock);
-	n->starts++;
-	n->progress = pthread_self();
-	pthread_cond_broadcast(&n->cond);
-	pthread_mutex_unlock(&n->lock);
-}
-
-static void t_on_thread_stop(void *core)
-{
-	struct tnode *n = core;
-
-	pthread_mutex_lock(&n->lock);
-	handler_enter(n);
-	n->stops++;
-	pthread_cond_broadcast(&n->cond);
-	pthread_mutex_unlock(&n->lock);
-}
-
-static const struct ferry_tp_handler t_handler = {
-	.on_msg = t_on_msg,
-	.on_peer_failed = t_on_peer_failed,
-	.on_rdma_done = t_on_rdma_done,
-	.on_thread_start = t_on_thread_start,
-	.on_thread_stop = t_on_thread_stop,
-};
-
-/* evaluate @pred under @nd's lock until it holds or @ms pass; the result */
-#define WAIT_FOR(nd, pred, ms)                                                              \
-	({                                                                                  \
-		struct timespec dl_ = deadline_in(ms);                                      \
-		bool ok_;                                                                   \
-		pthread_mutex_lock(&(nd)->lock);                                            \
-		while (!(ok_ = (pred)) &&                                                   \
-		       pthread_cond_timedwait(&(nd)->cond, &(nd)->lock, &dl_) != ETIMEDOUT) \
-			;                                                                   \
-		ok_ = (pred);                                                               \
-		pthread_mutex_unlock(&(nd)->lock);                                          \
-		ok_;                                                                        \
-	})
-
-/* read a field of @n under its lock */
-#define LOCKED(n, expr)                           \
-	({                                        \
-		pthread_mutex_lock(&(n)->lock);   \
-		__typeof__(expr) v_ = (expr);     \
-		pthread_mutex_unlock(&(n)->lock); \
-		v_;                               \
-	})
+/* ---- test nodes (tests/common/tnode.h) ----------------------------------- */
 
 static uint64_t cluster_id_for_test(void)
 {
@@ -451,50 +176,17 @@ static int tnode_init(struct tnode *n, const struct ferry_tp_ops *ops, uint32_t 
 		.bind_addr = tnode_bind_addr(ops),
 		.busy_poll = busy_poll,
 		.timeout_ms = timeout_ms,
-		.handler = &t_handler,
-		.core = n,
 		.auth = rank < MAX_NODES && tnode_key[rank],
 	};
-	pthread_condattr_t ca;
-	int ret;
 
 	if (cfg.auth)
 		memcpy(cfg.auth_key, tnode_key[rank], sizeof(cfg.auth_key));
-	memset(n, 0, sizeof(*n));
-	n->ops = ops;
-	n->rank = rank;
-	n->world = world;
-	pthread_mutex_init(&n->lock, NULL);
-	pthread_condattr_init(&ca);
-	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-	pthread_cond_init(&n->cond, &ca);
-	pthread_condattr_destroy(&ca);
-
-	n->tp = calloc(1, ops->tp_size);
-	cr_assert_not_null(n->tp);
-	n->tp->ops = ops;
-	ret = ops->init(n->tp, &cfg);
-	if (ret) {
-		free(n->tp);
-		n->tp = NULL;
-		return ret;
-	}
-	n->addr_len = sizeof(n->addr);
-	cr_assert_eq(ops->addr_get(n->tp, n->addr, &n->addr_len), 0, "addr_get failed");
-	cr_assert(n->addr_len > 0 && n->addr_len <= FERRY_TP_ADDR_MAX);
-	return 0;
+	return tn_start(n, ops, &cfg);
 }
 
 static void tnode_fini(struct tnode *n)
 {
-	if (!n->tp)
-		return;
-	n->ops->fini(n->tp);
-	free(n->tp);
-	n->tp = NULL;
-	pthread_mutex_lock(&n->lock);
-	n->fini_done = 1;
-	pthread_mutex_unlock(&n->lock);
+	tn_fini(n);
 }
 
 struct connect_arg {
@@ -509,10 +201,10 @@ struct connect_arg {
 static void *connect_main(void *arg)
 {
 	struct connect_arg *a = arg;
-	int64_t t0 = now_ms();
+	int64_t t0 = tn_now_ms();
 
 	a->ret = a->n->ops->connect(a->n->tp, a->addrs, a->lens);
-	a->ms = now_ms() - t0;
+	a->ms = tn_now_ms() - t0;
 	return NULL;
 }
 
@@ -566,40 +258,14 @@ static void cluster_down(struct tnode *nodes, uint32_t world)
 /* send one test frame of @len bytes (a multiple of 8), gathered from three pieces */
 static int send_frame(struct tnode *n, uint32_t dst, uint32_t sender, uint32_t seq, uint32_t len)
 {
-	uint8_t small[256];
-	uint8_t *buf = len <= sizeof(small) ? small : malloc(len);
-	uint32_t table = sender << 24 | seq;
-	size_t half = HDR_LEN + (len - HDR_LEN) / 2;
-	struct iovec iov[3] = {
-		{ .iov_base = buf, .iov_len = HDR_LEN },
-		{ .iov_base = buf + HDR_LEN, .iov_len = half - HDR_LEN },
-		{ .iov_base = buf + half, .iov_len = len - half },
-	};
-	int ret;
-
-	cr_assert_not_null(buf);
-	frame_fill(buf, FERRY_MSG_OP, len, n->rank, table);
-	ret = n->ops->send(n->tp, dst, iov, 3);
-	if (buf != small)
-		free(buf);
-	return ret;
+	return tn_send_frame(n, dst, sender, seq, len);
 }
 
 static void assert_clean(struct tnode *n)
 {
-	pthread_mutex_lock(&n->lock);
-	cr_expect_eq(n->bad_len, 0, "rank %u: %d bad frames: %s", n->rank, n->bad_len,
-		     n->first_bad);
-	cr_expect_eq(n->bad_content, 0, "rank %u: %d torn frames: %s", n->rank, n->bad_content,
-		     n->first_bad);
-	cr_expect_eq(n->bad_order, 0, "rank %u: %d reordered frames: %s", n->rank, n->bad_order,
-		     n->first_bad);
-	cr_expect_eq(n->misaligned, 0, "rank %u: %d frames not 8-byte aligned", n->rank,
-		     n->misaligned);
-	cr_expect_eq(n->wrong_thread, 0, "rank %u: %d handler calls off the progress thread",
-		     n->rank, n->wrong_thread);
-	cr_expect_eq(n->ack_errs, 0, "rank %u: %d acks failed to send", n->rank, n->ack_errs);
-	pthread_mutex_unlock(&n->lock);
+	char why[512];
+
+	cr_expect_eq(tn_clean(n, why, sizeof(why)), 0, "%s", why);
 }
 
 /* @count frames of 64 bytes from @a to @b (next seqs of sender 7), and check they arrive */
@@ -647,7 +313,7 @@ static void raw_hello(uint8_t *buf, uint64_t cluster_id, uint32_t rank, uint32_t
 {
 	struct ferry_msg_hello hello = { .cluster_id = cluster_id, .rank = rank, .world = world };
 
-	frame_fill(buf, FERRY_MSG_HELLO, HELLO_LEN, rank, 0);
+	tn_frame_fill(buf, FERRY_MSG_HELLO, HELLO_LEN, rank, 0);
 	memcpy(buf + HDR_LEN, &hello, sizeof(hello));
 }
 
@@ -659,7 +325,7 @@ static void raw_resume(uint8_t *buf, uint64_t cluster_id, uint32_t rank, uint32_
 	struct ferry_msg_resume r = { .incarnation = inc, .delivered = delivered, .sent = sent };
 
 	raw_hello(buf, cluster_id, rank, world);
-	frame_fill(buf + HELLO_LEN, FERRY_MSG_RESUME, RESUME_LEN, rank, 0);
+	tn_frame_fill(buf + HELLO_LEN, FERRY_MSG_RESUME, RESUME_LEN, rank, 0);
 	memcpy(buf + HELLO_LEN + HDR_LEN, &r, sizeof(r));
 }
 
@@ -678,14 +344,14 @@ static void raw_write(int fd, const void *buf, size_t len)
 /* 1 when the other end closes @fd within @ms (whatever it sent first is skipped) */
 static int raw_closed_within(int fd, int ms)
 {
-	int64_t end = now_ms() + ms;
+	int64_t end = tn_now_ms() + ms;
 	char buf[512];
 
-	while (now_ms() < end) {
+	while (tn_now_ms() < end) {
 		struct pollfd p = { .fd = fd, .events = POLLIN };
 		ssize_t r;
 
-		if (poll(&p, 1, (int)(end - now_ms())) <= 0)
+		if (poll(&p, 1, (int)(end - tn_now_ms())) <= 0)
 			continue;
 		r = recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
 		if (r == 0 || (r < 0 && errno == ECONNRESET))
@@ -699,10 +365,10 @@ static int raw_closed_within(int fd, int ms)
 /* the count of log lines with @a and @b once it reached @n, or after @ms */
 static int log_wait(const char *a, const char *b, int n, int ms)
 {
-	int64_t end = now_ms() + ms;
+	int64_t end = tn_now_ms() + ms;
 	int got;
 
-	while ((got = log_count(a, b)) < n && now_ms() < end)
+	while ((got = log_count(a, b)) < n && tn_now_ms() < end)
 		usleep(10000);
 	return got;
 }
@@ -804,11 +470,11 @@ TP_TEST(a_node_without_a_token_is_refused)
 /* run a dialer's side of the token exchange on @fd with @key; @a keeps it */
 static int raw_auth(int fd, const uint8_t *key, struct ferry_auth_hs *a)
 {
-	int64_t end = now_ms() + 3000;
+	int64_t end = tn_now_ms() + 3000;
 	int ret;
 
 	ferry__auth_hs_init(a, key, "tcp", FERRY_AUTH_DIALER, 1);
-	while ((ret = ferry__auth_hs_step(a, fd)) == 0 && now_ms() < end) {
+	while ((ret = ferry__auth_hs_step(a, fd)) == 0 && tn_now_ms() < end) {
 		struct pollfd p = { .fd = fd, .events = POLLIN };
 
 		poll(&p, 1, 100);
@@ -912,7 +578,7 @@ TP_TEST(the_cluster_forms_and_reconnects_beside_100_idle_connections_per_port)
 			idle[r][i] = raw_dial(&nodes[r]);
 			cr_assert_geq(idle[r][i], 0);
 		}
-	t0 = now_ms();
+	t0 = tn_now_ms();
 	for (uint32_t r = 0; r < 3; r++)
 		connect_start(&args[r], &nodes[r], nodes);
 	for (uint32_t r = 0; r < 3; r++) {
@@ -920,7 +586,7 @@ TP_TEST(the_cluster_forms_and_reconnects_beside_100_idle_connections_per_port)
 		cr_assert_eq(args[r].ret, 0, "rank %u beside %d idle connections: %s", r,
 			     IDLE_PER_NODE, ferry_strerror(args[r].ret));
 	}
-	took = now_ms() - t0;
+	took = tn_now_ms() - t0;
 	cr_expect_lt(took, 3000, "the cluster took %lld ms to connect", (long long)took);
 	cr_expect_gt(log_count("gave way to newer ones", NULL), 0,
 		     "no node said it closed the idle connections");
@@ -956,20 +622,19 @@ TP_TEST(the_cluster_forms_and_reconnects_beside_100_idle_connections_per_port)
 
 TP_TEST(frames_of_many_sizes_arrive_intact)
 {
-	static const uint32_t sizes[] = {
-		16, 24, 200, 4096, 4104, (64 << 10) + 8, (1 << 20) + 8, 3 << 20, 8 << 20,
-	};
+	const uint32_t *sizes = tn_size_classes;
+	const size_t nsizes = tn_nsize_classes;
 	const struct ferry_tp_ops *ops = tp_get(*tpi);
 	struct tnode nodes[3];
 	const uint32_t world = 3;
 	uint64_t want_bytes = 0;
 
 	cluster_up(nodes, ops, world, 0);
-	for (size_t i = 0; i < ARRAY_SIZE(sizes); i++)
+	for (size_t i = 0; i < nsizes; i++)
 		want_bytes += sizes[i];
 	for (uint32_t src = 0; src < world; src++)
 		for (uint32_t dst = 0; dst < world; dst++)
-			for (size_t i = 0; i < ARRAY_SIZE(sizes); i++)
+			for (size_t i = 0; i < nsizes; i++)
 				cr_assert_eq(send_frame(&nodes[src], dst, 0, (uint32_t)i, sizes[i]),
 					     0, "send of %u bytes %u -> %u", sizes[i], src, dst);
 
@@ -977,10 +642,9 @@ TP_TEST(frames_of_many_sizes_arrive_intact)
 		struct tnode *n = &nodes[dst];
 
 		for (uint32_t src = 0; src < world; src++) {
-			cr_assert(WAIT_FOR(n, n->frames[src] == ARRAY_SIZE(sizes), WAIT_MS),
+			cr_assert(WAIT_FOR(n, n->frames[src] == nsizes, WAIT_MS),
 				  "rank %u got %llu of %zu frames from rank %u", dst,
-				  (unsigned long long)LOCKED(n, n->frames[src]), ARRAY_SIZE(sizes),
-				  src);
+				  (unsigned long long)LOCKED(n, n->frames[src]), nsizes, src);
 			cr_expect_eq(LOCKED(n, n->bytes[src]), want_bytes);
 		}
 		assert_clean(n);
@@ -1000,30 +664,6 @@ TP_TEST(send_rejects_a_bad_destination)
 	cluster_down(nodes, 2);
 }
 
-struct sender_arg {
-	struct tnode *n;
-	uint32_t sender;
-	uint32_t count;
-	pthread_barrier_t *go;
-	int errors;
-	pthread_t thread;
-};
-
-/* frames of varied sizes, numbered per (sender, dst), to every rank in turn */
-static void *sender_main(void *arg)
-{
-	static const uint32_t sizes[] = { 16, 48, 304, 1024, 2056, 16, 64, 131072 };
-	struct sender_arg *a = arg;
-
-	pthread_barrier_wait(a->go);
-	for (uint32_t i = 0; i < a->count; i++)
-		for (uint32_t dst = 0; dst < a->n->world; dst++)
-			if (send_frame(a->n, dst, a->sender, i,
-				       sizes[(i + a->sender + dst) % ARRAY_SIZE(sizes)]))
-				a->errors++;
-	return NULL;
-}
-
 TP_TEST(fifo_per_pair_with_concurrent_senders)
 {
 	const struct ferry_tp_ops *ops = tp_get(*tpi);
@@ -1032,7 +672,7 @@ TP_TEST(fifo_per_pair_with_concurrent_senders)
 		SENDERS = 4,
 		COUNT = 1500
 	};
-	struct sender_arg args[WORLD][SENDERS];
+	struct tn_sender args[WORLD][SENDERS];
 	struct tnode nodes[WORLD];
 	pthread_barrier_t go;
 
@@ -1040,13 +680,13 @@ TP_TEST(fifo_per_pair_with_concurrent_senders)
 	pthread_barrier_init(&go, NULL, WORLD * SENDERS);
 	for (uint32_t r = 0; r < WORLD; r++)
 		for (uint32_t s = 0; s < SENDERS; s++) {
-			args[r][s] = (struct sender_arg){
+			args[r][s] = (struct tn_sender){
 				.n = &nodes[r],
 				.sender = s,
 				.count = COUNT,
 				.go = &go,
 			};
-			cr_assert_eq(pthread_create(&args[r][s].thread, NULL, sender_main,
+			cr_assert_eq(pthread_create(&args[r][s].thread, NULL, tn_sender_main,
 						    &args[r][s]),
 				     0);
 		}
@@ -1073,23 +713,6 @@ TP_TEST(fifo_per_pair_with_concurrent_senders)
 	cluster_down(nodes, WORLD);
 }
 
-struct flood_arg {
-	struct tnode *n;
-	uint32_t dst, count, len;
-	int errors;
-	pthread_t thread;
-};
-
-static void *flood_main(void *arg)
-{
-	struct flood_arg *a = arg;
-
-	for (uint32_t i = 0; i < a->count; i++)
-		if (send_frame(a->n, a->dst, 1, i, a->len))
-			a->errors++;
-	return NULL;
-}
-
 /*
  * Both nodes send large frames at each other while both progress threads
  * answer every frame with an ack: with a send that blocks on a full socket,
@@ -1102,19 +725,19 @@ TP_TEST(flooding_both_ways_completes)
 		COUNT = 48,
 		LEN = 1 << 20
 	};
-	struct flood_arg args[2];
+	struct tn_flood args[2];
 	struct tnode nodes[2];
 	int64_t t0;
 
 	cluster_up(nodes, ops, 2, 0);
 	for (int r = 0; r < 2; r++)
 		nodes[r].echo = 1;
-	t0 = now_ms();
+	t0 = tn_now_ms();
 	for (uint32_t r = 0; r < 2; r++) {
-		args[r] = (struct flood_arg){
-			.n = &nodes[r], .dst = 1 - r, .count = COUNT, .len = LEN
+		args[r] = (struct tn_flood){
+			.n = &nodes[r], .dst = 1 - r, .count = COUNT, .len = LEN, .sender = 1
 		};
-		cr_assert_eq(pthread_create(&args[r].thread, NULL, flood_main, &args[r]), 0);
+		cr_assert_eq(pthread_create(&args[r].thread, NULL, tn_flood_main, &args[r]), 0);
 	}
 	for (uint32_t r = 0; r < 2; r++) {
 		struct tnode *n = &nodes[r];
@@ -1124,7 +747,7 @@ TP_TEST(flooding_both_ways_completes)
 			  "rank %u: %llu of %d frames and %llu of %d acks after %lld ms: stuck", r,
 			  (unsigned long long)LOCKED(n, n->frames[peer]), COUNT,
 			  (unsigned long long)LOCKED(n, n->acks[peer]), COUNT,
-			  (long long)(now_ms() - t0));
+			  (long long)(tn_now_ms() - t0));
 	}
 	for (uint32_t r = 0; r < 2; r++) {
 		pthread_join(args[r].thread, NULL);
@@ -1151,10 +774,10 @@ TP_TEST(send_does_not_block_on_a_stalled_peer)
 	cr_assert_eq(send_frame(&nodes[0], 1, 0, 0, 64), 0);
 	cr_assert(WAIT_FOR(rx, rx->gated, WAIT_MS), "the first frame never reached the handler");
 
-	t0 = now_ms();
+	t0 = tn_now_ms();
 	for (uint32_t i = 1; i <= COUNT; i++)
 		cr_assert_eq(send_frame(&nodes[0], 1, 0, i, LEN), 0);
-	took = now_ms() - t0;
+	took = tn_now_ms() - t0;
 
 	pthread_mutex_lock(&rx->lock);
 	rx->gate_closed = 0;
@@ -1395,20 +1018,20 @@ TP_TEST(a_peer_sending_bad_frames_is_dropped_alone)
 	}
 
 	/* to rank 0: a good frame and one with a bad magic, in one write */
-	frame_fill(buf, FERRY_MSG_OP, 32, 3, 0);
-	frame_fill(buf + 32, FERRY_MSG_OP, 32, 3, 1);
+	tn_frame_fill(buf, FERRY_MSG_OP, 32, 3, 0);
+	tn_frame_fill(buf + 32, FERRY_MSG_OP, 32, 3, 1);
 	buf[32] ^= 0xff;
 	raw_write(fds[0], buf, 64);
 
 	/* to rank 1: a good frame, then 24 bytes of a 48-byte one, then close */
-	frame_fill(buf, FERRY_MSG_OP, 32, 3, 0);
-	frame_fill(buf + 32, FERRY_MSG_OP, 48, 3, 1);
+	tn_frame_fill(buf, FERRY_MSG_OP, 32, 3, 0);
+	tn_frame_fill(buf + 32, FERRY_MSG_OP, 48, 3, 1);
 	raw_write(fds[1], buf, 32 + 24);
 	close(fds[1]);
 
 	/* to rank 2: a good frame, then one that claims to come from rank 1 */
-	frame_fill(buf, FERRY_MSG_OP, 32, 3, 0);
-	frame_fill(buf + 32, FERRY_MSG_OP, 32, 1, 1);
+	tn_frame_fill(buf, FERRY_MSG_OP, 32, 3, 0);
+	tn_frame_fill(buf + 32, FERRY_MSG_OP, 32, 1, 1);
 	raw_write(fds[2], buf, 32);
 	usleep(50 * 1000); /* two reads this time */
 	raw_write(fds[2], buf + 32, 32);
@@ -1495,7 +1118,7 @@ TP_TEST(a_redial_resumes_only_its_own_session)
 			     ferry_strerror(args[r].ret));
 	}
 	for (uint32_t v = 0; v < 3; v++) {
-		frame_fill(buf, FERRY_MSG_OP, 32, 3, 0);
+		tn_frame_fill(buf, FERRY_MSG_OP, 32, 3, 0);
 		raw_write(fds[v], buf, 32);
 		cr_assert(WAIT_FOR(&nodes[v], nodes[v].frames[3] == 1, WAIT_MS),
 			  "rank %u did not get the first frame", v);
@@ -1526,7 +1149,7 @@ TP_TEST(a_redial_resumes_only_its_own_session)
 		     (unsigned long long)ans.delivered);
 	cr_expect_eq(ans.sent, 0, "rank 2 says it sent %llu frames to rank 3, not 0",
 		     (unsigned long long)ans.sent);
-	frame_fill(buf, FERRY_MSG_OP, 32, 3, 1);
+	tn_frame_fill(buf, FERRY_MSG_OP, 32, 3, 1);
 	raw_write(fds[2], buf, 32);
 	cr_assert(WAIT_FOR(&nodes[2], nodes[2].frames[3] == 2, WAIT_MS),
 		  "rank 2 did not deliver the frame after the resume");
@@ -1727,7 +1350,7 @@ TP_TEST(one_sided_read_and_write_reach_registered_memory)
 	tbuf_reg(&nodes[0], &local, LEN, 0);
 	tbuf_reg(&nodes[1], &self, LEN, 0);
 	for (size_t i = 0; i < LEN; i++)
-		remote.mem[i] = pattern(1, 99, i);
+		remote.mem[i] = tn_pattern(1, 99, i);
 
 	cr_assert_eq(ops->read(nodes[0].tp, 1, local.mem, local.mr, (uintptr_t)remote.mem,
 			       remote.mr->rkey, LEN, &rd),
@@ -1737,7 +1360,7 @@ TP_TEST(one_sided_read_and_write_reach_registered_memory)
 	cr_expect_eq(memcmp(local.mem, remote.mem, LEN), 0, "the read brought other bytes");
 
 	for (size_t i = 0; i < WLEN; i++)
-		want[i] = local.mem[i] = pattern(0, 7, i);
+		want[i] = local.mem[i] = tn_pattern(0, 7, i);
 	pthread_mutex_lock(&nodes[1].lock);
 	nodes[1].watch = remote.mem + WOFF;
 	nodes[1].watch_want = want;
@@ -1754,8 +1377,8 @@ TP_TEST(one_sided_read_and_write_reach_registered_memory)
 		     "the frame sent after the write arrived before the written data");
 	cr_expect_eq(LOCKED(&nodes[1], nodes[1].watch_good), 1);
 	cr_expect_eq(memcmp(remote.mem + WOFF, want, WLEN), 0, "the write left other bytes");
-	cr_expect_eq(remote.mem[WOFF - 1], pattern(1, 99, WOFF - 1), "the write spilled before");
-	cr_expect_eq(remote.mem[WOFF + WLEN], pattern(1, 99, WOFF + WLEN),
+	cr_expect_eq(remote.mem[WOFF - 1], tn_pattern(1, 99, WOFF - 1), "the write spilled before");
+	cr_expect_eq(remote.mem[WOFF + WLEN], tn_pattern(1, 99, WOFF + WLEN),
 		     "the write spilled after");
 	pthread_mutex_lock(&nodes[1].lock);
 	nodes[1].watch = NULL;
@@ -1791,9 +1414,9 @@ static void tnode_poll(struct tnode *n)
 		usleep(200);
 		return;
 	}
-	in_poll = 1;
+	tn_in_poll = 1;
 	n->ops->poll(n->tp, 0);
-	in_poll = 0;
+	tn_in_poll = 0;
 }
 
 /*
@@ -1827,7 +1450,7 @@ TP_TEST(read_v_completes_every_posted_read_once)
 	for (uint32_t r = 0; r < 3; r++) {
 		tbuf_reg(&nodes[r], &remote[r], RLEN, FERRY_TP_ACCESS_REMOTE_READ);
 		for (size_t b = 0; b < RLEN; b++)
-			remote[r].mem[b] = pattern(r, (uint32_t)(b / SLICE), b);
+			remote[r].mem[b] = tn_pattern(r, (uint32_t)(b / SLICE), b);
 	}
 	tbuf_reg(&nodes[0], &local, (size_t)N * SLICE, 0);
 
@@ -1871,8 +1494,8 @@ TP_TEST(read_v_completes_every_posted_read_once)
 	}
 	cr_assert_gt(nbad, 0);
 
-	end = now_ms() + WAIT_MS;
-	while (LOCKED(&nodes[0], nodes[0].rdma_done) < (uint64_t)(N - nbad) && now_ms() < end)
+	end = tn_now_ms() + WAIT_MS;
+	while (LOCKED(&nodes[0], nodes[0].rdma_done) < (uint64_t)(N - nbad) && tn_now_ms() < end)
 		tnode_poll(&nodes[0]);
 	cr_assert_eq(LOCKED(&nodes[0], nodes[0].rdma_done), (uint64_t)(N - nbad),
 		     "%llu of %u reads completed",
@@ -1928,7 +1551,7 @@ TP_TEST(many_reads_posted_back_to_back_all_complete)
 	tbuf_reg(&nodes[1], &remote, RLEN, FERRY_TP_ACCESS_REMOTE_READ);
 	tbuf_reg(&nodes[0], &local, (size_t)N * SLICE, 0);
 	for (size_t i = 0; i < RLEN; i++)
-		remote.mem[i] = pattern(1, (uint32_t)(i / SLICE), i);
+		remote.mem[i] = tn_pattern(1, (uint32_t)(i / SLICE), i);
 
 	for (uint32_t i = 0; i < N; i++) {
 		size_t off = (size_t)(i * 7919u % SLOTS) * SLICE;
@@ -2240,12 +1863,12 @@ static void raw_rdma_send(struct raw_rdma *r, size_t len, int with_imm, uint32_t
 		.imm_data = htonl(imm),
 	};
 	struct ibv_send_wr *bad;
-	int64_t end = now_ms() + 5000;
+	int64_t end = tn_now_ms() + 5000;
 	struct ibv_wc wc;
 	int n = 0;
 
 	cr_assert_eq(ibv_post_send(r->id->qp, &wr, &bad), 0);
-	while (now_ms() < end && !(n = ibv_poll_cq(r->id->send_cq, 1, &wc)))
+	while (tn_now_ms() < end && !(n = ibv_poll_cq(r->id->send_cq, 1, &wc)))
 		usleep(1000);
 	cr_assert_eq(n, 1, "the raw send never completed");
 	cr_assert_eq(wc.status, IBV_WC_SUCCESS, "the raw send failed: %s",
@@ -2370,21 +1993,21 @@ TP_TEST(a_peer_sending_bad_chunks_is_dropped_alone)
 	}
 
 	/* to rank 0: a good chunk, then a chunk without the transport's immediate */
-	frame_fill(f[0].buf, FERRY_MSG_OP, 32, 3, 0);
+	tn_frame_fill(f[0].buf, FERRY_MSG_OP, 32, 3, 0);
 	raw_rdma_send(&f[0], 32, 1, RDMA_IMM_DATA);
-	frame_fill(f[0].buf, FERRY_MSG_OP, 32, 3, 1);
+	tn_frame_fill(f[0].buf, FERRY_MSG_OP, 32, 3, 1);
 	raw_rdma_send(&f[0], 32, 0, 0);
 
 	/* to rank 1: one chunk holding a good frame and one with a bad magic */
-	frame_fill(f[1].buf, FERRY_MSG_OP, 32, 3, 0);
-	frame_fill(f[1].buf + 32, FERRY_MSG_OP, 32, 3, 1);
+	tn_frame_fill(f[1].buf, FERRY_MSG_OP, 32, 3, 0);
+	tn_frame_fill(f[1].buf + 32, FERRY_MSG_OP, 32, 3, 1);
 	f[1].buf[32] ^= 0xff;
 	raw_rdma_send(&f[1], 64, 1, RDMA_IMM_DATA);
 
 	/* to rank 2: a good frame, then one that claims to come from rank 1 */
-	frame_fill(f[2].buf, FERRY_MSG_OP, 32, 3, 0);
+	tn_frame_fill(f[2].buf, FERRY_MSG_OP, 32, 3, 0);
 	raw_rdma_send(&f[2], 32, 1, RDMA_IMM_DATA);
-	frame_fill(f[2].buf, FERRY_MSG_OP, 32, 1, 1);
+	tn_frame_fill(f[2].buf, FERRY_MSG_OP, 32, 1, 1);
 	raw_rdma_send(&f[2], 32, 1, RDMA_IMM_DATA);
 
 	for (uint32_t v = 0; v < 3; v++) {

@@ -24,9 +24,11 @@ grep -q 'FERRY_SANITIZE:STRING=thread' "$build/CMakeCache.txt" || {
 }
 bin=$build/test_transport_tsan
 # shellcheck disable=SC2046
-gcc -std=gnu11 -g -O1 -fsanitize=thread -I"$here" -I"$top" -I"$top/include" \
-	"$top/tests/transport/test_transport.c" "$here/crshim.c" "$build/libferry.a" \
-	$(pkg-config --libs liburcu-memb liburcu-cds libxxhash) -lpthread -o "$bin"
+gcc -std=gnu11 -g -O1 -fsanitize=thread -I"$here" -I"$top" -I"$top/include" -I"$top/tests" \
+	"$top/tests/transport/test_transport.c" "$top/tests/common/tnode.c" "$here/crshim.c" \
+	"$build/libferry.a" \
+	$(pkg-config --libs liburcu-memb liburcu-cds libxxhash libsodium jansson) \
+	$(pkg-config --libs libcurl pmix libibverbs librdmacm 2>/dev/null) -lpthread -o "$bin"
 supp=
 [[ -f $top/tests/tsan.supp ]] && supp="suppressions=$top/tests/tsan.supp"
 export TSAN_OPTIONS="halt_on_error=1 exitcode=66 $supp ${TSAN_OPTIONS:-}"
