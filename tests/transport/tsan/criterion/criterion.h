@@ -55,6 +55,8 @@ struct crshim_params crshim_no_params(void);
 #define cr_assert_gt(a, b, ...) cr_assert((a) > (b), __VA_ARGS__)
 #define cr_assert_geq(a, b, ...) cr_assert((a) >= (b), __VA_ARGS__)
 #define cr_expect_lt(a, b, ...) cr_expect((a) < (b), __VA_ARGS__)
+#define cr_expect_fail(...) cr_expect(0, __VA_ARGS__)
+#define cr_expect_gt(a, b, ...) cr_expect((a) > (b), __VA_ARGS__)
 #define cr_assert_null(p, ...) cr_assert((p) == NULL, __VA_ARGS__)
 #define cr_assert_not_null(p, ...) cr_assert((p) != NULL, __VA_ARGS__)
 #define cr_assert_arr_eq(a, b, size, ...) cr_assert(!memcmp((a), (b), (size)), __VA_ARGS__)
