@@ -33,6 +33,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <string.h>
+#include <time.h>
 
 #include <ferry/ferry.h>
 
@@ -789,6 +790,44 @@ OPFN(table_push_async, OP_PUSH, 1)
 OPFN(table_set_async, OP_SET, 1)
 OPFN(table_localize_async, OP_LOCALIZE, 1)
 
+/*
+ * Table._c_pull_loop(keys, out, iters) -> seconds: ferry_pull called @iters
+ * times from C on this thread's worker, the same-run baseline of
+ * python/bench/overhead.py (what a C program would see, minus nothing).
+ */
+static PyObject *table_c_pull_loop(TableObject *t, PyObject *args)
+{
+	PyObject *okeys, *oout;
+	struct arr keys, out;
+	struct timespec a, b;
+	long iters;
+	size_t n, floats;
+	struct pyw *pw;
+	int rc = 0;
+
+	if (!PyArg_ParseTuple(args, "OOl", &okeys, &oout, &iters) || table_check(t))
+		return NULL;
+	pw = node_worker(t->node);
+	if (!pw || keys_get(okeys, &keys, &n))
+		return NULL;
+	if (table_floats(t, keys.view.buf, n, &floats) ||
+	    vals_get(t, oout, "out", 1, n, floats, &out)) {
+		arr_release(&keys);
+		return NULL;
+	}
+	Py_BEGIN_ALLOW_THREADS;
+	clock_gettime(CLOCK_MONOTONIC, &a);
+	for (long i = 0; i < iters && !rc; i++)
+		rc = ferry_pull(pw->w, t->t, keys.view.buf, n, out.view.buf);
+	clock_gettime(CLOCK_MONOTONIC, &b);
+	Py_END_ALLOW_THREADS;
+	arr_release(&keys);
+	arr_release(&out);
+	if (rc)
+		return raise_rc(rc, "ferry_pull");
+	return PyFloat_FromDouble((double)(b.tv_sec - a.tv_sec) + (b.tv_nsec - a.tv_nsec) * 1e-9);
+}
+
 static PyObject *table_destroy(TableObject *t, PyObject *unused)
 {
 	if (t->pending) {
@@ -1313,6 +1352,8 @@ static PyMethodDef table_methods[] = {
 	KWM("set_async", table_set_async, "as set; returns a handle"),
 	KWM("localize_async", table_localize_async, "as localize; returns a handle"),
 	{ "destroy", (PyCFunction)table_destroy, METH_NOARGS, "give up this node's side" },
+	{ "_c_pull_loop", (PyCFunction)table_c_pull_loop, METH_VARARGS,
+	  "benchmarks: (keys, out, iters) -> seconds of ferry_pull called from C" },
 	{ "stats", (PyCFunction)table_stats, METH_NOARGS, "this node's share, a dict" },
 	{ "home", (PyCFunction)table_home, METH_O, "home node of a key" },
 	{ "value_len_of", (PyCFunction)table_vlen, METH_O, "floats stored for a key" },

@@ -97,11 +97,14 @@ def batch_keys(b):
     return ents.astype(np.uint64), inv.reshape(-1, 2), rels.astype(np.uint64), rinv
 
 
-def train_batch(model, args, ent_t, rel_t, b, keys, rng):
-    """One step on batch b: pull the rows, autograd the loss, push AdaGrad's update."""
+def train_batch(model, args, ent_t, rel_t, b, keys, rng, clock):
+    """One step on batch b: pull the rows, autograd the loss, push AdaGrad's update;
+    clock["store"] gathers the seconds spent in pull and push."""
     ents, inv, rels, rinv = keys
+    c0 = time.perf_counter()
     E = torch.from_numpy(ent_t.pull(ents))  # (n, 2*ent_len): embedding | accumulator
     R = torch.from_numpy(rel_t.pull(rels))
+    clock["store"] += time.perf_counter() - c0
     el, rl = model.ent_len, model.rel_len
     e = E[:, :el].clone().requires_grad_()
     r = R[:, :rl].clone().requires_grad_()
@@ -129,8 +132,10 @@ def train_batch(model, args, ent_t, rel_t, b, keys, rng):
         delta[:, :L] = -args.lr * g / (acc.sqrt() + 1e-10)
         delta[:, L:] = g * g
         out.append((t, keys_, delta.numpy()))
+    c0 = time.perf_counter()
     for t, keys_, d in out:
         t.push(keys_, d)
+    clock["store"] += time.perf_counter() - c0
     return float(loss)
 
 
@@ -170,16 +175,19 @@ def run_node(node, kg, args):
         s0 = node.stats()
         t0 = time.perf_counter()
         loss = 0.0
-        if mode == "dynamic" and batches:
-            ahead = (ent_t.localize_async(keys[0][0]), rel_t.localize_async(keys[0][2]))
+        waited = 0.0
+        clock = {"store": 0.0}
+        ahead = []  # localizes under way, oldest first: batches i .. i + args.ahead - 1
         for i, b in enumerate(batches):
             if mode == "dynamic":
-                for h in ahead:
+                while len(ahead) < args.ahead and i + len(ahead) < len(batches):
+                    k = keys[i + len(ahead)]
+                    ahead.append((ent_t.localize_async(k[0]), rel_t.localize_async(k[2])))
+                w0 = time.perf_counter()
+                for h in ahead.pop(0):
                     h.wait()
-                if i + 1 < len(batches):  # the next batch's rows move while this one runs
-                    ahead = (ent_t.localize_async(keys[i + 1][0]),
-                             rel_t.localize_async(keys[i + 1][2]))
-            loss += train_batch(model, args, ent_t, rel_t, b, keys[i], rng)
+                waited += time.perf_counter() - w0
+            loss += train_batch(model, args, ent_t, rel_t, b, keys[i], rng, clock)
         mine = time.perf_counter() - t0
         node.barrier()
         wall = time.perf_counter() - t0
@@ -187,13 +195,16 @@ def run_node(node, kg, args):
         times = np.array([mine], np.float64)
         node.allreduce(times, op="max")
         epochs.append({"epoch": ep + 1, "seconds": wall, "slowest_node_seconds": float(times[0]),
-                       "loss": loss / max(1, len(batches)),
+                       "loss": loss / max(1, len(batches)), "localize_wait_seconds": waited,
+                       "pull_push_seconds": clock["store"], "node_seconds": mine,
                        "local_ops": s1["local_ops"] - s0["local_ops"],
                        "remote_ops": s1["remote_ops"] - s0["remote_ops"],
                        "relocations_in": s1["relocations_in"] - s0["relocations_in"]})
         if rank == 0:
-            print("epoch %d: %.2f s, loss %.4f, local %d remote %d relocated-in %d"
-                  % (ep + 1, wall, epochs[-1]["loss"], epochs[-1]["local_ops"],
+            print("epoch %d: %.2f s, loss %.4f, rank 0: %.2f s in pull/push, %.2f s waiting for "
+                  "localizes; local %d remote %d relocated-in %d"
+                  % (ep + 1, wall, epochs[-1]["loss"], clock["store"], waited,
+                     epochs[-1]["local_ops"],
                      epochs[-1]["remote_ops"], epochs[-1]["relocations_in"]), flush=True)
     rep = {"rank": rank, "world": world, "epochs": epochs}
     if rank == 0:
@@ -290,6 +301,8 @@ def main():
     ap.add_argument("--init", type=float, default=0.1)
     ap.add_argument("--acc0", type=float, default=0.0, help="AdaGrad's initial accumulator")
     ap.add_argument("--placement", default="dynamic", choices=["dynamic", "classic"])
+    ap.add_argument("--ahead", type=int, default=2,
+                    help="dynamic: batches whose rows are localized ahead of use")
     ap.add_argument("--local", type=int, default=0,
                     help="start this many ranks as processes here (else: the launcher's)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per rank")

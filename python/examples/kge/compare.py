@@ -1,0 +1,102 @@
+# SPDX-License-Identifier: MIT
+"""Dynamic against classic placement for KGE on the same data, on 2 and 4 local nodes
+(processes): runs train.py for each (nodes, placement) pair, one after the other and in
+alternating order, and writes one JSON with every run and a plot of epoch times and MRR.
+
+    compare.py --data wordnet --epochs 3 --out docs/python-kge   # -> .json and .png (or .txt)
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def run(args, nodes, placement, extra):
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+        path = f.name
+    cmd = [sys.executable, os.path.join(HERE, "train.py"), "--data", args.data, "--local",
+           str(nodes), "--placement", placement, "--epochs", str(args.epochs), "--model",
+           args.model, "--dim", str(args.dim), "--eval-triples", str(args.eval_triples),
+           "--json", path] + extra
+    print("$", " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True, stderr=subprocess.DEVNULL)
+    with open(path) as f:
+        rep = json.load(f)
+    os.unlink(path)
+    return rep
+
+
+def summary(rep):
+    # the first epoch also pays for first touches: report the mean of the later ones
+    ep = rep["epochs"][1:] or rep["epochs"]
+    return {"epoch_seconds": sum(e["seconds"] for e in ep) / len(ep),
+            "mrr": rep["eval"]["mrr"], "hits10": rep["eval"]["hits10"]}
+
+
+def plot(res, out):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        with open(out + ".txt", "w") as f:
+            for n, r in sorted(res.items()):
+                for p in ("classic", "dynamic"):
+                    s = r[p]
+                    f.write("%d nodes %-8s %6.2f s/epoch %s MRR %.3f\n" % (
+                        int(n), p, s["epoch_seconds"], "#" * int(10 * s["epoch_seconds"]),
+                        s["mrr"]))
+        return out + ".txt"
+    fig, ax = plt.subplots(1, 2, figsize=(9, 3.5))
+    ns = sorted(res, key=int)
+    for i, p in enumerate(("classic", "dynamic")):
+        ax[0].bar([j + 0.4 * i for j in range(len(ns))],
+                  [res[n][p]["epoch_seconds"] for n in ns], 0.4, label=p)
+        ax[1].bar([j + 0.4 * i for j in range(len(ns))], [res[n][p]["mrr"] for n in ns], 0.4,
+                  label=p)
+    for a, t in ((ax[0], "seconds per epoch"), (ax[1], "filtered MRR")):
+        a.set_xticks([j + 0.2 for j in range(len(ns))])
+        a.set_xticklabels(["%s nodes" % n for n in ns])
+        a.set_title(t)
+        a.legend()
+    fig.tight_layout()
+    fig.savefig(out + ".png", dpi=100)
+    return out + ".png"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--data", default="wordnet")
+    ap.add_argument("--model", default="complex")
+    ap.add_argument("--dim", type=int, default=32)
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--eval-triples", type=int, default=1000)
+    ap.add_argument("--nodes", default="2,4")
+    ap.add_argument("--out", default="kge-compare")
+    args, extra = ap.parse_known_args()
+    res, runs = {}, []
+    for i, n in enumerate(int(x) for x in args.nodes.split(",")):
+        order = ("classic", "dynamic") if i % 2 == 0 else ("dynamic", "classic")
+        res[str(n)] = {}
+        for p in order:
+            rep = run(args, n, p, extra)
+            runs.append(rep)
+            res[str(n)][p] = summary(rep)
+        r = res[str(n)]
+        r["speedup_dynamic_over_classic"] = r["classic"]["epoch_seconds"] / \
+            r["dynamic"]["epoch_seconds"]
+        print("%d nodes: classic %.2f s/epoch MRR %.3f, dynamic %.2f s/epoch MRR %.3f: "
+              "dynamic x%.2f" % (n, r["classic"]["epoch_seconds"], r["classic"]["mrr"],
+                                 r["dynamic"]["epoch_seconds"], r["dynamic"]["mrr"],
+                                 r["speedup_dynamic_over_classic"]), flush=True)
+    with open(args.out + ".json", "w") as f:
+        json.dump({"summary": res, "runs": runs}, f, indent=1)
+    print("wrote", args.out + ".json", plot(res, args.out))
+
+
+if __name__ == "__main__":
+    main()
