@@ -146,9 +146,9 @@ def run_node(node, kg, args):
     # capacity: the default (every key + 64) ran out under steady localizes (-ENOSPC): a
     # slot a key left is reused only later, so leave room for the rows in transit
     ent_t = node.table(num_keys=kg.num_entities, value_len=2 * model.ent_len, mode=mode,
-                       capacity=2 * kg.num_entities + 4096)
+                       capacity=2 * kg.num_entities + 4096, placement=args.table_placement)
     rel_t = node.table(num_keys=kg.num_relations, value_len=2 * model.rel_len, mode=mode,
-                       capacity=2 * kg.num_relations + 4096)
+                       capacity=2 * kg.num_relations + 4096, placement=args.table_placement)
     rank, world = node.rank, node.world
     if rank == 0:  # initial values: uniform embeddings, accumulators at args.acc0
         g = np.random.default_rng(args.seed)
@@ -163,7 +163,13 @@ def run_node(node, kg, args):
     node.barrier()
     # this node's share of the training triples: the same for both placements
     rng = np.random.default_rng(args.seed + 1)
-    part = kg.train[rng.permutation(len(kg.train))][rank::world]
+    if args.partition == "head":
+        # data clustering: a node trains the triples whose head falls in its block of entity
+        # ids (the converters number entities in file order, which keeps related ones close)
+        part = kg.train[kg.train[:, 0] * world // kg.num_entities == rank]
+        part = part[rng.permutation(len(part))]
+    else:
+        part = kg.train[rng.permutation(len(kg.train))][rank::world]
     if args.max_train:
         part = part[: args.max_train // world]
     rng = np.random.default_rng(args.seed + 100 + rank)
@@ -303,6 +309,10 @@ def main():
     ap.add_argument("--placement", default="dynamic", choices=["dynamic", "classic"])
     ap.add_argument("--ahead", type=int, default=2,
                     help="dynamic: batches whose rows are localized ahead of use")
+    ap.add_argument("--partition", default="random", choices=["random", "head"],
+                    help="triples per node: a random share, or by block of head entity ids")
+    ap.add_argument("--table-placement", default="range", choices=["range", "hash"],
+                    help="where keys start (classic: where they stay)")
     ap.add_argument("--local", type=int, default=0,
                     help="start this many ranks as processes here (else: the launcher's)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per rank")
