@@ -6,6 +6,7 @@ For each case the same table, keys and output buffer are pulled N times
   py       t.pull(keys, out=out) from a Python loop (the binding: argument parsing, buffer
            checks, GIL release and reacquire)
   py-new   t.pull(keys), a new numpy array each call
+  torch    t.pull(keys_t, out=out_t) with torch tensors (seen through their .numpy() view)
 and the script prints us per call, the difference (added per call) and the ratio py / c.
 Cases: 1 key and 1000 keys, owned here (the local fast path: the binding's cost stands
 alone) and owned by the other node of a 2-node cluster of threads (over the transport).
@@ -38,11 +39,27 @@ def measure(t, keys, iters, reps, vl):
             t.pull(keys)
         return time.perf_counter() - t0
 
-    # interleaved, so a disturbance from other processes hits all three alike
-    runs = [(t._c_pull_loop(keys, out, iters), py(), py_new()) for _ in range(reps)]
-    c, p, pn = (min(r[i] for r in runs) / iters * 1e6 for i in range(3))
-    return {"c_us": c, "py_us": p, "py_new_us": pn, "added_us": p - c,
-            "added_new_us": pn - c, "ratio": p / c}
+    try:
+        import torch
+        keys_t = torch.from_numpy(keys.astype(np.int64))
+        out_t = torch.from_numpy(out.copy())
+
+        def py_torch():
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                t.pull(keys_t, out=out_t)
+            return time.perf_counter() - t0
+    except ImportError:
+        def py_torch():
+            return float("nan")
+
+    # interleaved, so a disturbance from other processes hits all of them alike
+    runs = [(t._c_pull_loop(keys, out, iters), py(), py_new(), py_torch())
+            for _ in range(reps)]
+    c, p, pn, pt = (min(r[i] for r in runs) / iters * 1e6 for i in range(4))
+    return {"c_us": c, "py_us": p, "py_new_us": pn, "torch_us": pt, "added_us": p - c,
+            "added_new_us": pn - c, "added_torch_us": pt - c, "ratio": p / c,
+            "ratio_torch": pt / c}
 
 
 def main():
@@ -74,9 +91,10 @@ def main():
             r.update({"where": where, "keys": n, "iters": iters})
             res["cases"].append(r)
             print("%-6s %4d keys: C %8.3f us  Python %8.3f us (+%.3f, x%.3f)  "
-                  "Python new array %8.3f us (+%.3f)"
+                  "new array %8.3f us (+%.3f)  torch %8.3f us (+%.3f, x%.3f)"
                   % (where, n, r["c_us"], r["py_us"], r["added_us"], r["ratio"],
-                     r["py_new_us"], r["added_new_us"]), flush=True)
+                     r["py_new_us"], r["added_new_us"], r["torch_us"], r["added_torch_us"],
+                     r["ratio_torch"]), flush=True)
     done = threading.Event()
 
     def fin(i):

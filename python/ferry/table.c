@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 /* _ferry: tables, their operations, and the handles of the asynchronous ones */
 #include <errno.h>
+#include <stdio.h>
 #include <string.h>
 #include <time.h>
 
@@ -33,10 +34,12 @@ static int table_floats(TableObject *t, const uint64_t *keys, size_t n, size_t *
 		uint32_t l = ferry_table_value_len(t->t, keys[i]);
 
 		if (!l) {
-			PyErr_Format(PyExc_IndexError,
-				     "ferry: key %llu is out of range (0 .. %llu)",
-				     (unsigned long long)keys[i],
-				     (unsigned long long)t->num_keys - 1);
+			char what[96];
+
+			/* as the library says it for a table without value_lens */
+			snprintf(what, sizeof(what), "ferry: key %llu (keys are 0 .. %llu)",
+				 (unsigned long long)keys[i], (unsigned long long)t->num_keys - 1);
+			raise_rc(-ERANGE, what);
 			return -1;
 		}
 		f += l;
@@ -220,10 +223,16 @@ static void handle_dealloc(HandleObject *h)
 			Py_END_ALLOW_THREADS;
 			handle_finish(h, rc);
 		} else {
-			PyErr_WarnEx(PyExc_ResourceWarning,
-				     "ferry: a handle was dropped on another thread before its "
-				     "wait(); its buffers are kept",
-				     1);
+			PyObject *et, *ev, *etb;
+
+			/* a dealloc may run while an exception is being raised */
+			PyErr_Fetch(&et, &ev, &etb);
+			if (PyErr_WarnEx(PyExc_ResourceWarning,
+					 "ferry: a handle was dropped on another thread before its "
+					 "wait(); its buffers are kept",
+					 1))
+				PyErr_WriteUnraisable((PyObject *)h);
+			PyErr_Restore(et, ev, etb);
 			h->table->pending--;
 			h->pw = NULL;
 		}

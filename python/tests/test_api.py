@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: MIT
 """The ferry package on a local cluster of threads: values, zero copy, async, collectives."""
+import errno
 import threading
 
 import numpy as np
@@ -105,6 +106,9 @@ def test_value_lens_per_key(node1):
     assert t.value_len_of(2) == 3
     with pytest.raises(ValueError, match="holds 4 floats"):
         t.set(keys, np.zeros(4, np.float32))
+    with pytest.raises(ferry.Error, match="key 4 ") as ei:
+        t.pull(np.array([4], np.uint64))
+    assert ei.value.errno == errno.ERANGE
     t.destroy()
 
 

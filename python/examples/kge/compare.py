@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: MIT
 """Dynamic against classic placement for KGE on the same data, on 2 and 4 local nodes
-(processes): runs train.py for each (nodes, placement) pair, one after the other and in
-alternating order, and writes one JSON with every run and a plot of epoch times and MRR.
+(processes): runs train.py for each (nodes, placement) pair --reps times, one after the other
+and in alternating order (so a change in the machine's load hits both alike), and writes one
+JSON with every run and a plot of epoch times and MRR.
 
     compare.py --data wordnet --epochs 3 --out docs/python-kge   # -> .json and .png (or .txt)
 """
@@ -23,18 +24,26 @@ def run(args, nodes, placement, extra):
            args.model, "--dim", str(args.dim), "--eval-triples", str(args.eval_triples),
            "--json", path] + extra
     print("$", " ".join(cmd), flush=True)
-    subprocess.run(cmd, check=True, stderr=subprocess.DEVNULL)
+    p = subprocess.run(cmd, stderr=subprocess.PIPE, text=True)
+    if p.returncode:
+        sys.exit("train.py failed (%d):\n%s" % (p.returncode, p.stderr))
     with open(path) as f:
         rep = json.load(f)
     os.unlink(path)
     return rep
 
 
-def summary(rep):
-    # the first epoch also pays for first touches: report the mean of the later ones
-    ep = rep["epochs"][1:] or rep["epochs"]
-    return {"epoch_seconds": sum(e["seconds"] for e in ep) / len(ep),
-            "mrr": rep["eval"]["mrr"], "hits10": rep["eval"]["hits10"]}
+def summary(reps):
+    # the first epoch also pays for first touches: the later ones count
+    ep = [e["seconds"] for rep in reps for e in (rep["epochs"][1:] or rep["epochs"])]
+    return {"epoch_seconds": sum(ep) / len(ep), "epoch_seconds_min": min(ep),
+            "epoch_seconds_max": max(ep), "epochs_counted": len(ep),
+            "mrr": sum(r["eval"]["mrr"] for r in reps) / len(reps),
+            "hits10": sum(r["eval"]["hits10"] for r in reps) / len(reps),
+            "pull_push_seconds": sum(e["pull_push_seconds"] for rep in reps
+                                     for e in (rep["epochs"][1:] or rep["epochs"])) / len(ep),
+            "relocations_in": sum(e["relocations_in"] for rep in reps
+                                  for e in (rep["epochs"][1:] or rep["epochs"])) / len(ep)}
 
 
 def plot(res, out):
@@ -76,16 +85,20 @@ def main():
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--eval-triples", type=int, default=1000)
     ap.add_argument("--nodes", default="2,4")
+    ap.add_argument("--reps", type=int, default=2, help="runs of each pair")
     ap.add_argument("--out", default="kge-compare")
     args, extra = ap.parse_known_args()
     res, runs = {}, []
-    for i, n in enumerate(int(x) for x in args.nodes.split(",")):
-        order = ("classic", "dynamic") if i % 2 == 0 else ("dynamic", "classic")
-        res[str(n)] = {}
-        for p in order:
-            rep = run(args, n, p, extra)
-            runs.append(rep)
-            res[str(n)][p] = summary(rep)
+    k = 0
+    for n in (int(x) for x in args.nodes.split(",")):
+        got = {"classic": [], "dynamic": []}
+        for _ in range(args.reps):
+            for p in (("classic", "dynamic") if k % 2 == 0 else ("dynamic", "classic")):
+                rep = run(args, n, p, extra)
+                runs.append(rep)
+                got[p].append(rep)
+            k += 1
+        res[str(n)] = {p: summary(got[p]) for p in got}
         r = res[str(n)]
         r["speedup_dynamic_over_classic"] = r["classic"]["epoch_seconds"] / \
             r["dynamic"]["epoch_seconds"]
@@ -94,7 +107,8 @@ def main():
                                  r["dynamic"]["epoch_seconds"], r["dynamic"]["mrr"],
                                  r["speedup_dynamic_over_classic"]), flush=True)
     with open(args.out + ".json", "w") as f:
-        json.dump({"summary": res, "runs": runs}, f, indent=1)
+        json.dump({"summary": res, "args": vars(args), "extra": extra, "runs": runs}, f,
+                  indent=1)
     print("wrote", args.out + ".json", plot(res, args.out))
 
 

@@ -213,23 +213,20 @@ def run_node(node, kg, args):
                      epochs[-1]["local_ops"],
                      epochs[-1]["remote_ops"], epochs[-1]["relocations_in"]), flush=True)
     rep = {"rank": rank, "world": world, "epochs": epochs}
-    if rank == 0:
-        rep["eval"] = evaluate(model, kg, ent_t, rel_t, args)
-        print("filtered MRR %.4f Hits@10 %.4f on %d test triples (random ranking: MRR %.4f)"
-              % (rep["eval"]["mrr"], rep["eval"]["hits10"], rep["eval"]["triples"],
-                 rep["eval"]["random_mrr"]), flush=True)
+    if rank == 0:  # the trained model, to evaluate once the cluster is left
+        rep["model"] = (ent_t.pull(np.arange(kg.num_entities, dtype=np.uint64)),
+                        rel_t.pull(np.arange(kg.num_relations, dtype=np.uint64)))
     node.barrier()
     ent_t.destroy()
     rel_t.destroy()
     return rep
 
 
-def evaluate(model, kg, ent_t, rel_t, args):
+def evaluate(model, kg, ent, rel, args):
     """Filtered ranks of the true tail and the true head among every entity (Bordes et al.):
-    the other known true triples are left out of the ranking."""
-    E = torch.from_numpy(ent_t.pull(np.arange(kg.num_entities, dtype=np.uint64)))
-    R = torch.from_numpy(rel_t.pull(np.arange(kg.num_relations, dtype=np.uint64)))
-    E, R = E[:, :model.ent_len], R[:, :model.rel_len]
+    the other known true triples are left out of the ranking. ent, rel: every row pulled."""
+    E = torch.from_numpy(ent)[:, :model.ent_len]
+    R = torch.from_numpy(rel)[:, :model.rel_len]
     test = kg.test[: args.eval_triples] if args.eval_triples else kg.test
     known_t, known_h = {}, {}
     for h, r, t in np.concatenate([kg.train, kg.valid, kg.test]):
@@ -338,7 +335,13 @@ def main():
                   % (kg.source, kg.counts(), args.model, args.dim, args.placement, node.world),
                   flush=True)
         rep = run_node(node, kg, args)
-    if rep["rank"] == 0 and args.json:
+    if rep["rank"] != 0:
+        return
+    rep["eval"] = evaluate(MODELS[args.model](args.dim), kg, *rep.pop("model"), args)
+    print("filtered MRR %.4f Hits@10 %.4f on %d test triples (random ranking: MRR %.4f)"
+          % (rep["eval"]["mrr"], rep["eval"]["hits10"], rep["eval"]["triples"],
+             rep["eval"]["random_mrr"]), flush=True)
+    if args.json:
         rep.update({"data": kg.source, "counts": kg.counts(), "args": vars(args)})
         with open(args.json, "w") as f:
             json.dump(rep, f, indent=1)
