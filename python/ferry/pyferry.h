@@ -36,7 +36,8 @@ typedef struct {
 
 /* an argument seen through the buffer protocol */
 struct arr {
-	Py_buffer view;
+	Py_buffer view;	   /* a torch tensor's is filled in here: obj holds it, no shape */
+	Py_ssize_t shape0; /* the first dimension (ndim >= 1) */
 	int held;
 	int torch; /* it was a torch tensor */
 };

@@ -64,7 +64,7 @@ static int vals_get(TableObject *t, PyObject *obj, const char *name, int writabl
 		goto err;
 	}
 	if ((size_t)v->len != floats * 4 ||
-	    (v->ndim >= 2 && (size_t)v->shape[0] != n && t->value_len)) {
+	    (v->ndim >= 2 && (size_t)a->shape0 != n && t->value_len)) {
 		PyErr_Format(PyExc_ValueError,
 			     "ferry: %s holds %zd floats in %d dimensions; %zu keys need %zu "
 			     "(shape (%zu, %u) or (%zu,))",

@@ -151,6 +151,16 @@ def test_zero_copy_torch():
     assert float(w.sum()) == 40.0
     with pytest.raises(ValueError, match="C-contiguous"):
         t.pull(keys, out=torch.zeros(4, 10).t())
+    with pytest.raises(TypeError, match="keys must be uint64 or int64"):
+        t.pull(keys.int())
+    with pytest.raises(TypeError, match="must be float32"):
+        t.push(keys, torch.zeros(10, 4, dtype=torch.float64))
+    with pytest.raises(ValueError, match="10 keys need 40"):
+        t.push(keys, torch.zeros(10, 3))
+    t.push(keys, torch.ones(10, 4, requires_grad=True))  # only read: allowed
+    assert float(t.pull(keys).sum()) == 80.0
+    g = torch.full((3,), 2.0, dtype=torch.float64)
+    assert n.allreduce(g) is g and float(g.sum()) == 6.0  # one node: the sum is itself
     t.destroy()
     n.close()
 

@@ -89,3 +89,19 @@ def test_torchrun_two_processes(tmp_path):
                        stderr=subprocess.STDOUT, text=True, timeout=120)
     assert p.returncode == 0, p.stdout
     check_outputs([p.stdout], 2)
+
+
+def test_mpirun_two_processes():
+    # no rendezvous in any form: the ranks meet through mpirun's PMIx server
+    mpirun = shutil.which("mpirun")
+    if not mpirun:
+        pytest.skip("mpirun not installed (Debian: openmpi-bin)")
+    if os.environ.get("FERRY_TEST_PMIX") != "1":
+        pytest.skip("libferry built without PMIx (ctest sets FERRY_TEST_PMIX=1 when it has it)")
+    root = ["--allow-run-as-root"] if os.getuid() == 0 else []
+    cmd = [mpirun, "-np", "2"] + root + ["--oversubscribe", "-x", "PYTHONPATH",
+                                         sys.executable, os.path.join(HERE, "rank_main.py")]
+    p = subprocess.run(cmd, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True, timeout=120)
+    assert p.returncode == 0, p.stdout
+    check_outputs([p.stdout], 2)

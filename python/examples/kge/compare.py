@@ -42,6 +42,9 @@ def summary(reps):
             "hits10": sum(r["eval"]["hits10"] for r in reps) / len(reps),
             "pull_push_seconds": sum(e["pull_push_seconds"] for rep in reps
                                      for e in (rep["epochs"][1:] or rep["epochs"])) / len(ep),
+            "cpu_seconds_all_nodes": sum(e.get("cpu_seconds_all_nodes", float("nan"))
+                                         for rep in reps
+                                         for e in (rep["epochs"][1:] or rep["epochs"])) / len(ep),
             "relocations_in": sum(e["relocations_in"] for rep in reps
                                   for e in (rep["epochs"][1:] or rep["epochs"])) / len(ep)}
 
@@ -102,10 +105,19 @@ def main():
         r = res[str(n)]
         r["speedup_dynamic_over_classic"] = r["classic"]["epoch_seconds"] / \
             r["dynamic"]["epoch_seconds"]
-        print("%d nodes: classic %.2f s/epoch MRR %.3f, dynamic %.2f s/epoch MRR %.3f: "
-              "dynamic x%.2f" % (n, r["classic"]["epoch_seconds"], r["classic"]["mrr"],
-                                 r["dynamic"]["epoch_seconds"], r["dynamic"]["mrr"],
-                                 r["speedup_dynamic_over_classic"]), flush=True)
+        r["speedup_min_epochs"] = r["classic"]["epoch_seconds_min"] / \
+            r["dynamic"]["epoch_seconds_min"]
+        r["cpu_ratio_classic_over_dynamic"] = r["classic"]["cpu_seconds_all_nodes"] / \
+            r["dynamic"]["cpu_seconds_all_nodes"]
+        c, d = r["classic"], r["dynamic"]
+        print("%d nodes: classic %.2f s/epoch (%.2f-%.2f, cpu %.2f s) MRR %.3f, dynamic %.2f "
+              "s/epoch (%.2f-%.2f, cpu %.2f s) MRR %.3f: dynamic x%.2f (best epochs x%.2f, "
+              "cpu x%.2f)" % (n, c["epoch_seconds"], c["epoch_seconds_min"],
+                              c["epoch_seconds_max"], c["cpu_seconds_all_nodes"], c["mrr"],
+                              d["epoch_seconds"], d["epoch_seconds_min"], d["epoch_seconds_max"],
+                              d["cpu_seconds_all_nodes"], d["mrr"],
+                              r["speedup_dynamic_over_classic"], r["speedup_min_epochs"],
+                              r["cpu_ratio_classic_over_dynamic"]), flush=True)
     with open(args.out + ".json", "w") as f:
         json.dump({"summary": res, "args": vars(args), "extra": extra, "runs": runs}, f,
                   indent=1)
