@@ -64,3 +64,28 @@ def test_kge_two_processes_beats_random(tmp_path):
     assert ev["hits10"] > 0.1, ev
     assert rep["epochs"][-1]["loss"] < 0.5 * rep["epochs"][0]["loss"]
     assert sum(e["relocations_in"] for e in rep["epochs"]) > 0  # dynamic: rows moved
+
+
+@pytest.mark.parametrize("name", ["complex", "rescal"])
+def test_model_scores_agree(name):
+    """score() on (batch), on (batch, k) broadcasts, and score_tails / score_heads against
+    every entity give the same numbers for the same triples."""
+    torch = pytest.importorskip("torch")
+    import train
+    m = train.MODELS[name](4)
+    g = torch.Generator().manual_seed(0)
+    E = torch.randn(7, m.ent_len, generator=g)
+    R = torch.randn(3, m.rel_len, generator=g)
+    h, r, t = torch.tensor([0, 5]), torch.tensor([2, 1]), torch.tensor([3, 6])
+    s = m.score(E[h], R[r], E[t])
+    assert s.shape == (2,)
+    tails = m.score_tails(E[h], R[r], E)
+    heads = m.score_heads(E[t], R[r], E)
+    torch.testing.assert_close(tails[torch.arange(2), t], s)
+    torch.testing.assert_close(heads[torch.arange(2), h], s)
+    k = torch.tensor([[1, 2, 3], [4, 5, 6]])  # corrupted tails, broadcast over k
+    nt = m.score(E[h].unsqueeze(1), R[r].unsqueeze(1), E[k])
+    assert nt.shape == (2, 3)
+    torch.testing.assert_close(nt, tails.gather(1, k))
+    nh = m.score(E[k], R[r].unsqueeze(1), E[t].unsqueeze(1))
+    torch.testing.assert_close(nh, heads.gather(1, k))

@@ -63,14 +63,17 @@ def plot(res, out):
                         int(n), p, s["epoch_seconds"], "#" * int(10 * s["epoch_seconds"]),
                         s["mrr"]))
         return out + ".txt"
-    fig, ax = plt.subplots(1, 2, figsize=(9, 3.5))
+    fig, ax = plt.subplots(1, 3, figsize=(13, 3.5))
     ns = sorted(res, key=int)
     for i, p in enumerate(("classic", "dynamic")):
         ax[0].bar([j + 0.4 * i for j in range(len(ns))],
                   [res[n][p]["epoch_seconds"] for n in ns], 0.4, label=p)
-        ax[1].bar([j + 0.4 * i for j in range(len(ns))], [res[n][p]["mrr"] for n in ns], 0.4,
+        ax[1].bar([j + 0.4 * i for j in range(len(ns))],
+                  [res[n][p]["cpu_seconds_all_nodes"] for n in ns], 0.4, label=p)
+        ax[2].bar([j + 0.4 * i for j in range(len(ns))], [res[n][p]["mrr"] for n in ns], 0.4,
                   label=p)
-    for a, t in ((ax[0], "seconds per epoch"), (ax[1], "filtered MRR")):
+    for a, t in ((ax[0], "wall seconds per epoch (mean)"),
+                 (ax[1], "CPU seconds per epoch, all nodes"), (ax[2], "filtered MRR")):
         a.set_xticks([j + 0.2 for j in range(len(ns))])
         a.set_xticklabels(["%s nodes" % n for n in ns])
         a.set_title(t)
@@ -90,7 +93,12 @@ def main():
     ap.add_argument("--nodes", default="2,4")
     ap.add_argument("--reps", type=int, default=2, help="runs of each pair")
     ap.add_argument("--out", default="kge-compare")
+    ap.add_argument("--replot", help="only redraw the plot of this JSON (to --out)")
     args, extra = ap.parse_known_args()
+    if args.replot:
+        with open(args.replot) as f:
+            print("wrote", plot(json.load(f)["summary"], args.out))
+        return
     res, runs = {}, []
     k = 0
     for n in (int(x) for x in args.nodes.split(",")):

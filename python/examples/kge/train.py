@@ -71,7 +71,7 @@ class RESCAL:
 
     def score(self, h, r, t):
         R = r.reshape(*r.shape[:-1], self.dim, self.dim)
-        return (h.unsqueeze(-2) @ R @ t.unsqueeze(-1)).reshape(h.shape[:-1])
+        return (h.unsqueeze(-2) @ R @ t.unsqueeze(-1))[..., 0, 0]
 
     def score_tails(self, h, r, E):
         R = r.reshape(-1, self.dim, self.dim)
