@@ -26,4 +26,7 @@ with ferry.open(timeout_ms=20000, **kw) as n:
     n.allreduce(s)
     n.barrier()
     t.destroy()
-    print("ok", n.rank, n.world, int(s[0]), flush=True)
+    # one write of the whole line: print() writes its pieces one by one, and mpirun's
+    # forwarding interleaved two ranks' pieces ("okok  1 2 1")
+    sys.stdout.write("ok %d %d %d\n" % (n.rank, n.world, int(s[0])))
+    sys.stdout.flush()
