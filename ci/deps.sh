@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # ci/deps.sh - install the Debian/Ubuntu packages Ferry needs, and only those that are missing.
 #
-#   bash ci/deps.sh [build|fuzz|vm|bench|all]...     (default: all)
+#   bash ci/deps.sh [build|fuzz|vm|bench|python|all]...     (default: all)
 #
 # Groups:
 #   build  compile libferry and its Criterion tests (etcd-server: the etcd manager's tests), check
@@ -11,6 +11,8 @@
 #   fuzz   build and run the libFuzzer targets in fuzz/ (clang-14 and its libFuzzer)
 #   vm     run the RDMA suites on SoftRoCE inside QEMU (ci/softroce-vm.sh)
 #   bench  plot benchmark figures; Fashion-MNIST for ferry-dp (dataset-fashion-mnist)
+#   python the Python package and its tests (python/, docs/python.md): headers, numpy, torch
+#          (torchrun), pytest; WordNet 3.0 for the KGE example; matplotlib for its plot
 #
 # Idempotent: a package counts as present when dpkg says "install ok installed"; `apt-get update`
 # runs only when something is missing, at most once per call. Every apt call is bounded. Prints
@@ -21,6 +23,7 @@ readonly GROUP_BUILD="cmake gcc make pkg-config liburcu-dev libxxhash-dev libsod
 readonly GROUP_FUZZ="clang-14 libfuzzer-14-dev"
 readonly GROUP_VM="qemu-system-x86 busybox-static rdma-core ibverbs-utils rdmacm-utils perftest ibverbs-providers iproute2 cpio kmod"
 readonly GROUP_BENCH="gnuplot-nox dataset-fashion-mnist"
+readonly GROUP_PYTHON="python3-dev python3-numpy python3-torch python3-pytest wordnet-base python3-matplotlib"
 
 # Bounds, in seconds; override for slow mirrors.
 readonly UPDATE_TIMEOUT=${FERRY_APT_UPDATE_TIMEOUT:-300}
@@ -38,6 +41,7 @@ group_packages()
 	fuzz) echo "$GROUP_FUZZ" ;;
 	vm) echo "$GROUP_VM" ;;
 	bench) echo "$GROUP_BENCH" ;;
+	python) echo "$GROUP_PYTHON" ;;
 	*) return 1 ;;
 	esac
 }
@@ -59,15 +63,15 @@ for arg in "$@"; do
 		usage
 		exit 0
 		;;
-	all) groups+=(build fuzz vm bench) ;;
-	build | fuzz | vm | bench) groups+=("$arg") ;;
+	all) groups+=(build fuzz vm bench python) ;;
+	build | fuzz | vm | bench | python) groups+=("$arg") ;;
 	*)
-		echo "deps: unknown group '$arg' (want build, fuzz, vm, bench or all)" >&2
+		echo "deps: unknown group '$arg' (want build, fuzz, vm, bench, python or all)" >&2
 		exit 2
 		;;
 	esac
 done
-[[ ${#groups[@]} -gt 0 ]] || groups=(build fuzz vm bench)
+[[ ${#groups[@]} -gt 0 ]] || groups=(build fuzz vm bench python)
 
 if ! command -v dpkg-query >/dev/null 2>&1; then
 	echo "deps: dpkg-query not found: this script knows Debian and Ubuntu only; install by hand:" >&2

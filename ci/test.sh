@@ -4,7 +4,7 @@
 #   bash ci/test.sh [--quick] [--no-asan] [--no-tsan] [--no-fuzz] [--no-vm] [--no-format] [--jobs N]
 #
 # Stages, each bounded with timeout(1), in this order:
-#   deps        ci/deps.sh build (and fuzz unless --no-fuzz, vm unless --no-vm)
+#   deps        ci/deps.sh build python (and fuzz unless --no-fuzz, vm unless --no-vm)
 #   build       cmake -S . -B build -DFERRY_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo; build
 #   layers      ci/check-layers.sh: transports include no lib/ header, no file over 1000 lines,
 #               no call upward between layers and no call circle (from the objects, with nm)
@@ -197,7 +197,7 @@ export jobs
 
 echo "ci/test.sh: $(uname -srm), $(nproc) cpus, CI=${CI:-false}, budget ${budget}s"
 
-dep_groups=(build)
+dep_groups=(build python)
 [[ $fuzz -eq 0 ]] || dep_groups+=(fuzz)
 [[ $vm -eq 0 ]] || dep_groups+=(vm)
 stage deps 1200 bash ci/deps.sh "${dep_groups[@]}" || true

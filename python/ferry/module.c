@@ -1,0 +1,449 @@
+// SPDX-License-Identifier: MIT
+/*
+ * _ferry: the CPython extension under the `ferry` package (python/ferry/).
+ *
+ * A hand-written extension module over the public API (include/ferry/ferry.h)
+ * and nothing else. Each call checks its arrays through the buffer protocol
+ * (numpy arrays; CPU torch tensors through their zero-copy .numpy() view), so
+ * the C library reads keys and writes values in the caller's own memory, and
+ * drops the GIL for the whole of every call that can wait.
+ *
+ * Workers per thread: ferry's workers belong to one thread each. A Node keeps
+ * a pthread key; the first operation a thread makes on the node creates its
+ * worker (struct pyw) and stores it under the key, and the key's destructor
+ * destroys it when the thread exits, on that thread, as ferry requires. An
+ * asynchronous handle holds a reference on its worker, so a worker outlives
+ * neither the thread's use of it nor its tickets.
+ *
+ *   Node ----- pnode (pthread key, refs: Node + each pyw)
+ *    |            ^
+ *   Table        pyw (one per thread and node; refs: the key's slot + handles)
+ *    |            ^
+ *   Handle ------/   (holds its Table, its pyw and the caller's buffers)
+ *
+ * Bounds: one pyw per (thread, node) that made a call; one Py_buffer pair per
+ * handle not yet collected (at most FERRY_MAX_INFLIGHT per worker: the C
+ * library refuses more).
+ */
+#include <errno.h>
+#include <string.h>
+
+#include "pyferry.h"
+
+static PyObject *ferry_error; /* ferry.Error, a subclass of OSError */
+
+/* ---- errors ----------------------------------------------------------- */
+
+/* raise ferry.Error(errno, "what: ferry_strerror(rc)"); returns NULL */
+PyObject *raise_rc(int rc, const char *what)
+{
+	PyObject *args = Py_BuildValue("(is)", -rc, "");
+	PyObject *msg = PyUnicode_FromFormat("%s: %s", what, ferry_strerror(rc));
+
+	if (args && msg) {
+		PyTuple_SetItem(args, 1, msg); /* steals msg */
+		msg = NULL;
+		PyErr_SetObject(ferry_error, args);
+	}
+	Py_XDECREF(args);
+	Py_XDECREF(msg);
+	return NULL;
+}
+
+/* ---- shared node state and per-thread workers ------------------------- */
+
+static void pnode_put(struct pnode *pn)
+{
+	if (atomic_fetch_sub(&pn->refs, 1) == 1) {
+		pthread_key_delete(pn->key);
+		PyMem_RawFree(pn);
+	}
+}
+
+/*
+ * Drops a reference. The last one destroys the worker, which only its own
+ * thread may do; a handle freed on another thread after its thread ended
+ * leaves the worker behind (its memory only: the node is closed by then or
+ * keeps serving without it).
+ * Context: any thread, with or without the GIL (the key destructor has none).
+ */
+void pyw_put(struct pyw *p)
+{
+	if (atomic_fetch_sub(&p->refs, 1) != 1)
+		return;
+	if (pthread_equal(p->tid, pthread_self()))
+		ferry_worker_destroy(p->w);
+	pnode_put(p->pn);
+	PyMem_RawFree(p);
+}
+
+/* the key's destructor: runs on the exiting thread */
+static void pyw_key_dtor(void *v)
+{
+	pyw_put(v);
+}
+
+/* ---- Node ------------------------------------------------------------- */
+
+int node_check(NodeObject *n)
+{
+	if (!n->fy || n->closed) {
+		raise_rc(-FERRY_E_CLOSED, "ferry node");
+		return -1;
+	}
+	return 0;
+}
+
+/* this thread's worker on @n, made at first use. Context: GIL held. */
+struct pyw *node_worker(NodeObject *n)
+{
+	struct pyw *p = pthread_getspecific(n->pn->key);
+	struct ferry_worker *w;
+	int rc;
+
+	if (p)
+		return p;
+	rc = ferry_worker_create(n->fy, &w);
+	if (rc) {
+		raise_rc(rc, "ferry_worker_create");
+		return NULL;
+	}
+	p = PyMem_RawMalloc(sizeof(*p));
+	if (!p) {
+		ferry_worker_destroy(w);
+		PyErr_NoMemory();
+		return NULL;
+	}
+	p->w = w;
+	p->tid = pthread_self();
+	atomic_init(&p->refs, 1);
+	p->pn = n->pn;
+	atomic_fetch_add(&n->pn->refs, 1);
+	if (pthread_setspecific(n->pn->key, p)) {
+		p->refs = 0;
+		ferry_worker_destroy(w);
+		pnode_put(n->pn);
+		PyMem_RawFree(p);
+		PyErr_NoMemory();
+		return NULL;
+	}
+	return p;
+}
+
+static NodeObject *node_wrap(struct ferry *fy)
+{
+	NodeObject *n = PyObject_New(NodeObject, &NodeType);
+
+	if (!n) {
+		ferry_close(fy);
+		return NULL;
+	}
+	n->fy = fy;
+	n->closed = 0;
+	n->pn = PyMem_RawMalloc(sizeof(*n->pn));
+	if (!n->pn || pthread_key_create(&n->pn->key, pyw_key_dtor)) {
+		PyMem_RawFree(n->pn);
+		n->pn = NULL;
+		Py_DECREF(n);
+		PyErr_SetString(PyExc_RuntimeError,
+				"ferry: no thread-local key left (PTHREAD_KEYS_MAX); close nodes "
+				"that are no longer used");
+		return NULL;
+	}
+	atomic_init(&n->pn->refs, 1);
+	return n;
+}
+
+static void node_do_close(NodeObject *n)
+{
+	struct pyw *p;
+
+	if (!n->fy || n->closed)
+		return;
+	n->closed = 1;
+	p = pthread_getspecific(n->pn->key);
+	Py_BEGIN_ALLOW_THREADS;
+	if (p) {
+		pthread_setspecific(n->pn->key, NULL);
+		pyw_put(p);
+	}
+	ferry_close(n->fy);
+	Py_END_ALLOW_THREADS;
+}
+
+static void node_dealloc(NodeObject *n)
+{
+	node_do_close(n);
+	if (n->pn)
+		pnode_put(n->pn);
+	PyObject_Free(n);
+}
+
+static PyObject *node_close(NodeObject *n, PyObject *unused)
+{
+	node_do_close(n);
+	Py_RETURN_NONE;
+}
+
+static PyObject *node_rank(NodeObject *n, void *unused)
+{
+	if (node_check(n))
+		return NULL;
+	return PyLong_FromLong(ferry_rank(n->fy));
+}
+
+static PyObject *node_world(NodeObject *n, void *unused)
+{
+	if (node_check(n))
+		return NULL;
+	return PyLong_FromLong(ferry_world(n->fy));
+}
+
+static PyObject *node_closed(NodeObject *n, void *unused)
+{
+	return PyBool_FromLong(!n->fy || n->closed);
+}
+
+static PyObject *node_barrier(NodeObject *n, PyObject *unused)
+{
+	int rc;
+
+	if (node_check(n))
+		return NULL;
+	Py_BEGIN_ALLOW_THREADS;
+	rc = ferry_barrier(n->fy);
+	Py_END_ALLOW_THREADS;
+	if (rc)
+		return raise_rc(rc, "ferry_barrier");
+	Py_RETURN_NONE;
+}
+
+static PyObject *node_stats(NodeObject *n, PyObject *unused)
+{
+	struct ferry_stats s;
+	PyObject *d;
+	int rc;
+
+	if (node_check(n))
+		return NULL;
+	rc = ferry_stats(n->fy, &s);
+	if (rc)
+		return raise_rc(rc, "ferry_stats");
+	d = PyDict_New();
+	if (!d)
+		return NULL;
+	STAT(d, s, local_ops);
+	STAT(d, s, remote_ops);
+	STAT(d, s, served_ops);
+	STAT(d, s, forwards);
+	STAT(d, s, relocations_in);
+	STAT(d, s, relocations_out);
+	STAT(d, s, msgs_sent);
+	STAT(d, s, msgs_recv);
+	STAT(d, s, bytes_sent);
+	STAT(d, s, bytes_recv);
+	STAT(d, s, onesided_reads);
+	STAT(d, s, onesided_retries);
+	STAT(d, s, onesided_fallbacks);
+	return d;
+}
+
+static PyObject *node_enter(PyObject *n, PyObject *unused)
+{
+	Py_INCREF(n);
+	return n;
+}
+
+static PyObject *node_exit(NodeObject *n, PyObject *args)
+{
+	node_do_close(n);
+	Py_RETURN_FALSE;
+}
+
+static PyMethodDef node_methods[] = {
+	{ "__enter__", (PyCFunction)node_enter, METH_NOARGS, NULL },
+	{ "__exit__", (PyCFunction)node_exit, METH_VARARGS, NULL },
+	{ "close", (PyCFunction)node_close, METH_NOARGS, "leave the cluster (ferry_close)" },
+	{ "barrier", (PyCFunction)node_barrier, METH_NOARGS, "wait for every node" },
+	{ "stats", (PyCFunction)node_stats, METH_NOARGS, "this node's counters, a dict" },
+	KWM("table", node_table, "create a table (collective)"),
+	KWM("allreduce", node_allreduce, "allreduce(src, dst=None, op='sum') -> dst"),
+	KWM("reduce", node_reduce, "reduce(src, dst=None, op='sum', root=0) -> dst"),
+	KWM("broadcast", node_broadcast, "broadcast(buf, root=0) -> buf"),
+	KWM("allreduce_async", node_allreduce_async, "as allreduce; returns a handle"),
+	KWM("reduce_async", node_reduce_async, "as reduce; returns a handle"),
+	KWM("broadcast_async", node_broadcast_async, "as broadcast; returns a handle"),
+	{ NULL }
+};
+
+static PyGetSetDef node_getset[] = {
+	{ "rank", (getter)node_rank, NULL, "this node's rank", NULL },
+	{ "world", (getter)node_world, NULL, "nodes in the cluster", NULL },
+	{ "closed", (getter)node_closed, NULL, "close() was called", NULL },
+	{ NULL }
+};
+
+PyTypeObject NodeType = {
+	PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ferry._ferry.Node",
+	.tp_basicsize = sizeof(NodeObject),
+	.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+	.tp_doc = "a ferry node (ferry.open)",
+	.tp_dealloc = (destructor)node_dealloc,
+	.tp_methods = node_methods,
+	.tp_getset = node_getset,
+};
+
+/* ---- module functions ------------------------------------------------- */
+
+/* "auto", "tcp", "rdma", "loop" -> enum ferry_transport_kind */
+static int transport_kind(const char *s, enum ferry_transport_kind *k_p)
+{
+	static const char *const names[] = { "auto", "tcp", "rdma", "loop" };
+
+	for (int i = 0; i < 4; i++)
+		if (s && !strcmp(s, names[i])) {
+			*k_p = (enum ferry_transport_kind)i;
+			return 0;
+		}
+	PyErr_Format(PyExc_ValueError,
+		     "ferry: transport must be 'auto', 'tcp', 'rdma' or 'loop', not '%s'", s);
+	return -1;
+}
+
+static PyObject *mod_open(PyObject *self, PyObject *args, PyObject *kw)
+{
+	static char *kwl[] = { "rank",	    "world",	 "rendezvous", "rendezvous_fd",
+			       "bind_addr", "transport", "timeout_ms", "busy_poll",
+			       "mem_limit", NULL };
+	const char *tp = "auto";
+	unsigned long long mem = 0;
+	struct ferry_params p;
+	struct ferry *fy;
+	int rc;
+
+	ferry_params_init(&p);
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "|$iizizsiiK", kwl, &p.rank, &p.world,
+					 &p.rendezvous, &p.rendezvous_fd, &p.bind_addr, &tp,
+					 &p.timeout_ms, &p.busy_poll, &mem) ||
+	    transport_kind(tp, &p.transport))
+		return NULL;
+	p.mem_limit = mem;
+	Py_BEGIN_ALLOW_THREADS;
+	rc = ferry_open(&p, &fy);
+	Py_END_ALLOW_THREADS;
+	if (rc)
+		return raise_rc(rc, "ferry_open");
+	return (PyObject *)node_wrap(fy);
+}
+
+static PyObject *mod_local_cluster(PyObject *self, PyObject *args, PyObject *kw)
+{
+	static char *kwl[] = { "n", "transport", "timeout_ms", "busy_poll", "mem_limit", NULL };
+	struct ferry_params p;
+	unsigned long long mem = 0;
+	const char *tp = "auto";
+	struct ferry **fys;
+	PyObject *list;
+	int n, rc;
+
+	ferry_params_init(&p);
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "i|$siiK", kwl, &n, &tp, &p.timeout_ms,
+					 &p.busy_poll, &mem) ||
+	    transport_kind(tp, &p.transport))
+		return NULL;
+	p.mem_limit = mem;
+	if (n < 1 || n > 64) {
+		PyErr_Format(PyExc_ValueError, "ferry: a local cluster has 1 to 64 nodes, not %d",
+			     n);
+		return NULL;
+	}
+	fys = PyMem_Calloc((size_t)n, sizeof(*fys));
+	if (!fys)
+		return PyErr_NoMemory();
+	Py_BEGIN_ALLOW_THREADS;
+	rc = ferry_local_cluster_open(n, &p, fys);
+	Py_END_ALLOW_THREADS;
+	if (rc) {
+		PyMem_Free(fys);
+		return raise_rc(rc, "ferry_local_cluster_open");
+	}
+	list = PyList_New(n);
+	for (int i = 0; i < n; i++) {
+		PyObject *o = list ? (PyObject *)node_wrap(fys[i]) : NULL;
+
+		if (!o) {
+			for (int j = i + (list ? 1 : 0); j < n; j++)
+				ferry_close(fys[j]);
+			Py_XDECREF(list);
+			PyMem_Free(fys);
+			return NULL;
+		}
+		PyList_SET_ITEM(list, i, o);
+	}
+	PyMem_Free(fys);
+	return list;
+}
+
+static PyObject *mod_strerror(PyObject *self, PyObject *arg)
+{
+	long e = PyLong_AsLong(arg);
+
+	if (PyErr_Occurred())
+		return NULL;
+	return PyUnicode_FromString(ferry_strerror((int)e));
+}
+
+/* ---- the module ------------------------------------------------------- */
+
+static PyMethodDef mod_methods[] = {
+	KWM("open", mod_open, "join the cluster (ferry_open)"),
+	KWM("local_cluster", mod_local_cluster, "n nodes in this process, over loopback"),
+	{ "strerror", (PyCFunction)mod_strerror, METH_O, "describe an error code" },
+	{ NULL }
+};
+
+static struct PyModuleDef mod_def = {
+	PyModuleDef_HEAD_INIT,
+	.m_name = "ferry._ferry",
+	.m_doc = "libferry's C API (use the ferry package)",
+	.m_size = -1,
+	.m_methods = mod_methods,
+};
+
+PyMODINIT_FUNC PyInit__ferry(void);
+PyMODINIT_FUNC PyInit__ferry(void)
+{
+	PyTypeObject *types[] = { &NodeType, &TableType, &HandleType, &CollType };
+	const char *names[] = { "Node", "Table", "Handle", "CollHandle" };
+	PyObject *m;
+
+	for (size_t i = 0; i < 4; i++)
+		if (PyType_Ready(types[i]))
+			return NULL;
+	m = PyModule_Create(&mod_def);
+	if (!m)
+		return NULL;
+	ferry_error = PyErr_NewExceptionWithDoc(
+		"ferry.Error",
+		"a libferry call failed: errno is the error code (Ferry's own at or above "
+		"E_BASE), strerror says what failed and why",
+		PyExc_OSError, NULL);
+	if (!ferry_error || PyModule_AddObjectRef(m, "Error", ferry_error))
+		goto err;
+	for (size_t i = 0; i < 4; i++)
+		if (PyModule_AddObjectRef(m, names[i], (PyObject *)types[i]))
+			goto err;
+	if (PyModule_AddIntConstant(m, "E_BASE", FERRY_ERRNO_BASE) ||
+	    PyModule_AddIntConstant(m, "E_CLOSED", FERRY_E_CLOSED) ||
+	    PyModule_AddIntConstant(m, "E_MISMATCH", FERRY_E_MISMATCH) ||
+	    PyModule_AddIntConstant(m, "E_PROTO", FERRY_E_PROTO) ||
+	    PyModule_AddIntConstant(m, "E_PEER", FERRY_E_PEER) ||
+	    PyModule_AddIntConstant(m, "E_NOJOIN", FERRY_E_NOJOIN) ||
+	    PyModule_AddIntConstant(m, "E_NODEV", FERRY_E_NODEV) ||
+	    PyModule_AddStringConstant(m, "version", ferry_version()))
+		goto err;
+	return m;
+err:
+	Py_DECREF(m);
+	return NULL;
+}
