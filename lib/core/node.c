@@ -90,6 +90,8 @@ static void node_free(struct ferry *fy)
 {
 	if (fy->coll_free)
 		fy->coll_free(fy->coll);
+	if (fy->cons_free)
+		fy->cons_free(fy->cons);
 	free(fy->cfg);
 	free(fy->tp);
 	free(fy->failed);
@@ -357,5 +359,7 @@ int ferry_stats(struct ferry *fy, struct ferry_stats *s)
 	s->onesided_reads = atomic_load(&fy->onesided_reads);
 	s->onesided_retries = atomic_load(&fy->onesided_retries);
 	s->onesided_fallbacks = atomic_load(&fy->onesided_fallbacks);
+	for (int i = 0; i < FERRY_STALENESS_BUCKETS; i++)
+		s->staleness[i] = atomic_load(&fy->staleness[i]);
 	return 0;
 }

@@ -225,6 +225,7 @@ static struct fr fixed_frame(uint8_t type, size_t body, size_t extra)
 		t->inbox_addr = t->inbox_rkey = 0;
 		t->inbox_entries = t->inbox_stride = 0;
 		t->init = t->sparse = 0;
+		t->consistency = t->staleness = 0;
 	}
 	return fr_take(&f, type, 0, 0);
 }
@@ -692,10 +693,14 @@ Test(proto, frame_shorter_than_its_fixed_body)
 		{ FERRY_MSG_COLL, sizeof(struct ferry_msg_coll) },
 		{ FERRY_MSG_COLL_ACK, sizeof(struct ferry_msg_coll) },
 		{ FERRY_MSG_COLL_KICK, sizeof(struct ferry_msg_coll) },
+		{ FERRY_MSG_CLOCK, sizeof(struct ferry_msg_clock) },
 	};
 
-	/* every type but BYE, which is a bare header (below) */
-	cr_assert_eq(sizeof(c) / sizeof(c[0]), FERRY_MSG_TYPE_MAX - 2, "a type is not covered");
+	/* every type but BYE, which is a bare header (below); numbers from
+	 * COLL_KICK + 1 to CLOCK - 1 are not assigned yet */
+	cr_assert_eq(sizeof(c) / sizeof(c[0]),
+		     (FERRY_MSG_COLL_KICK - 1) + (FERRY_MSG_TYPE_MAX - FERRY_MSG_CLOCK),
+		     "a type is not covered");
 	for (size_t i = 0; i < sizeof(c) / sizeof(c[0]); i++) {
 		/* one word short, and a bare header */
 		struct fr x = fixed_frame(c[i].type, c[i].body - 8, 0);
