@@ -62,6 +62,9 @@ static void usage(FILE *f)
 		"  --procs            nodes are forked processes (default: threads of this process)\n"
 		"  --transport T      tcp, rdma or auto (default auto: rdma when a device is usable)\n"
 		"  --mode M           dynamic (localize, default), classic (static placement) or both\n"
+		"  --consistency C    seq (default), eventual, ssp:S or essp:S: the factor table's\n"
+		"                     model; other than seq, a worker ends each block with\n"
+		"                     ferry_clock() instead of a barrier (docs/consistency.md)\n"
 		"training:\n"
 		"  --rank R           factor rank (default 16)\n"
 		"  --lr X             learning rate of the first epoch (default 0.05)\n"
@@ -108,6 +111,26 @@ static int parse_ll(const char *s, long long lo, long long hi, long long *v_p)
 	return 0;
 }
 
+/* "seq", "eventual", "ssp:S", "essp:S" into @cfg; 0 or -1 */
+static int parse_consistency(const char *s, struct mf_config *cfg)
+{
+	long long v = 0;
+
+	if (!strcmp(s, "seq")) {
+		cfg->consistency = FERRY_CONS_SEQUENTIAL;
+	} else if (!strcmp(s, "eventual")) {
+		cfg->consistency = FERRY_CONS_EVENTUAL;
+	} else if (!strncmp(s, "ssp:", 4) && !parse_ll(s + 4, 0, 1000, &v)) {
+		cfg->consistency = FERRY_CONS_SSP;
+	} else if (!strncmp(s, "essp:", 5) && !parse_ll(s + 5, 0, 1000, &v)) {
+		cfg->consistency = FERRY_CONS_ESSP;
+	} else {
+		return -1;
+	}
+	cfg->staleness = (uint32_t)v;
+	return 0;
+}
+
 static int parse_double(const char *s, double lo, double hi, double *v_p)
 {
 	double v;
@@ -135,6 +158,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		OPT_EPOCHS,
 		OPT_TRANSPORT,
 		OPT_MODE,
+		OPT_CONSISTENCY,
 		OPT_SEED,
 		OPT_PROCS,
 		OPT_INPUT,
@@ -155,6 +179,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		{ "epochs", required_argument, NULL, OPT_EPOCHS },
 		{ "transport", required_argument, NULL, OPT_TRANSPORT },
 		{ "mode", required_argument, NULL, OPT_MODE },
+		{ "consistency", required_argument, NULL, OPT_CONSISTENCY },
 		{ "seed", required_argument, NULL, OPT_SEED },
 		{ "procs", no_argument, NULL, OPT_PROCS },
 		{ "input", required_argument, NULL, OPT_INPUT },
@@ -232,6 +257,12 @@ static int parse_args(int argc, char **argv, struct opts *o)
 				o->modes = MODE_BOTH;
 			else
 				return bad("--mode '%s': expected dynamic, classic or both",
+					   optarg);
+			break;
+		case OPT_CONSISTENCY:
+			if (parse_consistency(optarg, cfg))
+				return bad("--consistency '%s': expected seq, eventual, ssp:S or "
+					   "essp:S (S: the staleness bound in clocks, 0 .. 1000)",
 					   optarg);
 			break;
 		case OPT_SEED:
@@ -357,9 +388,12 @@ static void json_str(FILE *f, const char *s)
 	fputc('"', f);
 }
 
+static const char *const cons_names[] = { "seq", "eventual", "ssp", "essp" };
+
 static void json_run(FILE *f, const char *mode, const struct mf_result *r)
 {
 	const struct mf_epoch *last = r->epochs ? &r->ep[r->epochs - 1] : NULL;
+	double stale[FERRY_STALENESS_BUCKETS] = { 0 };
 
 	fprintf(f, "    \"%s\": {\n      ", mode);
 	json_num(f, "mean_epoch_seconds", mf_mean_epoch_seconds(r), ", ");
@@ -382,7 +416,13 @@ static void json_run(FILE *f, const char *mode, const struct mf_result *r)
 		json_num(f, "remote_ops", ep->remote_ops, " }");
 		fprintf(f, "%s\n", e + 1 < r->epochs ? "," : "");
 	}
-	fprintf(f, "      ]\n    }");
+	fprintf(f, "      ],\n      \"staleness\": [");
+	for (int e = 0; e < r->epochs; e++)
+		for (int b = 0; b < FERRY_STALENESS_BUCKETS; b++)
+			stale[b] += r->ep[e].stale[b];
+	for (int b = 0; b < FERRY_STALENESS_BUCKETS; b++)
+		fprintf(f, "%.0f%s", stale[b], b + 1 < FERRY_STALENESS_BUCKETS ? ", " : "");
+	fprintf(f, "]\n    }");
 }
 
 static int write_json(const struct opts *o, const struct mf_matrix *train,
@@ -414,6 +454,8 @@ static int write_json(const struct opts *o, const struct mf_matrix *train,
 	json_num(f, "decay", cfg->decay, ", ");
 	json_num(f, "reg", cfg->reg, ", ");
 	json_num(f, "init", cfg->init, ",\n");
+	fprintf(f, "  \"consistency\": \"%s\", \"staleness\": %u,\n", cons_names[cfg->consistency],
+		cfg->staleness);
 	fprintf(f, "  \"runs\": {\n");
 	if (o->modes & MODE_DYNAMIC)
 		json_run(f, "dynamic", &res[0]);
@@ -449,6 +491,24 @@ static void summary(const char *mode, const struct mf_result *r)
 	       "final train loss %.5f, test RMSE %.5f\n",
 	       mode, r->epochs, mf_mean_epoch_seconds(r), 100 * comm / r->epochs, r->setup_seconds,
 	       last->train_mse, last->test_rmse);
+	{
+		double stale[FERRY_STALENESS_BUCKETS] = { 0 }, n = 0;
+
+		for (int e = 0; e < r->epochs; e++)
+			for (int b = 0; b < FERRY_STALENESS_BUCKETS; b++)
+				stale[b] += r->ep[e].stale[b];
+		for (int b = 0; b < FERRY_STALENESS_BUCKETS; b++)
+			n += stale[b];
+		if (n > 0) {
+			printf("%s: reads by staleness (clocks behind: share):", mode);
+			for (int b = 0; b < FERRY_STALENESS_BUCKETS; b++)
+				if (stale[b] > 0)
+					printf(" %d%s: %.3f", b,
+					       b == FERRY_STALENESS_BUCKETS - 1 ? "+" : "",
+					       stale[b] / n);
+			printf("\n");
+		}
+	}
 }
 
 int main(int argc, char **argv)

@@ -187,6 +187,11 @@ struct mf_config {
 	uint64_t seed;	 /* initial factors */
 	FILE *progress;	 /* a line per epoch goes here; NULL: quiet */
 	const char *tag; /* prefix of the progress lines; may be NULL */
+	/* the factor table's consistency model (docs/consistency.md); with one
+	 * other than SEQUENTIAL the workers end each block with ferry_clock()
+	 * instead of meeting at a barrier */
+	enum ferry_consistency consistency;
+	uint32_t staleness; /* SSP, ESSP: the bound s */
 };
 
 /** mf_config_init - the defaults (2 nodes x 1 thread, dynamic, rank 16, ...) */
@@ -202,6 +207,8 @@ struct mf_epoch {
 	double lr;	    /* learning rate used */
 	double local_ops;   /* key operations served in place, all nodes */
 	double remote_ops;  /* key operations sent to another node, all nodes */
+	/* reads of the factor table by clocks behind (SSP, ESSP), all nodes */
+	double stale[FERRY_STALENESS_BUCKETS];
 };
 
 struct mf_result {
