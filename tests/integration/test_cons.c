@@ -21,9 +21,12 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common/cluster.h"
+#include "lib/core/core.h"
 
 #define NODES 4
 #define WPN 2 /* workers per node */
@@ -319,6 +322,57 @@ Test(cons, essp_reads_keep_the_staleness_bound, .timeout = 120)
 	ssp_history(FERRY_CONS_ESSP, 3);
 }
 
+/* the same history with every node a process of its own (the run's record
+ * in a shared mapping, its lock and barrier process-shared) */
+Test(cons, ssp_history_with_nodes_as_processes, .timeout = 180)
+{
+	struct ssp_run *run =
+		mmap(NULL, sizeof(*run), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	pthread_mutexattr_t ma;
+	pthread_barrierattr_t ba;
+	struct ferry_params p;
+	pid_t pids[NODES];
+	int rc;
+
+	cr_assert_neq(run, MAP_FAILED);
+	memset(run, 0, sizeof(*run));
+	run->model = FERRY_CONS_SSP;
+	run->s = 2;
+	pthread_mutexattr_init(&ma);
+	pthread_mutexattr_setpshared(&ma, PTHREAD_PROCESS_SHARED);
+	pthread_mutex_init(&run->why_lock, &ma);
+	pthread_barrierattr_init(&ba);
+	pthread_barrierattr_setpshared(&ba, PTHREAD_PROCESS_SHARED);
+	pthread_barrier_init(&run->start, &ba, NW);
+	ferry_params_init(&p);
+	p.transport = getenv("FERRY_TRANSPORT") ? FERRY_TRANSPORT_AUTO : FERRY_TRANSPORT_TCP;
+	p.timeout_ms = 20000;
+	rc = ferry_local_cluster_fork(NODES, &p, pids);
+	if (rc >= 0 && rc < NODES) {
+		struct ferry_table_params tp;
+		struct tc c = { .n = NODES };
+		int me = rc;
+
+		cons_params(&tp, run->model, run->s, SSP_KEYS, NW);
+		rc = ferry_open(&p, &c.fy[me]);
+		if (!rc)
+			rc = ferry_table_create(c.fy[me], &tp, &c.t[me]);
+		if (!rc)
+			rc = ssp_node(&c, me, run);
+		ferry_table_destroy(c.t[me]);
+		ferry_close(c.fy[me]);
+		_exit(rc ? 1 : 0);
+	}
+	cr_assert_eq(rc, FERRY_LOCAL_PARENT, "fork: %s", ferry_strerror(rc));
+	tc_wait_procs(pids, NODES, -1, run->why);
+	cr_assert_eq(atomic_load(&run->errors), 0, "%s", run->why);
+	cr_assert_eq(atomic_load(&run->violations), 0, "%d of %ld reads break the bound: %s",
+		     atomic_load(&run->violations), atomic_load(&run->reads), run->why);
+	cr_assert_eq(atomic_load(&run->ahead_bad), 0, "a worker ran more than s ahead");
+	cr_assert_gt(atomic_load(&run->reads), NW * SSP_ITERS * SSP_KEYS);
+	munmap(run, sizeof(*run));
+}
+
 /* ---- EVENTUAL: exact sums after a flush and a barrier ---- */
 
 #define EV_KEYS 64
@@ -493,4 +547,60 @@ Test(cons, nodes_that_disagree_on_the_model_fail_the_create)
 	}
 	ferry_worker_destroy(w);
 	tc_close(&c);
+}
+
+/* ---- the CLOCK frame: checked like every peer input ---- */
+
+static atomic_int clk_errors;
+static char clk_last[512];
+
+static void clk_log(enum ferry_log_level level, const char *msg, void *arg)
+{
+	(void)arg;
+	if (level == FERRY_LOG_ERROR && strstr(msg, "clock")) {
+		snprintf(clk_last, sizeof(clk_last), "%s", msg);
+		atomic_fetch_add(&clk_errors, 1);
+	}
+}
+
+static int clk_send(struct ferry *from, uint32_t to, uint64_t clock)
+{
+	struct {
+		struct ferry_msg_hdr h;
+		struct ferry_msg_clock c;
+	} m;
+
+	memset(&m, 0, sizeof(m));
+	ferry__proto_hdr_init(&m.h, FERRY_MSG_CLOCK, sizeof(m), (uint32_t)ferry_rank(from), 0);
+	m.c.clock = clock;
+	return ferry__send(from, to, &m, sizeof(m));
+}
+
+Test(cons, a_clock_that_goes_down_drops_its_sender_and_waits_on_it_end, .timeout = 60)
+{
+	struct ferry_table_params tp;
+	struct ferry_worker *w;
+	struct tc c;
+
+	ferry_log_set(FERRY_LOG_WARN, clk_log, NULL);
+	cons_params(&tp, FERRY_CONS_SSP, 0, 16, 1);
+	cr_assert_eq(tc_open(&c, 2, &tp, 20000), 0);
+	cr_assert_eq(clk_send(c.fy[1], 0, 3), 0);
+	cr_assert_eq(clk_send(c.fy[1], 0, 2), 0);
+	for (int i = 0; i < 500 && !atomic_load(&clk_errors); i++)
+		usleep(10000);
+	cr_assert_eq(atomic_load(&clk_errors), 1, "one error line");
+	cr_assert(strstr(clk_last, "rank 1 sent clock 2 after clock 3"), "%s", clk_last);
+	/* rank 0's worker (bound 0) passes clocks 1 .. 3, which rank 1
+	 * announced; clock 4 needs it further, and it failed: the wait ends
+	 * at once, not at the timeout */
+	cr_assert_eq(ferry_worker_create(c.fy[0], &w), 0);
+	for (int i = 0; i < 3; i++)
+		cr_assert_eq(ferry_clock(w), 0);
+	atomic_store(&clk_errors, 0);
+	cr_assert_eq(ferry_clock(w), -FERRY_E_PEER);
+	cr_assert(strstr(clk_last, "rank 1") && strstr(clk_last, "failed"), "%s", clk_last);
+	ferry_worker_destroy(w);
+	tc_close(&c);
+	ferry_log_set(FERRY_LOG_WARN, NULL, NULL);
 }
