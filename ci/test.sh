@@ -17,7 +17,7 @@
 #   asan-build  the same into build-asan/ with -DFERRY_SANITIZE=address,undefined
 #   asan-ctest  ctest there, with ASAN_OPTIONS / UBSAN_OPTIONS that abort on the first finding
 #   tsan        the threaded suites (test_store, test_onesided, test_cluster over tcp and loop,
-#               test_keymap, test_sparse, test_reconnect, test_coll)
+#               test_keymap, test_sparse, test_reconnect, test_coll, test_cons)
 #               built into build-tsan/ with -DFERRY_SANITIZE=thread and run with tests/tsan.supp,
 #               halting on the first report (tests/CMakeLists.txt builds them against the
 #               Criterion stand-in in tests/transport/tsan/: Criterion cannot start under TSan)
@@ -146,7 +146,7 @@ tsan_build_run()
 	cmake -S . -B build-tsan -DFERRY_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 		-DFERRY_SANITIZE=thread &&
 		cmake --build build-tsan -j"$jobs" --target test_store test_onesided test_cluster \
-			test_keymap test_sparse test_reconnect test_coll &&
+			test_keymap test_sparse test_reconnect test_coll test_cons &&
 		TSAN_OPTIONS="suppressions=$PWD/tests/tsan.supp halt_on_error=1" \
 			ctest --test-dir build-tsan -R '^test_' --output-on-failure
 }
