@@ -9,7 +9,8 @@
 #   cons-staleness.png    share of reads by staleness (clocks behind), one bar group per run
 #                         that recorded any (SSP, ESSP)
 #   cons-summary.txt      per run: final loss, wall time, and the wall time at which it first
-#                         reached the target loss (the worst final loss of all runs)
+#                         reached the target loss (TARGET in the environment, else the worst
+#                         final loss of all runs), interpolated linearly between epochs
 # Needs /usr/bin/python3 (the standard library's json only) and gnuplot (ci/deps.sh bench).
 set -euo pipefail
 
@@ -23,7 +24,7 @@ mkdir -p "$out"
 command -v gnuplot >/dev/null 2>&1 || { echo "plot-cons: gnuplot not found (bash ci/deps.sh bench)" >&2; exit 1; }
 
 /usr/bin/python3 - "$out" "$@" <<'PY'
-import json, sys
+import json, os, sys
 out = sys.argv[1]
 runs = []
 for arg in sys.argv[2:]:
@@ -32,22 +33,28 @@ for arg in sys.argv[2:]:
         j = json.load(f)
     run = next(iter(j['runs'].values()))
     runs.append((label, run))
-target = max(r['epochs'][-1]['train_loss'] for _, r in runs)
+target = float(os.environ.get('TARGET') or max(r['epochs'][-1]['train_loss'] for _, r in runs))
 with open(f'{out}/cons-summary.txt', 'w') as s:
-    s.write(f'target loss (worst final loss of the runs): {target:.5f}\n')
-    s.write(f"{'run':<14}{'final loss':>12}{'wall s':>10}{'s to target':>13}{'epochs to target':>18}\n")
+    s.write(f'target loss: {target:.5f}\n')
+    s.write(f"{'run':<18}{'final loss':>12}{'wall s':>10}{'s to target':>13}{'epochs to target':>18}\n")
     for label, r in runs:
         t = 0.0
         hit = None
+        prev = None  # (time, loss, epoch) of the epoch before
         with open(f'{out}/cons-{label}.dat', 'w') as d:
-            d.write(f'0 0 {r["epochs"][0]["train_loss"]}\n' if False else '')
             for e in r['epochs']:
                 t += e['seconds']
-                d.write(f"{e['epoch']} {t:.4f} {e['train_loss']:.6f}\n")
-                if hit is None and e['train_loss'] <= target:
-                    hit = (t, e['epoch'])
-        s.write(f"{label:<14}{r['epochs'][-1]['train_loss']:>12.5f}{t:>10.2f}"
-                f"{hit[0] if hit else float('nan'):>13.2f}{hit[1] if hit else 0:>18d}\n")
+                loss = e['train_loss']
+                d.write(f"{e['epoch']} {t:.4f} {loss:.6f}\n")
+                if hit is None and loss <= target:
+                    if prev and prev[1] > loss:
+                        f = (prev[1] - target) / (prev[1] - loss)
+                        hit = (prev[0] + f * (t - prev[0]), prev[2] + f)
+                    else:
+                        hit = (t, float(e['epoch']))
+                prev = (t, loss, e['epoch'])
+        s.write(f"{label:<18}{r['epochs'][-1]['train_loss']:>12.5f}{t:>10.2f}"
+                f"{hit[0] if hit else float('nan'):>13.2f}{hit[1] if hit else float('nan'):>18.2f}\n")
     st = [(label, r.get('staleness', [])) for label, r in runs if sum(r.get('staleness', [])) > 0]
     with open(f'{out}/cons-staleness.dat', 'w') as d:
         d.write('clocks ' + ' '.join(l for l, _ in st) + '\n')

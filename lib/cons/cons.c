@@ -35,6 +35,7 @@
 #include "lib/ops/ops.h"
 
 #define CONS_BYTES_DEFAULT (64ull << 20)
+#define CONS_SMALL 64 /* keys of a pull whose bookkeeping fits on the stack */
 
 struct cons_table {
 	struct ferry_table *t;
@@ -55,13 +56,20 @@ static bool cons_ssp(const struct cons_table *ct)
 	return ct->model == FERRY_CONS_SSP || ct->model == FERRY_CONS_ESSP;
 }
 
-static void cons_count_stale(struct ferry *fy, uint64_t c, uint64_t fresh)
+/* the histogram bucket of a read at clock @c of a copy fresh to @fresh */
+static unsigned cons_stale_bucket(uint64_t c, uint64_t fresh)
 {
 	uint64_t b = c > fresh ? c - fresh : 0;
 
-	if (b >= FERRY_STALENESS_BUCKETS)
-		b = FERRY_STALENESS_BUCKETS - 1;
-	atomic_fetch_add_explicit(&fy->staleness[b], 1, memory_order_relaxed);
+	return b >= FERRY_STALENESS_BUCKETS ? FERRY_STALENESS_BUCKETS - 1 : (unsigned)b;
+}
+
+/* @n reads into bucket @b: once per call, not per key (the counters are
+ * the node's, shared by its workers) */
+static void cons_count_stale(struct ferry *fy, unsigned b, uint64_t n)
+{
+	if (n)
+		atomic_fetch_add_explicit(&fy->staleness[b], n, memory_order_relaxed);
 }
 
 static int cons_check(struct ferry_worker *w, struct ferry_table *t, const uint64_t *keys, size_t n,
@@ -195,10 +203,10 @@ static int cons_fetch(struct cons_table *ct, struct ferry_worker *w, uint64_t c,
 					for (uint32_t k = 0; k < len; k++)
 						vals[offs[i] + k] += e->pend[k];
 			}
-			if (cons_ssp(ct))
-				cons_count_stale(t->fy, c, g0);
 			off += len;
 		}
+		if (cons_ssp(ct))
+			cons_count_stale(t->fy, cons_stale_bucket(c, g0), nm);
 		ferry__cons_map_evict(&ct->m);
 		pthread_mutex_unlock(&ct->lock);
 		break;
@@ -212,9 +220,9 @@ static int cons_pull(struct ferry_worker *w, struct ferry_table *t, const uint64
 		     float *vals)
 {
 	struct cons_table *ct = t->cons;
-	uint64_t c, need = 0, total;
-	uint64_t *offs;
-	uint32_t *miss;
+	uint64_t c, need = 0, total, hist[FERRY_STALENESS_BUCKETS] = { 0 };
+	uint64_t offs_small[CONS_SMALL + 1], *offs = offs_small;
+	uint32_t miss_small[CONS_SMALL], *miss = miss_small;
 	size_t nm = 0;
 	int rc = cons_check(w, t, keys, n, vals, "pull");
 
@@ -223,11 +231,19 @@ static int cons_pull(struct ferry_worker *w, struct ferry_table *t, const uint64
 	c = ferry__cons_wclock(ct->cn, w);
 	if (cons_ssp(ct) && c > ct->s)
 		need = c - ct->s;
-	offs = cons_offsets(t, keys, n, &total);
-	miss = malloc(n * sizeof(*miss));
+	if (n > CONS_SMALL) {
+		offs = cons_offsets(t, keys, n, &total);
+		miss = malloc(n * sizeof(*miss));
+	} else {
+		offs[0] = 0;
+		for (size_t i = 0; i < n; i++)
+			offs[i + 1] = offs[i] + ferry__value_len(t, keys[i]);
+	}
 	if (!offs || !miss) {
-		free(offs);
-		free(miss);
+		if (offs != offs_small)
+			free(offs);
+		if (miss != miss_small)
+			free(miss);
 		ferry_err("cons: table %u: out of memory for a pull of %zu keys", t->id, n);
 		return -ENOMEM;
 	}
@@ -238,17 +254,21 @@ static int cons_pull(struct ferry_worker *w, struct ferry_table *t, const uint64
 		if (e && e->have_val && (!cons_ssp(ct) || e->fresh >= need)) {
 			ferry__cons_map_read(e, vals + offs[i]);
 			e->last_read = c;
-			if (cons_ssp(ct))
-				cons_count_stale(t->fy, c, e->fresh);
+			hist[cons_stale_bucket(c, e->fresh)]++;
 		} else {
 			miss[nm++] = (uint32_t)i;
 		}
 	}
 	pthread_mutex_unlock(&ct->lock);
+	if (cons_ssp(ct))
+		for (unsigned b = 0; b < FERRY_STALENESS_BUCKETS; b++)
+			cons_count_stale(t->fy, b, hist[b]);
 	if (nm)
 		rc = cons_fetch(ct, w, c, need, keys, miss, nm, offs, vals);
-	free(offs);
-	free(miss);
+	if (offs != offs_small)
+		free(offs);
+	if (miss != miss_small)
+		free(miss);
 	return rc;
 }
 
