@@ -264,6 +264,10 @@ else
 	# a model larger than each node's memory budget, over rdma (fewer keys than on the host)
 	vm_args+=(--bin build/tests/test_budget
 		--cmd "FERRY_TRANSPORT=rdma FERRY_BIND_ADDR=10.77.0.1 FERRY_BUDGET_KEYS=8000 test_budget --jobs 1")
+	# the consistency models over rdma: every SSP/ESSP read checked against the bound, exact
+	# eventual sums (copies fetched by one-sided READs, deltas by messages)
+	vm_args+=(--bin build/tests/test_cons
+		--cmd "FERRY_TRANSPORT=rdma FERRY_BIND_ADDR=10.77.0.1 test_cons --jobs 1")
 	# ferry-info reads the GID table through verbs: it must list rxe0's RoCE v2 GID
 	vm_args+=(--cmd 'ferry-info >/tmp/fi.txt; rc=$?; grep "gid\[" /tmp/fi.txt; [ $rc -eq 0 ] && grep -q "::ffff:10.77.0.1 RoCE v2" /tmp/fi.txt')
 	stage vm 1000 bash ci/softroce-vm.sh "${vm_args[@]}" || true
