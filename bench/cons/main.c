@@ -332,6 +332,7 @@ int main(int argc, char **argv)
 	struct ferry_params fp;
 	int opt, rc;
 
+	setvbuf(stdout, NULL, _IOLBF, 0); /* each round as it ends, also into a pipe */
 	while ((opt = getopt_long(argc, argv, "", lo, NULL)) != -1) {
 		switch (opt) {
 		case 'n':
