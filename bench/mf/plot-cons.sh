@@ -84,9 +84,11 @@ set terminal pngcairo size 900,560
 set grid
 set ylabel 'training loss (MSE)'
 set output '$out/cons-loss-time.png'
-set xlabel 'wall time of the SGD passes (s)'
+set xlabel 'wall time of the SGD passes (s, logarithmic)'
+set logscale x
 set title 'ferry-mf: loss against wall time'
 plot ${plot_time%, }
+unset logscale x
 set output '$out/cons-loss-epoch.png'
 set xlabel 'epoch'
 set title 'ferry-mf: loss against epoch'
