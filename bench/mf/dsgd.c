@@ -59,6 +59,8 @@ enum mf_stat {
 	MF_ST_T_WAIT,
 	MF_ST_LOCAL_OPS,
 	MF_ST_REMOTE_OPS,
+	MF_ST_HITS,
+	MF_ST_MISSES,
 	MF_ST_STALE0, /* FERRY_STALENESS_BUCKETS of them */
 	MF_NSTAT = MF_ST_STALE0 + FERRY_STALENESS_BUCKETS
 };
@@ -585,6 +587,8 @@ static int mf_report(struct mf_worker *wk, int epoch, double seconds, double sq_
 		st[MF_ST_REMOTE_OPS] = (float)(now.remote_ops - node->last.remote_ops);
 		for (int b = 0; b < FERRY_STALENESS_BUCKETS; b++)
 			st[MF_ST_STALE0 + b] = (float)(now.staleness[b] - node->last.staleness[b]);
+		st[MF_ST_HITS] = (float)(now.cons_hits - node->last.cons_hits);
+		st[MF_ST_MISSES] = (float)(now.cons_misses - node->last.cons_misses);
 		node->last = now;
 	}
 	rc = ferry_push(wk->fw, node->stats, &key, 1, st);
@@ -623,6 +627,8 @@ static int mf_collect(struct mf_worker *wk, int epoch, double seconds, float lr)
 	};
 	for (int b = 0; b < FERRY_STALENESS_BUCKETS; b++)
 		ep->stale[b] = st[MF_ST_STALE0 + b];
+	ep->copy_hits = st[MF_ST_HITS];
+	ep->copy_misses = st[MF_ST_MISSES];
 	node->res->epochs = epoch + 1;
 	if (cfg->progress) {
 		fprintf(cfg->progress,

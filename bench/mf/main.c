@@ -416,7 +416,18 @@ static void json_run(FILE *f, const char *mode, const struct mf_result *r)
 		json_num(f, "remote_ops", ep->remote_ops, " }");
 		fprintf(f, "%s\n", e + 1 < r->epochs ? "," : "");
 	}
-	fprintf(f, "      ],\n      \"staleness\": [");
+	{
+		double hits = 0, misses = 0;
+
+		for (int e = 0; e < r->epochs; e++) {
+			hits += r->ep[e].copy_hits;
+			misses += r->ep[e].copy_misses;
+		}
+		fprintf(f, "      ],\n      ");
+		json_num(f, "copy_hit_share", hits + misses > 0 ? hits / (hits + misses) : NAN,
+			 ",\n");
+	}
+	fprintf(f, "      \"staleness\": [");
 	for (int e = 0; e < r->epochs; e++)
 		for (int b = 0; b < FERRY_STALENESS_BUCKETS; b++)
 			stale[b] += r->ep[e].stale[b];
@@ -499,6 +510,15 @@ static void summary(const char *mode, const struct mf_result *r)
 				stale[b] += r->ep[e].stale[b];
 		for (int b = 0; b < FERRY_STALENESS_BUCKETS; b++)
 			n += stale[b];
+		double hits = 0, misses = 0;
+
+		for (int e = 0; e < r->epochs; e++) {
+			hits += r->ep[e].copy_hits;
+			misses += r->ep[e].copy_misses;
+		}
+		if (hits + misses > 0)
+			printf("%s: reads served from the node's copy: %.1f%% of %.0f\n", mode,
+			       100 * hits / (hits + misses), hits + misses);
 		if (n > 0) {
 			printf("%s: reads by staleness (clocks behind: share):", mode);
 			for (int b = 0; b < FERRY_STALENESS_BUCKETS; b++)

@@ -209,6 +209,7 @@ struct mf_epoch {
 	double remote_ops;  /* key operations sent to another node, all nodes */
 	/* reads of the factor table by clocks behind (SSP, ESSP), all nodes */
 	double stale[FERRY_STALENESS_BUCKETS];
+	double copy_hits, copy_misses; /* reads from a node's copy / from the owner */
 };
 
 struct mf_result {

@@ -530,6 +530,10 @@ struct ferry_stats {
 	 * counts FERRY_STALENESS_BUCKETS - 1 clocks and more */
 #define FERRY_STALENESS_BUCKETS 17
 	uint64_t staleness[FERRY_STALENESS_BUCKETS];
+	/* key reads of tables with a model other than SEQUENTIAL: served from
+	 * this node's copy, or pulled from the owner (then kept as the copy);
+	 * keys ESSP re-read eagerly at clock boundaries */
+	uint64_t cons_hits, cons_misses, cons_refreshed;
 };
 
 /**

@@ -263,6 +263,9 @@ static int cons_pull(struct ferry_worker *w, struct ferry_table *t, const uint64
 	if (cons_ssp(ct))
 		for (unsigned b = 0; b < FERRY_STALENESS_BUCKETS; b++)
 			cons_count_stale(t->fy, b, hist[b]);
+	atomic_fetch_add_explicit(&t->fy->cons_hits, n - nm, memory_order_relaxed);
+	if (nm)
+		atomic_fetch_add_explicit(&t->fy->cons_misses, nm, memory_order_relaxed);
 	if (nm)
 		rc = cons_fetch(ct, w, c, need, keys, miss, nm, offs, vals);
 	if (offs != offs_small)
@@ -436,6 +439,7 @@ static int cons_refresh(struct cons_table *ct, struct ferry_worker *w, uint64_t 
 	rc = ferry__ops_sync(w, ct->t, FERRY_OP_PULL, keys, n, NULL, buf, NULL);
 	if (rc)
 		goto out;
+	atomic_fetch_add_explicit(&ct->t->fy->cons_refreshed, n, memory_order_relaxed);
 	pthread_mutex_lock(&ct->lock);
 	if (ct->gen == gen0) {
 		uint64_t off = 0;

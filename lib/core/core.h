@@ -288,6 +288,7 @@ struct ferry {
 	 * this node buffered) and after = 1 once released (drop cached copies) */
 	int (*cons_barrier)(struct ferry *fy, int after);
 	atomic_uint_fast64_t staleness[FERRY_STALENESS_BUCKETS];
+	atomic_uint_fast64_t cons_hits, cons_misses, cons_refreshed;
 };
 
 /* node.c: the bottom of the core; modules call it, it calls none of them */

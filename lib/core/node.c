@@ -361,5 +361,8 @@ int ferry_stats(struct ferry *fy, struct ferry_stats *s)
 	s->onesided_fallbacks = atomic_load(&fy->onesided_fallbacks);
 	for (int i = 0; i < FERRY_STALENESS_BUCKETS; i++)
 		s->staleness[i] = atomic_load(&fy->staleness[i]);
+	s->cons_hits = atomic_load(&fy->cons_hits);
+	s->cons_misses = atomic_load(&fy->cons_misses);
+	s->cons_refreshed = atomic_load(&fy->cons_refreshed);
 	return 0;
 }
