@@ -290,7 +290,10 @@ FERRY_API void ferry_worker_destroy(struct ferry_worker *worker);
  *
  * The synchronous calls return when every key is done. Their effect on one
  * key is sequentially consistent with every other synchronous operation on
- * it, whatever relocations run meanwhile.
+ * it, whatever relocations run meanwhile. On a table with another
+ * consistency model (enum ferry_consistency) a push returns once buffered on
+ * this node and a pull may return a copy within the model's bound; a set
+ * writes through (docs/consistency.md, "Models").
  *
  * Return: 0; -EINVAL (NULL buffer, n == 0 with a NULL keys is fine),
  * -ERANGE (a key out of range), -ETIMEDOUT, -FERRY_E_PEER, -FERRY_E_CLOSED.
@@ -350,7 +353,8 @@ FERRY_API int ferry_flush(struct ferry_worker *w, struct ferry_table *t);
  * buffers stay the caller's and must stay valid until ferry_wait() or
  * ferry_test() reports the ticket done. Operations of one worker on one key
  * take effect in the order they were started. A start that fails leaves no
- * ticket behind.
+ * ticket behind. On a table with a consistency model other than SEQUENTIAL
+ * the pull, push and set variants return -EOPNOTSUPP (localize works).
  */
 FERRY_API int ferry_pull_start(struct ferry_worker *w, struct ferry_table *t, const uint64_t *keys,
 			       size_t n, float *vals, uint64_t *ticket_p);
