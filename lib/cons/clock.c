@@ -163,7 +163,7 @@ uint64_t ferry__cons_global(struct ferry_cons_node *cn)
 int ferry__cons_wait_global(struct ferry_cons_node *cn, uint64_t need, uint64_t c, uint32_t s)
 {
 	struct ferry *fy = cn->fy;
-	struct timespec ts;
+	struct timespec ts, slice;
 	uint32_t who = 0;
 	uint64_t g;
 	int rc = 0;
@@ -184,14 +184,21 @@ int ferry__cons_wait_global(struct ferry_cons_node *cn, uint64_t need, uint64_t 
 				  (unsigned long long)g);
 			break;
 		}
-		if (ferry__cond_wait_until(&cn->cond, &cn->lock, &ts) == ETIMEDOUT &&
+		/* in slices of 100 ms: a close of this node (which the contract
+		 * rules out while its workers run) does not signal this condition */
+		ferry__deadline_ms(100, &slice);
+		if (slice.tv_sec > ts.tv_sec ||
+		    (slice.tv_sec == ts.tv_sec && slice.tv_nsec > ts.tv_nsec))
+			slice = ts;
+		if (ferry__cond_wait_until(&cn->cond, &cn->lock, &slice) == ETIMEDOUT &&
+		    slice.tv_sec == ts.tv_sec && slice.tv_nsec == ts.tv_nsec &&
 		    clock_global_locked(cn, &who) < need) {
 			rc = -ETIMEDOUT;
 			ferry_err(
 				"cons: a worker at clock %llu waited %d ms for every node to reach "
 				"clock %llu (staleness bound %u); rank %u is still at clock %llu: "
-				"every worker that called ferry_clock() must keep calling it (or "
-				"be destroyed), or raise the staleness bound or the timeout",
+				"every worker of every node must keep calling ferry_clock() (or be "
+				"destroyed), or raise the staleness bound or the timeout",
 				(unsigned long long)c, fy->timeout_ms, (unsigned long long)need, s,
 				who, (unsigned long long)clock_global_locked(cn, &who));
 			break;
