@@ -11,7 +11,7 @@
 #   layers    a library file calls (by symbol, read from the objects with nm) only files of its
 #             own layer or of layers below it:
 #               0 transport/base   1 transport/*   2 lib/store lib/dir   3 lib/core
-#               4 lib/ops lib/coll lib/mgr   5 lib/reloc lib/ckpt   6 lib/table   7 lib/*.c (ferry_open, local clusters)
+#               4 lib/ops lib/coll lib/mgr   5 lib/reloc lib/ckpt lib/cons   6 lib/table   7 lib/*.c (ferry_open, local clusters)
 #   circles   no two files of lib/ call each other, directly or through other files (the files
 #             of one transport may: a provider's progress thread, receive and send paths call
 #             each other by nature, as in libfabric's prov/verbs; they are listed, not failed)
@@ -84,7 +84,7 @@ layer_of()
 	lib/store/* | lib/dir/*) echo 2 ;;
 	lib/core/*) echo 3 ;;
 	lib/ops/* | lib/coll/* | lib/mgr/*) echo 4 ;;
-	lib/reloc/* | lib/ckpt/*) echo 5 ;;
+	lib/reloc/* | lib/ckpt/* | lib/cons/*) echo 5 ;;
 	lib/table/*) echo 6 ;;
 	lib/*/*) echo 99 ;; # a new folder: give it a layer above
 	lib/*) echo 7 ;;

@@ -21,7 +21,8 @@
 #   asan-build  the same into build-asan/ with -DFERRY_SANITIZE=address,undefined
 #   asan-ctest  ctest there, with ASAN_OPTIONS / UBSAN_OPTIONS that abort on the first finding
 #   tsan        the threaded suites (test_store, test_onesided, test_cluster over tcp and loop,
-#               test_slotmap, test_sparse, test_reconnect, test_coll, test_groups)
+#               test_slotmap, test_sparse, test_reconnect, test_coll, test_groups, test_ckpt,
+#               test_etcd, test_cons)
 #               built into build-tsan/ with -DFERRY_SANITIZE=thread and run with tests/tsan.supp,
 #               halting on the first report (tests/CMakeLists.txt builds them against the
 #               Criterion stand-in in tests/transport/tsan/: Criterion cannot start under TSan)
@@ -150,7 +151,8 @@ tsan_build_run()
 	cmake -S . -B build-tsan -DFERRY_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 		-DFERRY_SANITIZE=thread &&
 		cmake --build build-tsan -j"$jobs" --target test_store test_onesided test_cluster \
-			test_slotmap test_sparse test_reconnect test_coll test_groups test_ckpt test_etcd &&
+			test_slotmap test_sparse test_reconnect test_coll test_groups test_ckpt test_etcd \
+			test_cons &&
 		TSAN_OPTIONS="suppressions=$PWD/tests/tsan.supp halt_on_error=1" \
 			ctest --test-dir build-tsan -R '^test_' --output-on-failure
 }
@@ -280,6 +282,10 @@ else
 	# ci/netns-test.sh runs them over tcp across namespaces), and the survivors saw rank 2 leave
 	vm_args+=(--bin build/tests/ferry-tp-check
 		--cmd 'for i in 0 1 2; do RANK=$i WORLD_SIZE=3 MASTER_ADDR=10.77.0.1 MASTER_PORT=29400 FERRY_TRANSPORT=rdma FERRY_LOG_LEVEL=info FERRY_LOG_FILE=/tmp/tp.%r.log timeout 120 ferry-tp-check --count 200 >/tmp/tp$i.out 2>&1 & done; wait; cat /tmp/tp0.out /tmp/tp1.out /tmp/tp2.out; [ "$(cat /tmp/tp0.out /tmp/tp1.out /tmp/tp2.out | grep -c ": ok:")" = 3 ] && grep -q "rdma: rank 2 left" /tmp/tp.0.log && grep -q "rdma: rank 2 left" /tmp/tp.1.log')
+	# the consistency models over rdma: every SSP/ESSP read checked against the bound, exact
+	# eventual sums (copies fetched by one-sided READs, deltas by messages)
+	vm_args+=(--bin build/tests/test_cons
+		--cmd "FERRY_TRANSPORT=rdma FERRY_BIND_ADDR=10.77.0.1 test_cons --jobs 1")
 	# ferry-info reads the GID table through verbs: it must list rxe0's RoCE v2 GID
 	vm_args+=(--cmd 'ferry-info >/tmp/fi.txt; rc=$?; grep "gid\[" /tmp/fi.txt; [ $rc -eq 0 ] && grep -q "::ffff:10.77.0.1 RoCE v2" /tmp/fi.txt')
 	stage vm 1000 bash ci/softroce-vm.sh "${vm_args[@]}" || true

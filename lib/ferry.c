@@ -18,6 +18,7 @@
 #include <errno.h>
 
 #include "lib/coll/coll.h"
+#include "lib/cons/cons.h"
 #include "lib/core/core.h"
 #include "lib/mgr/mgr.h"
 #include "lib/ops/ops.h"
@@ -45,6 +46,8 @@ int ferry_open(const struct ferry_params *params, struct ferry **fy_p)
 		rc = ferry__coll_attach(fy);
 	if (!rc)
 		rc = ferry__mgr_attach(fy);
+	if (!rc)
+		rc = ferry__cons_attach(fy);
 	if (rc) {
 		ferry__node_put(fy);
 		return rc;

@@ -61,7 +61,10 @@ enum mf_stat {
 	MF_ST_REMOTE_OPS,
 	MF_ST_ELAPSED,	  /* seconds since the first epoch's start, summed over workers */
 	MF_ST_BYTES_SENT, /* bytes the nodes sent in the epoch (thread 0 of each node) */
-	MF_NSTAT
+	MF_ST_HITS,
+	MF_ST_MISSES,
+	MF_ST_STALE0, /* FERRY_STALENESS_BUCKETS of them */
+	MF_NSTAT = MF_ST_STALE0 + FERRY_STALENESS_BUCKETS
 };
 
 /* Read-only after mf_plan_build: shared by every worker (and every forked node). */
@@ -605,6 +608,10 @@ static int mf_report(struct mf_worker *wk, int epoch, double seconds, double sq_
 		st[MF_ST_LOCAL_OPS] = (float)(now.local_ops - node->last.local_ops);
 		st[MF_ST_REMOTE_OPS] = (float)(now.remote_ops - node->last.remote_ops);
 		st[MF_ST_BYTES_SENT] = (float)(now.bytes_sent - node->last.bytes_sent);
+		for (int b = 0; b < FERRY_STALENESS_BUCKETS; b++)
+			st[MF_ST_STALE0 + b] = (float)(now.staleness[b] - node->last.staleness[b]);
+		st[MF_ST_HITS] = (float)(now.cons_hits - node->last.cons_hits);
+		st[MF_ST_MISSES] = (float)(now.cons_misses - node->last.cons_misses);
 		node->last = now;
 	}
 	rc = ferry_push(wk->fw, node->stats, &key, 1, st);
@@ -643,6 +650,10 @@ static int mf_collect(struct mf_worker *wk, int epoch, double seconds, float lr)
 		.elapsed = st[MF_ST_ELAPSED] / node->plan->nw,
 		.bytes_sent = st[MF_ST_BYTES_SENT],
 	};
+	for (int b = 0; b < FERRY_STALENESS_BUCKETS; b++)
+		ep->stale[b] = st[MF_ST_STALE0 + b];
+	ep->copy_hits = st[MF_ST_HITS];
+	ep->copy_misses = st[MF_ST_MISSES];
 	node->res->epochs = epoch + 1;
 	if (cfg->progress) {
 		fprintf(cfg->progress,
@@ -805,10 +816,23 @@ static void *mf_worker_main(void *arg)
 				if (rc)
 					mf_fail(wk, rc, "ferry_localize");
 			}
-			if (!rc)
+			if (!rc && !atomic_load(&node->abort))
 				mf_cell_sgd(wk, b, lr);
-			if (mf_barrier(wk))
+			if (cfg->consistency != FERRY_CONS_SEQUENTIAL) {
+				/* a clock per block: no meeting, staleness bounded by the
+				 * table's model; a failure stops the node at the epoch's
+				 * barrier */
+				double tw = mf_now();
+
+				if (!atomic_load(&node->abort)) {
+					rc = ferry_clock(wk->fw);
+					if (rc)
+						mf_fail(wk, rc, "ferry_clock");
+				}
+				wk->t_wait += mf_now() - tw;
+			} else if (mf_barrier(wk)) {
 				goto out;
+			}
 		}
 		t1 = mf_now();
 		rc = mf_eval(wk, &sq_test);
@@ -848,6 +872,8 @@ static int mf_node_run(struct ferry *fy, const struct mf_config *cfg, const stru
 		.value_len = cfg->rank,
 		.placement = FERRY_PLACEMENT_RANGE,
 		.mode = cfg->mode == MF_MODE_CLASSIC ? FERRY_MODE_CLASSIC : FERRY_MODE_DYNAMIC,
+		.consistency = cfg->consistency,
+		.staleness = cfg->staleness,
 	};
 	struct ferry_table_params sp = {
 		.num_keys = (uint64_t)cfg->epochs,

@@ -81,6 +81,9 @@ static void usage(FILE *f)
 		"  --procs            nodes are forked processes (default: threads of this process)\n"
 		"  --transport T      tcp, rdma or auto (default auto: rdma when a device is usable)\n"
 		"  --mode M           dynamic (localize, default), classic (static placement) or both\n"
+		"  --consistency C    seq (default), eventual, ssp:S or essp:S: the factor table's\n"
+		"                     model; other than seq, a worker ends each block with\n"
+		"                     ferry_clock() instead of a barrier (docs/consistency.md)\n"
 		"training:\n"
 		"  --rank R           factor rank (default 16)\n"
 		"  --lr X             learning rate of the first epoch (default 0.05)\n"
@@ -132,6 +135,26 @@ static int parse_ll(const char *s, long long lo, long long hi, long long *v_p)
 	return 0;
 }
 
+/* "seq", "eventual", "ssp:S", "essp:S" into @cfg; 0 or -1 */
+static int parse_consistency(const char *s, struct mf_config *cfg)
+{
+	long long v = 0;
+
+	if (!strcmp(s, "seq")) {
+		cfg->consistency = FERRY_CONS_SEQUENTIAL;
+	} else if (!strcmp(s, "eventual")) {
+		cfg->consistency = FERRY_CONS_EVENTUAL;
+	} else if (!strncmp(s, "ssp:", 4) && !parse_ll(s + 4, 0, 1000, &v)) {
+		cfg->consistency = FERRY_CONS_SSP;
+	} else if (!strncmp(s, "essp:", 5) && !parse_ll(s + 5, 0, 1000, &v)) {
+		cfg->consistency = FERRY_CONS_ESSP;
+	} else {
+		return -1;
+	}
+	cfg->staleness = (uint32_t)v;
+	return 0;
+}
+
 static int parse_double(const char *s, double lo, double hi, double *v_p)
 {
 	double v;
@@ -159,6 +182,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		OPT_EPOCHS,
 		OPT_TRANSPORT,
 		OPT_MODE,
+		OPT_CONSISTENCY,
 		OPT_SEED,
 		OPT_PROCS,
 		OPT_INPUT,
@@ -185,6 +209,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		{ "epochs", required_argument, NULL, OPT_EPOCHS },
 		{ "transport", required_argument, NULL, OPT_TRANSPORT },
 		{ "mode", required_argument, NULL, OPT_MODE },
+		{ "consistency", required_argument, NULL, OPT_CONSISTENCY },
 		{ "seed", required_argument, NULL, OPT_SEED },
 		{ "procs", no_argument, NULL, OPT_PROCS },
 		{ "input", required_argument, NULL, OPT_INPUT },
@@ -269,6 +294,12 @@ static int parse_args(int argc, char **argv, struct opts *o)
 				o->modes = MODE_BOTH;
 			else
 				return bad("--mode '%s': expected dynamic, classic or both",
+					   optarg);
+			break;
+		case OPT_CONSISTENCY:
+			if (parse_consistency(optarg, cfg))
+				return bad("--consistency '%s': expected seq, eventual, ssp:S or "
+					   "essp:S (S: the staleness bound in clocks, 0 .. 1000)",
 					   optarg);
 			break;
 		case OPT_SEED:
@@ -532,6 +563,8 @@ static int load_data(struct opts *o, struct mf_matrix *train, struct mf_matrix *
 	return 0;
 }
 
+static const char *const cons_names[] = { "seq", "eventual", "ssp", "essp" };
+
 static json_t *json_run(const struct mf_result *r)
 {
 	const struct mf_epoch *last = r->epochs ? &r->ep[r->epochs - 1] : NULL;
@@ -567,6 +600,24 @@ static json_t *json_run(const struct mf_result *r)
 		bjson_set_num(o, "lr", ep->lr);
 		bjson_set_num(o, "local_ops", ep->local_ops);
 		bjson_set_num(o, "remote_ops", ep->remote_ops);
+	}
+	{
+		double hits = 0, misses = 0, stale[FERRY_STALENESS_BUCKETS] = { 0 };
+		json_t *js = json_array();
+
+		for (int e = 0; e < r->epochs; e++) {
+			hits += r->ep[e].copy_hits;
+			misses += r->ep[e].copy_misses;
+			for (int b = 0; b < FERRY_STALENESS_BUCKETS; b++)
+				stale[b] += r->ep[e].stale[b];
+		}
+		/* null: no read went through a consistency model's copies */
+		bjson_set(run, "copy_hit_share",
+			  bjson_opt(hits + misses > 0, hits + misses > 0 ? hits / (hits + misses) : 0));
+		/* reads by clocks behind (SSP, ESSP), the last bucket and beyond */
+		bjson_set(run, "staleness", js);
+		for (int b = 0; js && b < FERRY_STALENESS_BUCKETS; b++)
+			bjson_append(js, bjson_num(stale[b]));
 	}
 	return run;
 }
@@ -609,6 +660,8 @@ static int write_json(const struct opts *o, const struct mf_matrix *train,
 	bjson_set_num(root, "reg", cfg->reg);
 	bjson_set_num(root, "init", cfg->init);
 	bjson_set(root, "runs", runs);
+	bjson_set_str(root, "consistency", cons_names[cfg->consistency]);
+	bjson_set_int(root, "staleness", cfg->staleness);
 	if (o->modes & MODE_DYNAMIC)
 		bjson_set(runs, "dynamic", json_run(&res[0]));
 	if (o->modes & MODE_CLASSIC)
@@ -635,6 +688,33 @@ static void summary(const char *mode, const struct mf_result *r)
 	       mode, r->epochs, r->budget_stop ? " (the time budget's)" : "",
 	       mf_mean_epoch_seconds(r), 100 * comm / r->epochs, r->setup_seconds, last->train_mse,
 	       last->test_rmse);
+	{
+		double stale[FERRY_STALENESS_BUCKETS] = { 0 }, n = 0;
+
+		for (int e = 0; e < r->epochs; e++)
+			for (int b = 0; b < FERRY_STALENESS_BUCKETS; b++)
+				stale[b] += r->ep[e].stale[b];
+		for (int b = 0; b < FERRY_STALENESS_BUCKETS; b++)
+			n += stale[b];
+		double hits = 0, misses = 0;
+
+		for (int e = 0; e < r->epochs; e++) {
+			hits += r->ep[e].copy_hits;
+			misses += r->ep[e].copy_misses;
+		}
+		if (hits + misses > 0)
+			printf("%s: reads served from the node's copy: %.1f%% of %.0f\n", mode,
+			       100 * hits / (hits + misses), hits + misses);
+		if (n > 0) {
+			printf("%s: reads by staleness (clocks behind: share):", mode);
+			for (int b = 0; b < FERRY_STALENESS_BUCKETS; b++)
+				if (stale[b] > 0)
+					printf(" %d%s: %.3f", b,
+					       b == FERRY_STALENESS_BUCKETS - 1 ? "+" : "",
+					       stale[b] / n);
+			printf("\n");
+		}
+	}
 }
 
 /* --save: the factors of run @r, with the ids they belong to */

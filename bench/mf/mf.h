@@ -299,6 +299,11 @@ struct mf_config {
 	/* seconds from the first epoch's start; 0: none. After an epoch, training stops when
 	 * another epoch as long as this one would end past it (all nodes decide alike) */
 	double time_budget;
+	/* the factor table's consistency model (docs/consistency.md); with one
+	 * other than SEQUENTIAL the workers end each block with ferry_clock()
+	 * instead of meeting at a barrier */
+	enum ferry_consistency consistency;
+	uint32_t staleness; /* SSP, ESSP: the bound s */
 };
 
 /** mf_config_init - the defaults (2 nodes x 1 thread, dynamic, rank 16, ...) */
@@ -317,6 +322,9 @@ struct mf_epoch {
 	double elapsed;	    /* seconds from the first epoch's start to this one's end,
 			       evaluation included (the workers' mean) */
 	double bytes_sent;  /* bytes the nodes sent during the epoch (float: ~7 digits) */
+	/* reads of the factor table by clocks behind (SSP, ESSP), all nodes */
+	double stale[FERRY_STALENESS_BUCKETS];
+	double copy_hits, copy_misses; /* reads from a node's copy / from the owner */
 };
 
 struct mf_result {

@@ -192,6 +192,19 @@ enum ferry_mode {
 	FERRY_MODE_CLASSIC,	/* static placement: localize does nothing */
 };
 
+/*
+ * A table's consistency model (docs/consistency.md, "Models"). SEQUENTIAL is
+ * what every operation on a table had before the others existed, and keeps
+ * its code path. The others buffer pushes on the pushing node and serve pulls
+ * from a per-node cache; ferry_clock() ends a worker's iteration.
+ */
+enum ferry_consistency {
+	FERRY_CONS_SEQUENTIAL = 0, /* every operation done at the owner before it returns */
+	FERRY_CONS_EVENTUAL,	   /* pushes buffered; reads from a copy until the next clock */
+	FERRY_CONS_SSP,		   /* stale synchronous parallel, bound `staleness` clocks */
+	FERRY_CONS_ESSP,	   /* SSP, and read keys refreshed eagerly at each clock */
+};
+
 /* the values a key has before its first write (see ferry_table_params) */
 enum ferry_init {
 	FERRY_INIT_ZERO = 0, /* every float 0 */
@@ -222,6 +235,13 @@ struct ferry_table_params {
 	/* location hints this node keeps for keys it does not own (16 bytes
 	 * each; a power of two); 0: 65536. Need not agree across nodes. */
 	uint64_t loc_cache;
+	/* consistency model (must agree); staleness: SSP/ESSP's bound s in
+	 * clocks (must agree; 0 for the others); cons_bytes: bytes this node
+	 * may spend on cached values and unsent deltas of this table (need not
+	 * agree; 0: 64 MiB). */
+	enum ferry_consistency consistency;
+	uint32_t staleness;
+	uint64_t cons_bytes;
 };
 
 /**
@@ -294,7 +314,10 @@ FERRY_API void ferry_worker_destroy(struct ferry_worker *worker);
  *
  * The synchronous calls return when every key is done. Their effect on one
  * key is sequentially consistent with every other synchronous operation on
- * it, whatever relocations run meanwhile.
+ * it, whatever relocations run meanwhile. On a table with another
+ * consistency model (enum ferry_consistency) a push returns once buffered on
+ * this node and a pull may return a copy within the model's bound; a set
+ * writes through (docs/consistency.md, "Models").
  *
  * Return: 0; -EINVAL (NULL buffer, n == 0 with a NULL keys is fine),
  * -ERANGE (a key out of range), -ETIMEDOUT, -FERRY_E_PEER, -FERRY_E_CLOSED.
@@ -315,12 +338,47 @@ FERRY_API int ferry_set(struct ferry_worker *w, struct ferry_table *t, const uin
 FERRY_API int ferry_localize(struct ferry_worker *w, struct ferry_table *t, const uint64_t *keys,
 			     size_t n);
 
+/**
+ * ferry_clock - end the calling worker's current iteration (clock)
+ *
+ * A worker's clock starts at the node's clock when the worker is created,
+ * and goes up by one per call; the node's clock is the least clock of its
+ * workers (so every worker of a node that uses a table with a model keeps
+ * calling it, or is destroyed: one that stops holds every node's SSP and
+ * ESSP workers back, up to the timeout). When the node's clock
+ * moves on, the pushes this node buffered for EVENTUAL, SSP and ESSP tables
+ * are sent to their owners (one batch per table, coalesced per key) and
+ * applied there before the other nodes hear of the new clock. On SSP and
+ * ESSP tables a worker then waits until the slowest node is at most
+ * `staleness` clocks behind it (the least bound of this node's such tables).
+ *
+ * Context: @w's thread. Return: 0; -ETIMEDOUT (the log names the slowest rank
+ * and its clock); -FERRY_E_PEER (the slowest node failed); what a push
+ * returns (the deltas of that batch are then dropped, logged);
+ * -FERRY_E_CLOSED.
+ */
+FERRY_API int ferry_clock(struct ferry_worker *w);
+
+/** ferry_clock_get - @w's clock: the clock its reads and pushes belong to */
+FERRY_API uint64_t ferry_clock_get(const struct ferry_worker *w);
+
+/**
+ * ferry_flush - send this node's buffered pushes of @t now and drop its
+ * cached values of @t
+ *
+ * On a SEQUENTIAL table it does nothing. After every node flushed and then
+ * passed a ferry_barrier(), every pull on every node returns every push made
+ * before the flushes. Context: @w's thread. Return: as ferry_push().
+ */
+FERRY_API int ferry_flush(struct ferry_worker *w, struct ferry_table *t);
+
 /*
  * Asynchronous variants: start the operation and hand back a ticket. The
  * buffers stay the caller's and must stay valid until ferry_wait() or
  * ferry_test() reports the ticket done. Operations of one worker on one key
  * take effect in the order they were started. A start that fails leaves no
- * ticket behind.
+ * ticket behind. On a table with a consistency model other than SEQUENTIAL
+ * the pull, push and set variants return -EOPNOTSUPP (localize works).
  */
 FERRY_API int ferry_pull_start(struct ferry_worker *w, struct ferry_table *t, const uint64_t *keys,
 			       size_t n, float *vals, uint64_t *ticket_p);
@@ -550,6 +608,16 @@ struct ferry_stats {
 	uint64_t onesided_reads;     /* one-sided reads posted (pulls, retries included) */
 	uint64_t onesided_retries;   /* reads repeated because the slot was being written */
 	uint64_t onesided_fallbacks; /* pulls that fell back to a message (moved, stale) */
+	/* key reads of SSP and ESSP tables by observed staleness: how many
+	 * clocks the value read was behind the reader's clock (the value held
+	 * every update of clocks below reader clock - i); the last bucket
+	 * counts FERRY_STALENESS_BUCKETS - 1 clocks and more */
+#define FERRY_STALENESS_BUCKETS 17
+	uint64_t staleness[FERRY_STALENESS_BUCKETS];
+	/* key reads of tables with a model other than SEQUENTIAL: served from
+	 * this node's copy, or pulled from the owner (then kept as the copy);
+	 * keys ESSP re-read eagerly at clock boundaries */
+	uint64_t cons_hits, cons_misses, cons_refreshed;
 };
 
 /**

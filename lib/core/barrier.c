@@ -98,6 +98,11 @@ int ferry_barrier(struct ferry *fy)
 		return -EINVAL;
 	if (atomic_load(&fy->closed))
 		return -FERRY_E_CLOSED;
+	if (fy->cons_barrier) {
+		rc = fy->cons_barrier(fy, 0);
+		if (rc)
+			return rc;
+	}
 	pthread_mutex_lock(&fy->lock);
 	gen = fy->barrier_gen++;
 	pthread_mutex_unlock(&fy->lock);
@@ -139,6 +144,8 @@ int ferry_barrier(struct ferry *fy)
 		}
 	}
 	pthread_mutex_unlock(&fy->lock);
+	if (!rc && fy->cons_barrier)
+		fy->cons_barrier(fy, 1);
 	return rc;
 }
 

@@ -119,6 +119,22 @@ struct ferry_peer_chunks {
 	} c[FERRY_CHUNKS_MAX];
 };
 
+/*
+ * A table whose consistency model is not SEQUENTIAL has its pulls, pushes
+ * and sets served by lib/cons/ (which sends through ops underneath); ops
+ * calls these instead of its own path. Set before the table is returned to
+ * the application, never changed after.
+ */
+struct ferry_worker;
+struct ferry_cons_hooks {
+	int (*pull)(struct ferry_worker *w, struct ferry_table *t, const uint64_t *keys, size_t n,
+		    float *vals);
+	int (*push)(struct ferry_worker *w, struct ferry_table *t, const uint64_t *keys, size_t n,
+		    const float *deltas);
+	int (*set)(struct ferry_worker *w, struct ferry_table *t, const uint64_t *keys, size_t n,
+		   const float *vals);
+};
+
 struct ferry_table {
 	struct ferry *fy;
 	uint32_t id;
@@ -150,6 +166,10 @@ struct ferry_table {
 
 	/* table create handshake (rank 0 collects; everyone waits for the ack) */
 	struct ferry_msg_table wire;
+
+	/* consistency model other than SEQUENTIAL: lib/cons/'s hooks and state */
+	const struct ferry_cons_hooks *cons_hooks;
+	void *cons;
 };
 
 struct ferry_worker;
@@ -270,6 +290,20 @@ struct ferry {
 	atomic_uint_fast64_t msgs_sent, msgs_recv, bytes_sent, bytes_recv;
 	atomic_uint_fast64_t gone_local_ops, gone_remote_ops;
 	atomic_uint_fast64_t onesided_reads, onesided_retries, onesided_fallbacks;
+
+	/* consistency models (lib/cons/): node-wide clocks, freed with the
+	 * node; a worker joins the clocks when it is made and leaves them
+	 * first thing when it goes (worker.c calls cons_worker_new and
+	 * cons_worker_gone); reads of SSP/ESSP tables by staleness */
+	void *cons;
+	void (*cons_free)(void *cons);
+	void (*cons_worker_new)(struct ferry_worker *w);
+	void (*cons_worker_gone)(struct ferry_worker *w);
+	/* ferry_barrier() calls it with after = 0 before it enters (flush what
+	 * this node buffered) and after = 1 once released (drop cached copies) */
+	int (*cons_barrier)(struct ferry *fy, int after);
+	atomic_uint_fast64_t staleness[FERRY_STALENESS_BUCKETS];
+	atomic_uint_fast64_t cons_hits, cons_misses, cons_refreshed;
 };
 
 /* node.c: the bottom of the core; modules call it, it calls none of them */

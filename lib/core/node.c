@@ -92,6 +92,8 @@ static void node_free(struct ferry *fy)
 		fy->coll_free(fy->coll);
 	if (fy->cfg)
 		ferry__auth_wipe(fy->cfg->auth_key, sizeof(fy->cfg->auth_key));
+	if (fy->cons_free)
+		fy->cons_free(fy->cons);
 	free(fy->cfg);
 	free(fy->tp);
 	free(fy->failed);
@@ -364,5 +366,10 @@ int ferry_stats(struct ferry *fy, struct ferry_stats *s)
 	s->onesided_reads = atomic_load(&fy->onesided_reads);
 	s->onesided_retries = atomic_load(&fy->onesided_retries);
 	s->onesided_fallbacks = atomic_load(&fy->onesided_fallbacks);
+	for (int i = 0; i < FERRY_STALENESS_BUCKETS; i++)
+		s->staleness[i] = atomic_load(&fy->staleness[i]);
+	s->cons_hits = atomic_load(&fy->cons_hits);
+	s->cons_misses = atomic_load(&fy->cons_misses);
+	s->cons_refreshed = atomic_load(&fy->cons_refreshed);
 	return 0;
 }

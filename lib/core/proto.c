@@ -98,6 +98,8 @@ static size_t proto_body_size(uint8_t type)
 		return sizeof(struct ferry_msg_table);
 	case FERRY_MSG_CHUNK:
 		return sizeof(struct ferry_msg_chunk);
+	case FERRY_MSG_CLOCK:
+		return sizeof(struct ferry_msg_clock);
 	case FERRY_MSG_COLL:
 	case FERRY_MSG_COLL_ACK:
 	case FERRY_MSG_COLL_KICK:
@@ -356,6 +358,8 @@ int ferry__proto_parse(const void *buf, size_t len, const struct ferry_proto_lim
 			PROTO_FAIL("table: unknown initializer");
 		if (m->sparse > 1)
 			PROTO_FAIL("table: sparse is neither 0 nor 1");
+		if (m->consistency > FERRY_CONS_ESSP)
+			PROTO_FAIL("table: unknown consistency model");
 		if (hdr->type == FERRY_MSG_TABLE) {
 			if (!proto_pad_ok(left, 0))
 				PROTO_FAIL("trailing bytes after the body");

@@ -186,6 +186,15 @@ struct ferry_msg_table {
 	float init_a, init_b;
 	uint32_t sparse;
 	uint64_t init_seed;
+	/* TABLE: the consistency model (enum ferry_consistency) and its bound */
+	uint32_t consistency;
+	uint32_t staleness;
+};
+
+/* FERRY_MSG_CLOCK (node scope): the sender's clock, which never goes down;
+ * every push it buffered in clocks below it is applied at the owner */
+struct ferry_msg_clock {
+	uint64_t clock;
 };
 
 /* TABLE_ACK (one-sided transports): world entries after the body, rank order:
@@ -210,6 +219,7 @@ enum ferry_table_field {
 	FERRY_TF_FAST_PATH,
 	FERRY_TF_INIT,
 	FERRY_TF_SPARSE,
+	FERRY_TF_CONSISTENCY,
 };
 
 /* what a frame's keys are checked against */

@@ -521,6 +521,14 @@ int ferry__ops_async(struct ferry_worker *w, struct ferry_table *t, uint8_t op,
 		ferry_err("%s_start: NULL ticket pointer", ferry__ops_name(op));
 		return -EINVAL;
 	}
+	if (t && t->cons_hooks && op != FERRY_REQ_LOCALIZE) {
+		/* lib/cons/ buffers and caches per node; a ticket would promise
+		 * an order and a completion it does not keep */
+		ferry_err("%s_start: table %u has a consistency model other than SEQUENTIAL; "
+			  "use ferry_%s (it does not wait for the owner there)",
+			  ferry__ops_name(op), t->id, ferry__ops_name(op));
+		return -EOPNOTSUPP;
+	}
 	idx = ops_start(w, t, op, keys, n, in, out, 1, &ticket, 0, start);
 	if (idx < 0)
 		return idx;
@@ -531,18 +539,24 @@ int ferry__ops_async(struct ferry_worker *w, struct ferry_table *t, uint8_t op,
 int ferry_pull(struct ferry_worker *w, struct ferry_table *t, const uint64_t *keys, size_t n,
 	       float *vals)
 {
+	if (t && t->cons_hooks)
+		return t->cons_hooks->pull(w, t, keys, n, vals);
 	return ferry__ops_sync(w, t, FERRY_OP_PULL, keys, n, NULL, vals, NULL);
 }
 
 int ferry_push(struct ferry_worker *w, struct ferry_table *t, const uint64_t *keys, size_t n,
 	       const float *deltas)
 {
+	if (t && t->cons_hooks)
+		return t->cons_hooks->push(w, t, keys, n, deltas);
 	return ferry__ops_sync(w, t, FERRY_OP_PUSH, keys, n, deltas, NULL, NULL);
 }
 
 int ferry_set(struct ferry_worker *w, struct ferry_table *t, const uint64_t *keys, size_t n,
 	      const float *vals)
 {
+	if (t && t->cons_hooks)
+		return t->cons_hooks->set(w, t, keys, n, vals);
 	return ferry__ops_sync(w, t, FERRY_OP_SET, keys, n, vals, NULL, NULL);
 }
 

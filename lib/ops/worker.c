@@ -132,6 +132,8 @@ int ferry_worker_create(struct ferry *fy, struct ferry_worker **worker_p)
 	rcu_assign_pointer(fy->workers[id], w);
 	atomic_fetch_add(&fy->refs, 1);
 	pthread_mutex_unlock(&fy->lock);
+	if (fy->cons_worker_new)
+		fy->cons_worker_new(w);
 	ferry__rcu_enter();
 	*worker_p = w;
 	return 0;
@@ -144,6 +146,9 @@ void ferry_worker_destroy(struct ferry_worker *w)
 	if (!w)
 		return;
 	fy = w->fy;
+	/* its clock stops holding the node's back (it may send a last flush) */
+	if (fy->cons_worker_gone)
+		fy->cons_worker_gone(w);
 	pthread_mutex_lock(&fy->lock);
 	rcu_assign_pointer(fy->workers[w->id], NULL);
 	pthread_mutex_unlock(&fy->lock);

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "lib/cons/cons.h"
 #include "lib/ops/ops.h"
 #include "lib/reloc/reloc.h"
 #include "lib/table/table.h"
@@ -27,6 +28,7 @@ static const char *const table_field_names[] = {
 	[FERRY_TF_FAST_PATH] = "no_local_fast_path",
 	[FERRY_TF_INIT] = "init/init_a/init_b/init_seed",
 	[FERRY_TF_SPARSE] = "sparse",
+	[FERRY_TF_CONSISTENCY] = "consistency/staleness",
 };
 
 static uint32_t table_diff(const struct ferry_msg_table *a, const struct ferry_msg_table *b)
@@ -51,6 +53,8 @@ static uint32_t table_diff(const struct ferry_msg_table *a, const struct ferry_m
 		return FERRY_TF_INIT;
 	if (a->no_local_fast_path != b->no_local_fast_path)
 		return FERRY_TF_FAST_PATH;
+	if (a->consistency != b->consistency || a->staleness != b->staleness)
+		return FERRY_TF_CONSISTENCY;
 	return FERRY_TF_NONE;
 }
 
@@ -274,6 +278,23 @@ static int table_check_params(const struct ferry_table_params *p)
 		ferry_err("table: mode %d is neither DYNAMIC nor CLASSIC", p->mode);
 		return -EINVAL;
 	}
+	if (p->consistency < FERRY_CONS_SEQUENTIAL || p->consistency > FERRY_CONS_ESSP) {
+		ferry_err("table: consistency %d is unknown; use FERRY_CONS_SEQUENTIAL, _EVENTUAL, "
+			  "_SSP or _ESSP",
+			  p->consistency);
+		return -EINVAL;
+	}
+	if (p->staleness &&
+	    (p->consistency != FERRY_CONS_SSP && p->consistency != FERRY_CONS_ESSP)) {
+		ferry_err("table: staleness %u is a bound of SSP and ESSP only; set it to 0 for "
+			  "this consistency model",
+			  p->staleness);
+		return -EINVAL;
+	}
+	if (p->staleness > (1u << 20)) {
+		ferry_err("table: staleness %u clocks is above the limit of 2^20", p->staleness);
+		return -EINVAL;
+	}
 	if (p->capacity > 0xffffffffull) {
 		ferry_err("table: capacity %llu is above 2^32-1 slots",
 			  (unsigned long long)p->capacity);
@@ -286,6 +307,7 @@ static void table_free(struct ferry_table *t)
 {
 	/* the pending table's teardown walks it under RCU: register this
 	 * thread for it if no worker did */
+	ferry__cons_table_fini(t);
 	ferry__rcu_enter();
 	ferry__reloc_table_fini(t);
 	ferry__rcu_leave();
@@ -444,6 +466,8 @@ static int table_build(struct ferry *fy, const struct ferry_table_params *p, str
 		.init_b = p->init_b,
 		.sparse = (uint32_t)p->sparse,
 		.init_seed = p->init_seed,
+		.consistency = (uint32_t)p->consistency,
+		.staleness = p->staleness,
 	};
 	/* one-sided access starts only once every arena is known (create) */
 	if (t->peer_chunks) {
@@ -595,6 +619,11 @@ int ferry_table_create(struct ferry *fy, const struct ferry_table_params *p,
 				  (unsigned long long)p->num_keys);
 		goto err_free;
 	}
+	rc = ferry__cons_table_init(t);
+	if (rc) {
+		ferry_err("table: out of memory for the consistency model's state");
+		goto err_free;
+	}
 
 	pthread_mutex_lock(&fy->lock);
 	for (id = 0; id < FERRY_MAX_TABLES && fy->table_inuse[id]; id++)
@@ -670,6 +699,7 @@ int ferry_table_create(struct ferry *fy, const struct ferry_table_params *p,
 			ferry__reloc_inbox_grant(fy, t);
 		}
 	}
+	ferry__cons_table_publish(t);
 	atomic_fetch_add(&fy->refs, 1);
 	*table_p = t;
 	return 0;
@@ -873,6 +903,8 @@ void ferry_table_destroy(struct ferry_table *t)
 	if (!t)
 		return;
 	fy = t->fy;
+	/* this node's buffers and copies go now; the table is served on */
+	ferry__cons_table_fini(t);
 	if (atomic_load(&fy->closed)) {
 		table_release(fy, t, false);
 		return;

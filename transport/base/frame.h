@@ -67,6 +67,9 @@ enum ferry_msg_type {
 	FERRY_MSG_COLL_ACK,	  /* broadcast: a node has all of it (-> root) */
 	FERRY_MSG_COLL_KICK,	  /* to self: a started collective has frames to replay */
 	FERRY_MSG_MGR_DEAD = 32,  /* to self: the membership manager saw a node leave */
+	/* 36 .. 43: consistency models (lib/cons/) */
+	FERRY_MSG_CLOCK = 36, /* node -> every node: my clock; my pushes of clocks
+			       * below it are applied at their owners */
 	FERRY_MSG_TYPE_MAX
 };
 

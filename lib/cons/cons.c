@@ -1,0 +1,728 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * cons.c - tables with a consistency model other than SEQUENTIAL: their
+ * pulls, pushes and sets (ops calls these through the table's hooks), the
+ * node-wide flush at a clock boundary, and the public ferry_clock(),
+ * ferry_flush() (docs/consistency.md, "Models").
+ *
+ * A node keeps, per such table, a map (map.c) of copies of owners' values
+ * and of deltas its workers pushed:
+ *
+ *   push   -> pend[key] += delta                          (no message)
+ *   pull   -> copy + pend + infl, when the copy is fresh enough; else a
+ *             pull from the owner (ops, sequentially consistent), kept as
+ *             the copy, fresh to the global clock read before it started
+ *   clock  -> the node's clock moved on: every table's pend goes to the
+ *             owners as one push batch (infl meanwhile), applied there,
+ *             then CLOCK{c} to every node (clock.c)
+ *
+ * A copy is kept only when no flush of this node's overlapped its pull (the
+ * table's gen, odd while a flush runs, is the same before and after): then
+ * it holds exactly the flushes done before, and pend (+ infl) are what it
+ * lacks of this node's own pushes. A flush adds infl to the copies taken
+ * before it began, so they stay whole.
+ *
+ * Locks: the table's cons lock (map, gen) is never held across a message;
+ * the table's flush mutex makes its flushes one at a time; the node's
+ * flush_lock orders node-wide flushes with their CLOCK and with table
+ * teardown. Order: flush_lock -> flush mutex -> cons lock -> node lock.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "lib/cons/cons.h"
+#include "lib/ops/ops.h"
+
+#define CONS_BYTES_DEFAULT (64ull << 20)
+#define CONS_SMALL 64 /* keys of a pull whose bookkeeping fits on the stack */
+
+struct cons_table {
+	struct ferry_table *t;
+	struct ferry_cons_node *cn;
+	enum ferry_consistency model;
+	uint32_t s;
+	pthread_mutex_t lock; /* m, gen, refreshed */
+	pthread_cond_t cond;  /* gen moved */
+	pthread_mutex_t flush_mu;
+	uint64_t gen;	    /* + 1 when a flush starts and when it ends; + 2 when copies go */
+	uint64_t refreshed; /* ESSP: the global clock of the last eager refresh */
+	struct ferry_cons_map m;
+	bool published; /* in cn->tabs */
+};
+
+static bool cons_ssp(const struct cons_table *ct)
+{
+	return ct->model == FERRY_CONS_SSP || ct->model == FERRY_CONS_ESSP;
+}
+
+/* the histogram bucket of a read at clock @c of a copy fresh to @fresh */
+static unsigned cons_stale_bucket(uint64_t c, uint64_t fresh)
+{
+	uint64_t b = c > fresh ? c - fresh : 0;
+
+	return b >= FERRY_STALENESS_BUCKETS ? FERRY_STALENESS_BUCKETS - 1 : (unsigned)b;
+}
+
+/* @n reads into bucket @b: once per call, not per key (the counters are
+ * the node's, shared by its workers) */
+static void cons_count_stale(struct ferry *fy, unsigned b, uint64_t n)
+{
+	if (n)
+		atomic_fetch_add_explicit(&fy->staleness[b], n, memory_order_relaxed);
+}
+
+static int cons_check(struct ferry_worker *w, struct ferry_table *t, const uint64_t *keys, size_t n,
+		      const void *buf, const char *what)
+{
+	if (!w || w->fy != t->fy) {
+		ferry_err("%s: %s worker for table %u; pass a worker of the table's node", what,
+			  w ? "another node's" : "a NULL", t->id);
+		return -EINVAL;
+	}
+	if (n && (!keys || !buf)) {
+		ferry_err("%s: NULL %s for %zu keys", what, keys ? "values" : "keys", n);
+		return -EINVAL;
+	}
+	if (atomic_load(&t->fy->closed))
+		return -FERRY_E_CLOSED;
+	for (size_t i = 0; i < n; i++)
+		if (!ferry__key_ok(t, keys[i])) {
+			ferry_err("%s: key %llu is out of range; table %u has keys 0 .. %llu", what,
+				  (unsigned long long)keys[i], t->id,
+				  (unsigned long long)t->params.num_keys - 1);
+			return -ERANGE;
+		}
+	return 0;
+}
+
+/* offsets of each key's value in the caller's buffer; NULL when out of memory */
+static uint64_t *cons_offsets(struct ferry_table *t, const uint64_t *keys, size_t n,
+			      uint64_t *total_p)
+{
+	uint64_t *offs = malloc((n + 1) * sizeof(*offs));
+
+	if (!offs)
+		return NULL;
+	offs[0] = 0;
+	for (size_t i = 0; i < n; i++)
+		offs[i + 1] = offs[i] + ferry__value_len(t, keys[i]);
+	*total_p = offs[n];
+	return offs;
+}
+
+/* lock held: wait until no flush of the table runs; bounded by @ts */
+static int cons_wait_even(struct cons_table *ct, const struct timespec *ts)
+{
+	while (ct->gen & 1)
+		if (ferry__cond_wait_until(&ct->cond, &ct->lock, ts) == ETIMEDOUT &&
+		    (ct->gen & 1)) {
+			ferry_err("cons: table %u: a flush of this node's pushes took more than %d "
+				  "ms; an owner does not answer (see the log for a failed rank)",
+				  ct->t->id, ct->t->fy->timeout_ms);
+			return -ETIMEDOUT;
+		}
+	return 0;
+}
+
+/*
+ * Pull the keys @miss[0 .. nm) of @keys from their owners and keep them as
+ * copies: the worker's thread, no lock held. @c: the reader's clock; @need:
+ * the copy must hold every update of clocks below it (SSP).
+ */
+static int cons_fetch(struct cons_table *ct, struct ferry_worker *w, uint64_t c, uint64_t need,
+		      const uint64_t *keys, const uint32_t *miss, size_t nm, const uint64_t *offs,
+		      float *vals)
+{
+	struct ferry_table *t = ct->t;
+	struct timespec ts;
+	uint64_t *mkeys, total = 0, g0 = 0, gen0;
+	float *buf;
+	int rc;
+
+	mkeys = malloc(nm * sizeof(*mkeys));
+	for (size_t j = 0; mkeys && j < nm; j++) {
+		mkeys[j] = keys[miss[j]];
+		total += offs[miss[j] + 1] - offs[miss[j]];
+	}
+	buf = mkeys ? malloc(total * sizeof(float) + 1) : NULL;
+	if (!buf) {
+		free(mkeys);
+		ferry_err("cons: table %u: out of memory for a pull of %zu keys", t->id, nm);
+		return -ENOMEM;
+	}
+	ferry__deadline_ms(t->fy->timeout_ms, &ts);
+	for (;;) {
+		if (cons_ssp(ct)) {
+			rc = ferry__cons_wait_global(ct->cn, need, c, ct->s);
+			if (rc)
+				break;
+			g0 = ferry__cons_global(ct->cn);
+		}
+		pthread_mutex_lock(&ct->lock);
+		rc = cons_wait_even(ct, &ts);
+		gen0 = ct->gen;
+		pthread_mutex_unlock(&ct->lock);
+		if (rc)
+			break;
+		rc = ferry__ops_sync(w, t, FERRY_OP_PULL, mkeys, nm, NULL, buf, NULL);
+		if (rc)
+			break;
+		pthread_mutex_lock(&ct->lock);
+		if (ct->gen != gen0) {
+			struct timespec now;
+
+			/* a flush (or a set) overlapped: the value may or may not
+			 * hold it; pull again */
+			pthread_mutex_unlock(&ct->lock);
+			clock_gettime(CLOCK_MONOTONIC, &now);
+			if (now.tv_sec > ts.tv_sec ||
+			    (now.tv_sec == ts.tv_sec && now.tv_nsec >= ts.tv_nsec)) {
+				ferry_err("cons: table %u: every pull for %d ms overlapped a flush "
+					  "of this node's pushes; flushes come too often (raise "
+					  "cons_bytes)",
+					  t->id, t->fy->timeout_ms);
+				rc = -ETIMEDOUT;
+				break;
+			}
+			continue;
+		}
+		for (size_t j = 0, off = 0; j < nm; j++) {
+			size_t i = miss[j];
+			uint32_t len = (uint32_t)(offs[i + 1] - offs[i]);
+			struct ferry_cons_ent *e = ferry__cons_map_get(&ct->m, keys[i], len);
+
+			if (e && !ferry__cons_map_set_val(&ct->m, e, buf + off, g0)) {
+				e->last_read = c;
+				ferry__cons_map_read(e, vals + offs[i]);
+			} else {
+				/* no room for a copy: the value, and what this node
+				 * has not sent (pend, infl) */
+				memcpy(vals + offs[i], buf + off, (size_t)len * sizeof(float));
+				if (e && e->pend)
+					for (uint32_t k = 0; k < len; k++)
+						vals[offs[i] + k] += e->pend[k];
+			}
+			off += len;
+		}
+		if (cons_ssp(ct))
+			cons_count_stale(t->fy, cons_stale_bucket(c, g0), nm);
+		ferry__cons_map_evict(&ct->m);
+		pthread_mutex_unlock(&ct->lock);
+		break;
+	}
+	free(buf);
+	free(mkeys);
+	return rc;
+}
+
+static int cons_pull(struct ferry_worker *w, struct ferry_table *t, const uint64_t *keys, size_t n,
+		     float *vals)
+{
+	struct cons_table *ct = t->cons;
+	uint64_t c, need = 0, total, hist[FERRY_STALENESS_BUCKETS] = { 0 };
+	uint64_t offs_small[CONS_SMALL + 1], *offs = offs_small;
+	uint32_t miss_small[CONS_SMALL], *miss = miss_small;
+	size_t nm = 0;
+	int rc = cons_check(w, t, keys, n, vals, "pull");
+
+	if (rc || !n)
+		return rc;
+	c = ferry__cons_wclock(ct->cn, w);
+	if (cons_ssp(ct) && c > ct->s)
+		need = c - ct->s;
+	if (n > CONS_SMALL) {
+		offs = cons_offsets(t, keys, n, &total);
+		miss = malloc(n * sizeof(*miss));
+	} else {
+		offs[0] = 0;
+		for (size_t i = 0; i < n; i++)
+			offs[i + 1] = offs[i] + ferry__value_len(t, keys[i]);
+	}
+	if (!offs || !miss) {
+		if (offs != offs_small)
+			free(offs);
+		if (miss != miss_small)
+			free(miss);
+		ferry_err("cons: table %u: out of memory for a pull of %zu keys", t->id, n);
+		return -ENOMEM;
+	}
+	pthread_mutex_lock(&ct->lock);
+	for (size_t i = 0; i < n; i++) {
+		struct ferry_cons_ent *e = ferry__cons_map_find(&ct->m, keys[i]);
+
+		if (e && e->have_val && (!cons_ssp(ct) || e->fresh >= need)) {
+			ferry__cons_map_read(e, vals + offs[i]);
+			e->last_read = c;
+			hist[cons_stale_bucket(c, e->fresh)]++;
+		} else {
+			miss[nm++] = (uint32_t)i;
+		}
+	}
+	pthread_mutex_unlock(&ct->lock);
+	if (cons_ssp(ct))
+		for (unsigned b = 0; b < FERRY_STALENESS_BUCKETS; b++)
+			cons_count_stale(t->fy, b, hist[b]);
+	atomic_fetch_add_explicit(&t->fy->cons_hits, n - nm, memory_order_relaxed);
+	if (nm)
+		atomic_fetch_add_explicit(&t->fy->cons_misses, nm, memory_order_relaxed);
+	if (nm)
+		rc = cons_fetch(ct, w, c, need, keys, miss, nm, offs, vals);
+	if (offs != offs_small)
+		free(offs);
+	if (miss != miss_small)
+		free(miss);
+	return rc;
+}
+
+/*
+ * Send the table's unsent deltas as one push batch and wait until the owners
+ * applied them; @drop: then forget every copy too. The worker's thread, no
+ * lock held. Return: 0 or the push's error (its deltas are dropped, logged).
+ */
+static int cons_table_flush(struct cons_table *ct, struct ferry_worker *w, bool drop)
+{
+	struct ferry_table *t = ct->t;
+	uint64_t *keys;
+	float *deltas;
+	size_t n;
+	int rc, prc = 0;
+
+	pthread_mutex_lock(&ct->flush_mu);
+	pthread_mutex_lock(&ct->lock);
+	rc = ferry__cons_map_flush_take(&ct->m, &keys, &deltas, &n);
+	if (!rc && n)
+		ct->gen++;
+	pthread_mutex_unlock(&ct->lock);
+	if (rc) {
+		pthread_mutex_unlock(&ct->flush_mu);
+		ferry_err("cons: table %u: out of memory to send this node's buffered pushes; "
+			  "they stay buffered (lower cons_bytes)",
+			  t->id);
+		return rc;
+	}
+	if (n)
+		prc = ferry__ops_sync(w, t, FERRY_OP_PUSH, keys, n, deltas, NULL, NULL);
+	pthread_mutex_lock(&ct->lock);
+	if (n) {
+		ferry__cons_map_flush_done(&ct->m, !prc);
+		ct->gen++;
+	}
+	if (drop) {
+		ferry__cons_map_drop_all_vals(&ct->m);
+		ct->gen += 2;
+	}
+	pthread_cond_broadcast(&ct->cond);
+	pthread_mutex_unlock(&ct->lock);
+	pthread_mutex_unlock(&ct->flush_mu);
+	if (prc)
+		ferry_err("cons: table %u: sending %zu keys' buffered deltas of this node failed "
+			  "(%s); they may be applied in part and are not sent again",
+			  t->id, n, ferry_strerror(prc));
+	free(keys);
+	free(deltas);
+	return prc;
+}
+
+static int cons_push(struct ferry_worker *w, struct ferry_table *t, const uint64_t *keys, size_t n,
+		     const float *deltas)
+{
+	struct cons_table *ct = t->cons;
+	uint64_t off = 0;
+	bool over;
+	int rc = cons_check(w, t, keys, n, deltas, "push");
+
+	if (rc || !n)
+		return rc;
+	pthread_mutex_lock(&ct->lock);
+	for (size_t i = 0; i < n && !rc; i++) {
+		uint32_t len = ferry__value_len(t, keys[i]);
+		struct ferry_cons_ent *e = ferry__cons_map_get(&ct->m, keys[i], len);
+
+		rc = e ? ferry__cons_map_pend_add(&ct->m, e, deltas + off) : -ENOMEM;
+		if (rc)
+			ferry_err("push: table %u: out of memory to buffer key %llu; the %zu keys "
+				  "before it in the batch are buffered, the rest is not",
+				  t->id, (unsigned long long)keys[i], i);
+		off += len;
+	}
+	over = ct->m.pend_floats * sizeof(float) > ct->m.limit / 2;
+	pthread_mutex_unlock(&ct->lock);
+	if (!rc && over)
+		rc = cons_table_flush(ct, w, false); /* early: only ever adds */
+	return rc;
+}
+
+static int cons_set(struct ferry_worker *w, struct ferry_table *t, const uint64_t *keys, size_t n,
+		    const float *vals)
+{
+	struct cons_table *ct = t->cons;
+	int rc = cons_check(w, t, keys, n, vals, "set");
+
+	if (rc || !n)
+		return rc;
+	/* this node's earlier pushes first, then the set, at the owner */
+	rc = cons_table_flush(ct, w, false);
+	if (!rc)
+		rc = ferry__ops_sync(w, t, FERRY_OP_SET, keys, n, vals, NULL, NULL);
+	pthread_mutex_lock(&ct->lock);
+	for (size_t i = 0; i < n; i++) {
+		struct ferry_cons_ent *e = ferry__cons_map_find(&ct->m, keys[i]);
+
+		if (e)
+			ferry__cons_map_drop_val(&ct->m, e);
+	}
+	ct->gen += 2; /* a pull that overlapped may hold the old value */
+	pthread_cond_broadcast(&ct->cond);
+	pthread_mutex_unlock(&ct->lock);
+	return rc;
+}
+
+static const struct ferry_cons_hooks cons_hooks = {
+	.pull = cons_pull,
+	.push = cons_push,
+	.set = cons_set,
+};
+
+/*
+ * ESSP: re-read, in one batch, the copies this node's workers read in the
+ * last s + 1 clocks that are older than the global clock; forget the
+ * others (the key is no longer read). Once per table and global clock.
+ * The worker's thread, flush_lock held (the table stays).
+ */
+static int cons_refresh(struct cons_table *ct, struct ferry_worker *w, uint64_t c)
+{
+	uint64_t g = ferry__cons_global(ct->cn), window = (uint64_t)ct->s + 1, gen0, total = 0;
+	uint64_t *keys = NULL;
+	uint32_t *lens = NULL;
+	float *buf = NULL;
+	size_t n = 0, cap = 0;
+	int rc = 0;
+
+	pthread_mutex_lock(&ct->lock);
+	if (g <= ct->refreshed || (ct->gen & 1)) {
+		pthread_mutex_unlock(&ct->lock);
+		return 0;
+	}
+	ct->refreshed = g;
+	for (struct ferry_cons_ent *e = ct->m.fhead, *next; e; e = next) {
+		next = e->fnext;
+		if (e->last_read + window < c) {
+			ferry__cons_map_drop_val(&ct->m, e); /* unsubscribed */
+			continue;
+		}
+		if (e->fresh >= g)
+			continue;
+		if (n == cap) {
+			size_t ncap = cap ? 2 * cap : 256;
+			uint64_t *nk = realloc(keys, ncap * sizeof(*keys));
+			uint32_t *nl = nk ? realloc(lens, ncap * sizeof(*lens)) : NULL;
+
+			if (nk)
+				keys = nk;
+			if (!nl)
+				break; /* refresh what fits */
+			lens = nl;
+			cap = ncap;
+		}
+		keys[n] = e->key;
+		lens[n++] = e->len;
+		total += e->len;
+	}
+	gen0 = ct->gen;
+	pthread_mutex_unlock(&ct->lock);
+	if (!n)
+		goto out;
+	buf = malloc(total * sizeof(float));
+	if (!buf)
+		goto out;
+	rc = ferry__ops_sync(w, ct->t, FERRY_OP_PULL, keys, n, NULL, buf, NULL);
+	if (rc)
+		goto out;
+	atomic_fetch_add_explicit(&ct->t->fy->cons_refreshed, n, memory_order_relaxed);
+	pthread_mutex_lock(&ct->lock);
+	if (ct->gen == gen0) {
+		uint64_t off = 0;
+
+		for (size_t i = 0; i < n; i++) {
+			struct ferry_cons_ent *e = ferry__cons_map_find(&ct->m, keys[i]);
+
+			if (e && e->have_val && e->fresh < g) {
+				uint64_t last = e->last_read;
+
+				ferry__cons_map_set_val(&ct->m, e, buf + off, g);
+				e->last_read = last;
+			}
+			off += lens[i];
+		}
+	}
+	pthread_mutex_unlock(&ct->lock);
+out:
+	free(buf);
+	free(keys);
+	free(lens);
+	return rc;
+}
+
+/* the node's clock moved on: flush every table, then announce. The worker's
+ * thread. */
+static int cons_advance(struct ferry_cons_node *cn, struct ferry_worker *w)
+{
+	uint64_t target;
+	int rc = 0;
+
+	pthread_mutex_lock(&cn->flush_lock);
+	target = ferry__cons_local(cn);
+	if (target > cn->announced) {
+		for (uint32_t id = 0; id < FERRY_MAX_TABLES; id++) {
+			struct ferry_table *t;
+			int trc;
+
+			pthread_mutex_lock(&cn->lock);
+			t = cn->tabs[id];
+			pthread_mutex_unlock(&cn->lock);
+			if (!t)
+				continue;
+			trc = cons_table_flush(t->cons, w,
+					       ((struct cons_table *)t->cons)->model ==
+						       FERRY_CONS_EVENTUAL);
+			if (trc && !rc)
+				rc = trc;
+		}
+		/* announced even after a failed flush: its deltas are gone
+		 * (logged), and the others must not wait for them */
+		int arc = ferry__cons_announce(cn, target);
+
+		if (arc && !rc)
+			rc = arc;
+	}
+	pthread_mutex_unlock(&cn->flush_lock);
+	return rc;
+}
+
+int ferry_clock(struct ferry_worker *w)
+{
+	struct ferry_cons_node *cn;
+	uint32_t s = UINT32_MAX;
+	uint64_t c;
+	int rc = 0;
+
+	if (!w)
+		return -EINVAL;
+	cn = w->fy->cons;
+	if (atomic_load(&w->fy->closed))
+		return -FERRY_E_CLOSED;
+	if (ferry__cons_tick(cn, w, &c))
+		rc = cons_advance(cn, w);
+	if (rc)
+		return rc;
+	pthread_mutex_lock(&cn->lock);
+	for (uint32_t id = 0; id < FERRY_MAX_TABLES; id++) {
+		struct ferry_table *t = cn->tabs[id];
+
+		if (t && cons_ssp(t->cons) && ((struct cons_table *)t->cons)->s < s)
+			s = ((struct cons_table *)t->cons)->s;
+	}
+	pthread_mutex_unlock(&cn->lock);
+	if (s == UINT32_MAX)
+		return 0;
+	/* more than s clocks ahead of the slowest: wait */
+	if (c > s)
+		rc = ferry__cons_wait_global(cn, c - s, c, s);
+	if (rc)
+		return rc;
+	pthread_mutex_lock(&cn->flush_lock);
+	for (uint32_t id = 0; id < FERRY_MAX_TABLES && !rc; id++) {
+		struct ferry_table *t;
+
+		pthread_mutex_lock(&cn->lock);
+		t = cn->tabs[id];
+		pthread_mutex_unlock(&cn->lock);
+		if (t && ((struct cons_table *)t->cons)->model == FERRY_CONS_ESSP)
+			rc = cons_refresh(t->cons, w, c);
+	}
+	pthread_mutex_unlock(&cn->flush_lock);
+	return rc;
+}
+
+uint64_t ferry_clock_get(const struct ferry_worker *w)
+{
+	struct ferry_cons_node *cn = w ? w->fy->cons : NULL;
+
+	if (!cn)
+		return 0;
+	return ferry__cons_wclock(cn, w);
+}
+
+int ferry_flush(struct ferry_worker *w, struct ferry_table *t)
+{
+	int rc;
+
+	if (!t)
+		return -EINVAL;
+	if (!t->cons)
+		return 0;
+	rc = cons_check(w, t, NULL, 0, NULL, "flush");
+	return rc ? rc : cons_table_flush(t->cons, w, true);
+}
+
+static void cons_worker_new(struct ferry_worker *w)
+{
+	ferry__cons_join(w->fy->cons, w);
+}
+
+/* a worker goes: its clock stops holding the node's back */
+static void cons_worker_gone(struct ferry_worker *w)
+{
+	struct ferry_cons_node *cn = w->fy->cons;
+
+	if (ferry__cons_leave(cn, w) && !atomic_load(&w->fy->closed))
+		cons_advance(cn, w);
+}
+
+/* ferry_barrier(): before, every buffered push goes (through a worker of
+ * our own: the caller may have none); after, copies go, so that every read
+ * after the barrier sees every push flushed before it anywhere */
+static int cons_barrier(struct ferry *fy, int after)
+{
+	struct ferry_cons_node *cn = fy->cons;
+	struct ferry_worker *tw = NULL;
+	int rc = 0;
+
+	pthread_mutex_lock(&cn->flush_lock);
+	for (uint32_t id = 0; id < FERRY_MAX_TABLES && !rc; id++) {
+		struct ferry_table *t;
+		struct cons_table *ct;
+		bool pend;
+
+		pthread_mutex_lock(&cn->lock);
+		t = cn->tabs[id];
+		pthread_mutex_unlock(&cn->lock);
+		if (!t)
+			continue;
+		ct = t->cons;
+		if (after) {
+			pthread_mutex_lock(&ct->lock);
+			ferry__cons_map_drop_all_vals(&ct->m);
+			ct->gen += 2;
+			pthread_cond_broadcast(&ct->cond);
+			pthread_mutex_unlock(&ct->lock);
+			continue;
+		}
+		pthread_mutex_lock(&ct->lock);
+		pend = ct->m.npend != 0;
+		pthread_mutex_unlock(&ct->lock);
+		if (!pend)
+			continue;
+		if (!tw)
+			rc = ferry_worker_create(fy, &tw);
+		if (!rc)
+			rc = cons_table_flush(ct, tw, false);
+	}
+	pthread_mutex_unlock(&cn->flush_lock);
+	if (tw)
+		ferry_worker_destroy(tw);
+	return rc;
+}
+
+static void cons_node_free(void *p)
+{
+	struct ferry_cons_node *cn = p;
+
+	if (!cn)
+		return;
+	free(cn->peer);
+	pthread_mutex_destroy(&cn->lock);
+	pthread_mutex_destroy(&cn->flush_lock);
+	pthread_cond_destroy(&cn->cond);
+	free(cn);
+}
+
+int ferry__cons_attach(struct ferry *fy)
+{
+	struct ferry_cons_node *cn = calloc(1, sizeof(*cn));
+
+	if (!cn || !(cn->peer = calloc(fy->world, sizeof(*cn->peer)))) {
+		free(cn);
+		return -ENOMEM;
+	}
+	cn->fy = fy;
+	pthread_mutex_init(&cn->lock, NULL);
+	pthread_mutex_init(&cn->flush_lock, NULL);
+	ferry__cond_init_monotonic(&cn->cond);
+	fy->cons_free = cons_node_free;
+	fy->cons_worker_new = cons_worker_new;
+	fy->cons_worker_gone = cons_worker_gone;
+	fy->cons_barrier = cons_barrier;
+	return ferry__cons_clock_attach(fy, cn);
+}
+
+int ferry__cons_table_init(struct ferry_table *t)
+{
+	struct cons_table *ct;
+	int rc;
+
+	if (t->params.consistency == FERRY_CONS_SEQUENTIAL)
+		return 0;
+	ct = calloc(1, sizeof(*ct));
+	if (!ct)
+		return -ENOMEM;
+	rc = ferry__cons_map_init(&ct->m,
+				  t->params.cons_bytes ? t->params.cons_bytes : CONS_BYTES_DEFAULT);
+	if (rc) {
+		free(ct);
+		return rc;
+	}
+	ct->t = t;
+	ct->cn = t->fy->cons;
+	ct->model = t->params.consistency;
+	ct->s = t->params.staleness;
+	pthread_mutex_init(&ct->lock, NULL);
+	pthread_mutex_init(&ct->flush_mu, NULL);
+	ferry__cond_init_monotonic(&ct->cond);
+	t->cons = ct;
+	t->cons_hooks = &cons_hooks;
+	return 0;
+}
+
+void ferry__cons_table_publish(struct ferry_table *t)
+{
+	struct cons_table *ct = t->cons;
+
+	if (!ct)
+		return;
+	pthread_mutex_lock(&ct->cn->flush_lock);
+	pthread_mutex_lock(&ct->cn->lock);
+	ct->cn->tabs[t->id] = t;
+	ct->published = true;
+	pthread_mutex_unlock(&ct->cn->lock);
+	pthread_mutex_unlock(&ct->cn->flush_lock);
+}
+
+void ferry__cons_table_fini(struct ferry_table *t)
+{
+	struct cons_table *ct = t->cons;
+
+	if (!ct)
+		return;
+	if (ct->published) {
+		pthread_mutex_lock(&ct->cn->flush_lock);
+		pthread_mutex_lock(&ct->cn->lock);
+		if (ct->cn->tabs[t->id] == t)
+			ct->cn->tabs[t->id] = NULL;
+		pthread_mutex_unlock(&ct->cn->lock);
+		pthread_mutex_unlock(&ct->cn->flush_lock);
+	}
+	if (ct->m.npend)
+		ferry_warn("cons: table %u destroyed with %llu keys' pushes of this node never "
+			   "sent; call ferry_flush() or ferry_barrier() before "
+			   "ferry_table_destroy()",
+			   t->id, (unsigned long long)ct->m.npend);
+	ferry__cons_map_fini(&ct->m);
+	pthread_mutex_destroy(&ct->lock);
+	pthread_mutex_destroy(&ct->flush_mu);
+	pthread_cond_destroy(&ct->cond);
+	free(ct);
+	t->cons = NULL;
+	t->cons_hooks = NULL;
+}
