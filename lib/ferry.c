@@ -42,6 +42,8 @@ int ferry_open(const struct ferry_params *params, struct ferry **fy_p)
 		rc = ferry__table_attach(fy);
 	if (!rc)
 		rc = ferry__coll_attach(fy);
+	if (!rc)
+		rc = ferry__heartbeat_attach(fy);
 	if (rc) {
 		ferry__node_put(fy);
 		return rc;
@@ -49,6 +51,12 @@ int ferry_open(const struct ferry_params *params, struct ferry **fy_p)
 	rc = ferry__node_start(fy, &ferry__dispatch_handler);
 	if (rc)
 		return rc;
+	rc = ferry__heartbeat_start(fy);
+	if (rc) {
+		ferry_err("node: cannot start the failure detector: %s", ferry_strerror(rc));
+		ferry_close(fy);
+		return rc;
+	}
 	*fy_p = fy;
 	return 0;
 }
@@ -57,6 +65,8 @@ void ferry_close(struct ferry *fy)
 {
 	if (!fy)
 		return;
+	/* no heartbeat goes once the node starts to leave */
+	ferry__heartbeat_stop(fy);
 	/* destroyed tables still registered with the transport go first */
 	ferry__table_close(fy);
 	ferry__node_close(fy);

@@ -692,6 +692,10 @@ Test(proto, frame_shorter_than_its_fixed_body)
 		{ FERRY_MSG_COLL, sizeof(struct ferry_msg_coll) },
 		{ FERRY_MSG_COLL_ACK, sizeof(struct ferry_msg_coll) },
 		{ FERRY_MSG_COLL_KICK, sizeof(struct ferry_msg_coll) },
+		{ FERRY_MSG_HEARTBEAT, sizeof(struct ferry_msg_heartbeat) },
+		{ FERRY_MSG_REPL, sizeof(struct ferry_msg_repl) },
+		{ FERRY_MSG_REPL_ACK, sizeof(struct ferry_msg_repl_ack) },
+		{ FERRY_MSG_REPL_SYNC, sizeof(struct ferry_msg_repl_sync) },
 	};
 
 	/* every type but BYE, which is a bare header (below) */
