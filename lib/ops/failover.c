@@ -34,15 +34,21 @@ static void repl_walk_owned(struct repl_walk *w, uint64_t key, const struct ferr
 	w->n++;
 }
 
+/* a move to here waits: the key's home learns it (WANT), to end it if the
+ * failure stops it; pend.lock held */
 static void repl_walk_want(void *arg, struct ferry_pend *e)
 {
 	struct repl_walk *w = arg;
 	uint32_t h = ferry__home(w->t, e->key);
 	struct ferry_msg_copy *c;
 
-	if (ferry__home_as(w->t, e->key, w->dead) != w->dead || h >= w->fy->world ||
-	    h == w->fy->rank)
+	if (h >= w->fy->world)
 		return;
+	if (h == w->fy->rank) {
+		if (ferry__keymap_put(&w->t->repl->wanted, e->key, (uint64_t)h + 1))
+			w->rc = -ENOMEM;
+		return;
+	}
 	c = ferry__repl_out_add(w->fy, w->t, &w->o, h, NULL);
 	if (c)
 		*c = (struct ferry_msg_copy){ .key = e->key,
@@ -130,7 +136,40 @@ static void repl_want_collect(void *arg, uint64_t key, uint64_t val)
  * said so with an ADOPT): the requester drops its move. A key that was at
  * the failed home: the requester finishes its move with the backup.
  */
-static void repl_take_wanted(struct ferry *fy, struct ferry_table *t, struct repl_out *mv)
+/* the move of @key to @req ends with @val */
+static void repl_fill(struct ferry *fy, struct ferry_table *t, struct repl_out *mv, uint64_t key,
+		      uint32_t req, const float *val, uint32_t len, bool keep)
+{
+	if (req == fy->rank) {
+		if (fy->move_fill)
+			(void)fy->move_fill(t, key, val, len, keep);
+		return;
+	}
+	(void)ferry__repl_out_copy(fy, t, mv, req, key, keep ? req : fy->rank, FERRY_COPY_MOVE,
+				   NULL, val, NULL);
+}
+
+/*
+ * Moves that wait (WANT, from every node with a move under way when @dead
+ * failed, after everything @dead sent it was handled): the home ends those
+ * the failure stopped, and only those.
+ *
+ * Home alive (its records are whole): when the dead node had handed the key
+ * to the requester (its hand-over copy names it) and the hand-over never
+ * arrived, the requester gets the backup (a chain behind it goes on from
+ * there); when the key was at the dead node (the copy's owner), the
+ * requester recorded last gets it, and those before it in a chain drop
+ * their moves.
+ *
+ * Home dead (this is the new home): a key no record or copy of which is
+ * here is being handed over (its old owner gave it before it knew; the
+ * value still lands, and the requester tells this home then, lib/reloc/);
+ * a key a live node owns (it said so with an ADOPT), or this node: the
+ * requester drops its move; a key that was at the failed home: the
+ * requester gets the backup.
+ */
+static void repl_take_wanted(struct ferry *fy, struct ferry_table *t, uint32_t dead,
+			     struct repl_out *mv)
 {
 	struct repl_take tk = { .fy = fy, .t = t };
 
@@ -139,33 +178,47 @@ static void repl_take_wanted(struct ferry *fy, struct ferry_table *t, struct rep
 		uint64_t key = tk.keys[2 * i];
 		uint32_t req = (uint32_t)tk.keys[2 * i + 1], rec = ferry__owner(t, key);
 		struct repl_copy *c = (void *)(uintptr_t)ferry__keymap_get(&t->repl->copies, key);
-
 		struct ferry_slot *s = ferry__own(t, key);
+		bool owner_dead, home_died = ferry__home_as(t, key, dead) == dead;
 
 		ferry__keymap_del(&t->repl->wanted, key);
 		if (atomic_load_explicit(&fy->failed[req], memory_order_relaxed) ||
 		    ferry__home(t, key) != fy->rank)
 			continue;
 		if (s) {
-			/* this node owns it: the requester drops its move */
-			(void)ferry__repl_out_copy(fy, t, mv, req, key, fy->rank, FERRY_COPY_MOVE,
-						   s, NULL, NULL);
+			if (home_died) /* this node owns it: the move is dropped */
+				repl_fill(fy, t, mv, key, req, NULL, 0, false);
 			continue;
 		}
-		if (!c || rec == req)
+		if (!c)
 			continue;
-		if (rec != fy->rank) {
-			/* a live owner: drop the move (the value is ignored) */
-			(void)ferry__repl_out_copy(fy, t, mv, req, key, rec, FERRY_COPY_MOVE, NULL,
-						   c->v, NULL);
-		} else if (atomic_load_explicit(&fy->failed[c->owner], memory_order_relaxed)) {
-			/* it was at the failed home: the requester gets it */
-			if (!ferry__repl_out_copy(fy, t, mv, req, key, req, FERRY_COPY_MOVE, NULL,
-						  c->v, NULL) &&
-			    !ferry__dir_owner_set(&t->dir, key, req)) {
-				c->owner = req; /* the requester's backup, here */
-				c->from = fy->rank;
+		owner_dead = atomic_load_explicit(&fy->failed[c->owner], memory_order_relaxed);
+		if (!home_died) {
+			if (c->owner == req && c->from == dead) {
+				/* the dead node's hand-over to req never came */
+			} else if (!owner_dead) {
+				continue;
+			} else if (rec != req) {
+				/* the key was at the dead node and goes on to rec:
+				 * req, earlier in the chain, drops its move */
+				repl_fill(fy, t, mv, key, req, NULL, 0, false);
+				continue;
 			}
+		} else if (rec == req) {
+			continue;
+		} else if (rec != fy->rank) {
+			/* a live owner: the move is dropped */
+			repl_fill(fy, t, mv, key, req, NULL, 0, false);
+			continue;
+		} else if (!owner_dead) {
+			continue;
+		}
+		repl_fill(fy, t, mv, key, req, c->v, c->len, true);
+		if (req == fy->rank) {
+			ferry__repl_copy_del(t, key); /* live here: the main loop copies it */
+		} else if (!ferry__dir_owner_set(&t->dir, key, req)) {
+			c->owner = req; /* the requester's backup, here */
+			c->from = fy->rank;
 		}
 	}
 	free(tk.keys);
@@ -199,7 +252,7 @@ static void repl_take_over(struct ferry *fy, struct ferry_table *t, uint32_t dea
 		ferry__repl_out_fini(&o, fy->world);
 		return;
 	}
-	repl_take_wanted(fy, t, &mv);
+	repl_take_wanted(fy, t, dead, &mv);
 	ferry__keymap_each(&t->repl->copies, repl_take_collect, &tk);
 	for (size_t i = 0; i < tk.n; i++) {
 		uint64_t key = tk.keys[i];
@@ -216,41 +269,13 @@ static void repl_take_over(struct ferry *fy, struct ferry_table *t, uint32_t dea
 		}
 		owner_dead = atomic_load_explicit(&fy->failed[c->owner], memory_order_relaxed);
 		rec_live = !atomic_load_explicit(&fy->failed[rec], memory_order_relaxed);
-		if (rec_live && (c->from == dead || owner_dead)) {
-			/*
-			 * Moves of the key wait for the failed old owner, to rec
-			 * and maybe, in a chain, to nodes before it (each holds
-			 * a hand-over request of the next): rec finishes its
-			 * move with this copy, the others drop theirs. A node
-			 * that has the key already ignores it.
-			 */
-			for (uint32_t r = 0; r < fy->world && ferry__home_as(t, key, dead) != dead;
-			     r++)
-				if (r != fy->rank &&
-				    !atomic_load_explicit(&fy->failed[r], memory_order_relaxed) &&
-				    !ferry__repl_out_copy(fy, t, &mv, r, key, rec, FERRY_COPY_MOVE,
-							  NULL, c->v, NULL))
-					moved++;
-			if (fy->move_fill &&
-			    !fy->move_fill(t, key, c->v, c->len, rec == fy->rank) &&
-			    rec == fy->rank) {
-				taken++;
-				s = ferry__own(t, key);
-				ferry__repl_copy_del(t, key);
-				bn = ferry__repl_backup(t, key, fy->rank);
-				if (bn < fy->world && s)
-					(void)ferry__repl_out_copy(fy, t, &o, bn, key, fy->rank,
-								   FERRY_COPY_VALUE, s, NULL, NULL);
-				continue;
-			}
-			if (rec != fy->rank)
-				continue;
-		} else if (rec != fy->rank && rec_live) {
-			continue; /* a live node owns it */
+		if (rec != fy->rank && rec_live) {
+			continue; /* a live node owns it, or waits for it (WANT above) */
 		} else if (rec == fy->rank && !owner_dead) {
-			/* a live owner's copy and no record: it came to this new
-			 * home as an ADOPT before this node saw the failure */
-			(void)ferry__dir_owner_set(&t->dir, key, c->owner);
+			/* a live owner's copy and no record: at a new home, it came
+			 * as an ADOPT before this node saw the failure */
+			if (ferry__home_as(t, key, dead) == dead)
+				(void)ferry__dir_owner_set(&t->dir, key, c->owner);
 			continue;
 		}
 		if (repl_install(t, key, c)) {

@@ -145,8 +145,12 @@ int ferry__repl_out_copy(struct ferry *fy, struct ferry_table *t, struct repl_ou
 	v = ferry__frame_put(&o->f[dst], ferry__copy_size(len) - sizeof(*c));
 	if (!v)
 		return -ENOMEM;
-	if (val) {
-		memcpy(v, val, (size_t)len * sizeof(float));
+	if (val || !s) {
+		/* no value (a dropped move's MOVE): zeros, never read */
+		if (val)
+			memcpy(v, val, (size_t)len * sizeof(float));
+		else
+			memset(v, 0, (size_t)len * sizeof(float));
 		return 0;
 	}
 	/* the progress thread is the only writer of a replicated table's slots
