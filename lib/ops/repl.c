@@ -30,16 +30,17 @@
  *   2. sends a copy of each key it owns whose backup or home changed with D
  *      to the key's new backup (ADOPT: the new home records the owner), so
  *      every live key has its backup again and every new home its records;
- *   3. sends REPL_SYNC{D} to every live node.
- * Once a node has every live node's SYNC for D, it takes over, as the home,
- * each key it holds a backup of that no live node owns: its record names a
- * failed node, or there is no record and no slot (the home was D). It
- * installs the backup as the live key, or, when a move to this node or to a
- * live requester waits for the dead old owner, finishes that move with it
- * (MOVE copy). SYNCs come after the copies on each link, so a key some
- * survivor owns is recorded before the home decides.
+ *   3. sends WANT to the key's home for each move to it under way;
+ *   4. sends REPL_SYNC{D} to every live node, and answers each SYNC with an
+ *      ECHO once its own copies went.
+ * Once a node has every live node's ECHO for D (failover.c), everything the
+ * others sent before it, and everything it sent them before its SYNC, has
+ * been handled: it takes over, as the home, each key it holds a backup of
+ * that no live node owns (its record names a failed node, or there is no
+ * record and no slot: the home was D), and ends the moves the failure
+ * stopped (MOVE copies). docs/faults.md has the rules.
  *
- * Survived: one failure at a time (a second after the first's SYNCs), with
+ * Survived: one failure at a time (a second after the first's ECHOs), with
  * r = 1. Not survived: a key's owner and its backup failing together (both
  * copies gone): its operations keep failing with -FERRY_E_PEER.
  *

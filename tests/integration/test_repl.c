@@ -245,6 +245,8 @@ static void run_storm(int mode, int batch)
 		    acked, unknown, st->peer_fails, st->ops_after, mode ? "stop" : "kill",
 		    (double)st->first_ok_ns / 1e6);
 	cr_assert_gt(st->ops_after, 100, "the storm did not go on after the failure");
+	/* the dead node's keys were taken over: one of them served again */
+	cr_assert_gt(st->first_ok_ns, 0, "no key homed at the dead node was served after it");
 	munmap(st, sizeof(*st));
 }
 
