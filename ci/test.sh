@@ -251,7 +251,8 @@ else
 	# In the guest: the transport suite (tcp, loop and rdma cases), then every integration
 	# suite of the core again with the rdma transport (its nodes listen on the rxe address).
 	vm_args=(--build-dir build --timeout 900 --tests "${FERRY_VM_TESTS:-test_transport}")
-	for t in test_cluster test_procs test_onesided test_badinput test_death test_sparse test_coll; do
+	for t in test_cluster test_procs test_onesided test_badinput test_death test_sparse test_coll \
+		test_repl; do
 		vm_args+=(--bin "build/tests/$t"
 			--cmd "FERRY_TRANSPORT=rdma FERRY_BIND_ADDR=10.77.0.1 $t --jobs 1")
 	done

@@ -204,8 +204,8 @@ static void repl_take_wanted(struct ferry *fy, struct ferry_table *t, uint32_t d
 				repl_fill(fy, t, mv, key, req, NULL, 0, false);
 				continue;
 			}
-		} else if (rec == req) {
-			continue;
+		} else if (rec == req && req != fy->rank) {
+			continue; /* it was recorded there: its hand-over still lands */
 		} else if (rec != fy->rank) {
 			/* a live owner: the move is dropped */
 			repl_fill(fy, t, mv, key, req, NULL, 0, false);
