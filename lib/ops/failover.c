@@ -227,10 +227,8 @@ static void repl_take_wanted(struct ferry *fy, struct ferry_table *t, uint32_t d
 int ferry__repl_want(struct ferry_table *t, uint64_t key, uint32_t requester)
 {
 	struct ferry *fy = t->fy;
-	uint32_t h = ferry__home_orig(t, key);
 
-	if (!t->repl || h == fy->rank ||
-	    !atomic_load_explicit(&fy->failed[h], memory_order_relaxed))
+	if (!t->repl)
 		return -ENOENT;
 	for (uint32_t d = 0; d < fy->world; d++)
 		if (t->repl->synced[d] && !t->repl->done[d])

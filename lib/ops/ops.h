@@ -95,9 +95,9 @@ void ferry__repl_handoff(struct ferry_table *t, uint64_t key, const struct ferry
 /* a key installed here after its home failed: its backup, at the new home,
  * records this node as its owner */
 void ferry__repl_adopt(struct ferry_table *t, uint64_t key, const struct ferry_slot *s);
-/* this new home was asked to hand over @key before its takeover: the
- * takeover ends @requester's move. 0, or -ENOENT (no replicas, or not such
- * a key) / -ENOMEM */
+/* a move of @key to @requester cannot reach its old owner (failed, or the
+ * key's failed home's, before the takeover): the coming takeover ends it.
+ * 0, or -ENOENT (no replicas, or no takeover to come) / -ENOMEM */
 int ferry__repl_want(struct ferry_table *t, uint64_t key, uint32_t requester);
 /* copies kept here, and their bytes (ferry_table_stats) */
 uint64_t ferry__repl_count(const struct ferry_table *t);

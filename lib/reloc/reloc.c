@@ -135,6 +135,10 @@ static int reloc_batch_flush(struct ferry *fy, struct ferry_table *t, struct rel
 			reloc_restore(fy, t, it->s, it->key, b->requester);
 		else if (rc && b->type == FERRY_MSG_LOCALIZE)
 			reloc_unstart(fy, t, it->key, it->slot, rc);
+		else if (rc && b->type == FERRY_MSG_HANDOVER_REQ)
+			/* replicas: the old owner failed before the takeover,
+			 * which ends the requester's move */
+			(void)ferry__repl_want(t, it->key, b->requester);
 	}
 	if (rc && b->nitems)
 		ferry_err("reloc: table %u: cannot send %u moves (type %u) to rank %u: %s; %s",
