@@ -200,8 +200,15 @@ static void repl_take_wanted(struct ferry *fy, struct ferry_table *t, uint32_t d
 				continue;
 			} else if (rec != req) {
 				/* the key was at the dead node and goes on to rec:
-				 * req, earlier in the chain, drops its move */
+				 * req, earlier in the chain, drops its move, and rec
+				 * (which may have asked after its own WANT went)
+				 * gets the backup; a second MOVE finds nothing */
 				repl_fill(fy, t, mv, key, req, NULL, 0, false);
+				if (!atomic_load_explicit(&fy->failed[rec], memory_order_relaxed)) {
+					repl_fill(fy, t, mv, key, rec, c->v, c->len, true);
+					c->owner = rec;
+					c->from = fy->rank;
+				}
 				continue;
 			}
 		} else if (rec == req && req != fy->rank) {

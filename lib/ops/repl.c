@@ -409,9 +409,13 @@ void ferry__repl_on_repl(struct ferry *fy, struct ferry_table *t, uint32_t src,
 				(void)fy->move_fill(t, c->key, val, c->len, c->owner == fy->rank);
 			continue;
 		}
-		/* a copy of a key another node owns; a failed owner's is stale */
-		if (atomic_load_explicit(&fy->failed[c->owner], memory_order_relaxed))
-			continue;
+		/*
+		 * A copy of a key another node owns. One naming a failed owner is
+		 * kept too: a live old owner that had not seen the failure sent
+		 * its value ahead of a hand-over to it (ferry__repl_handoff),
+		 * and that value may be the newest anywhere (the dead node's own
+		 * frames are dropped by the dispatcher).
+		 */
 		if (c->owner == fy->rank || ferry__own(t, c->key)) {
 			/* stale: the key lives here now (the copies that made it so
 			 * were sent after this one) */
