@@ -133,6 +133,9 @@ Test(backpressure, a_peer_that_stops_reading_bounds_the_flooders_memory, .timeou
 	ferry_params_init(&p);
 	p.transport = FERRY_TRANSPORT_TCP;
 	p.timeout_ms = 1000;
+	/* the stopped peer is the point: the failure detector would fail it
+	 * after its timeout, and the pushes then with -FERRY_E_PEER */
+	p.heartbeat_ms = -1;
 	rc = ferry_local_cluster_fork(2, &p, pids);
 	if (rc == 0 || rc == 1) {
 		if (rc == 1)
