@@ -168,10 +168,11 @@ static void repl_fill(struct ferry *fy, struct ferry_table *t, struct repl_out *
  * requester drops its move; a key that was at the failed home: the
  * requester gets the backup.
  */
-static void repl_take_wanted(struct ferry *fy, struct ferry_table *t, uint32_t dead,
-			     struct repl_out *mv)
+static uint32_t repl_take_wanted(struct ferry *fy, struct ferry_table *t, uint32_t dead,
+				 struct repl_out *mv)
 {
 	struct repl_take tk = { .fy = fy, .t = t };
+	uint32_t ended = 0;
 
 	ferry__keymap_each(&t->repl->wanted, repl_want_collect, &tk);
 	for (size_t i = 0; i < tk.n; i++) {
@@ -206,6 +207,7 @@ static void repl_take_wanted(struct ferry *fy, struct ferry_table *t, uint32_t d
 				repl_fill(fy, t, mv, key, req, NULL, 0, false);
 				if (!atomic_load_explicit(&fy->failed[rec], memory_order_relaxed)) {
 					repl_fill(fy, t, mv, key, rec, c->v, c->len, true);
+					ended++;
 					c->owner = rec;
 					c->from = fy->rank;
 				}
@@ -221,6 +223,7 @@ static void repl_take_wanted(struct ferry *fy, struct ferry_table *t, uint32_t d
 			continue;
 		}
 		repl_fill(fy, t, mv, key, req, c->v, c->len, true);
+		ended++;
 		if (req == fy->rank) {
 			ferry__repl_copy_del(t, key); /* live here: the main loop copies it */
 		} else if (!ferry__dir_owner_set(&t->dir, key, req)) {
@@ -229,6 +232,7 @@ static void repl_take_wanted(struct ferry *fy, struct ferry_table *t, uint32_t d
 		}
 	}
 	free(tk.keys);
+	return ended;
 }
 
 int ferry__repl_want(struct ferry_table *t, uint64_t key, uint32_t requester)
@@ -257,7 +261,7 @@ static void repl_take_over(struct ferry *fy, struct ferry_table *t, uint32_t dea
 		ferry__repl_out_fini(&o, fy->world);
 		return;
 	}
-	repl_take_wanted(fy, t, dead, &mv);
+	moved = repl_take_wanted(fy, t, dead, &mv);
 	ferry__keymap_each(&t->repl->copies, repl_take_collect, &tk);
 	for (size_t i = 0; i < tk.n; i++) {
 		uint64_t key = tk.keys[i];
@@ -306,7 +310,7 @@ static void repl_take_over(struct ferry *fy, struct ferry_table *t, uint32_t dea
 		ferry__ops_chunks_announce(fy, t);
 	if (taken || moved)
 		ferry_warn("repl: table %u: rank %u failed; this node took over %u of its keys "
-			   "from their backups and finished %u moves to other nodes",
+			   "from their backups and ended %u moves it had stopped",
 			   t->id, dead, taken, moved);
 	if (lost)
 		ferry_err("repl: table %u: %u keys of failed rank %u could not be taken over on "
