@@ -259,7 +259,7 @@ else
 	vm_args=(--build-dir build --timeout 900 --tests "${FERRY_VM_TESTS:-test_transport}")
 	# test_auth and test_roles: the token at the rendezvous and on rdma_cm, forged role frames
 	for t in test_cluster test_procs test_onesided test_badinput test_death test_sparse test_coll \
-		test_auth test_roles; do
+		test_auth test_roles test_repl; do
 		vm_args+=(--bin "build/tests/$t"
 			--cmd "FERRY_TRANSPORT=rdma FERRY_BIND_ADDR=10.77.0.1 $t --jobs 1")
 	done

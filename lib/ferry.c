@@ -48,6 +48,8 @@ int ferry_open(const struct ferry_params *params, struct ferry **fy_p)
 		rc = ferry__mgr_attach(fy);
 	if (!rc)
 		rc = ferry__cons_attach(fy);
+	if (!rc)
+		rc = ferry__heartbeat_attach(fy);
 	if (rc) {
 		ferry__node_put(fy);
 		return rc;
@@ -58,6 +60,12 @@ int ferry_open(const struct ferry_params *params, struct ferry **fy_p)
 	/* the membership manager, once the rendezvous gave the cluster its id */
 	rc = ferry__mgr_start(fy, params);
 	if (rc) {
+		ferry_close(fy);
+		return rc;
+	}
+	rc = ferry__heartbeat_start(fy);
+	if (rc) {
+		ferry_err("node: cannot start the failure detector: %s", ferry_strerror(rc));
 		ferry_close(fy);
 		return rc;
 	}
@@ -73,7 +81,8 @@ void ferry_close(struct ferry *fy)
 		return;
 	/* stop watching the membership: the others' departures are theirs */
 	m = ferry__mgr_detach(fy);
-
+	/* no heartbeat goes once the node starts to leave */
+	ferry__heartbeat_stop(fy);
 	/* destroyed tables still registered with the transport go first */
 	ferry__table_close(fy);
 	ferry__node_close(fy);

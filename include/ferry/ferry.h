@@ -124,6 +124,11 @@ struct ferry_params {
 	 * (killed, stopped, cut off) is declared dead within about this; 0:
 	 * FERRY_ETCD_TTL or 5 */
 	int etcd_ttl;
+	/* failure detector: a peer from which nothing arrived for this many ms
+	 * (every node sends a heartbeat each quarter of it) is declared failed.
+	 * 0: FERRY_HEARTBEAT_MS, or 1000; -1: off (only transport events, such
+	 * as a reset connection, fail a peer) */
+	int heartbeat_ms;
 };
 
 /**
@@ -242,6 +247,13 @@ struct ferry_table_params {
 	enum ferry_consistency consistency;
 	uint32_t staleness;
 	uint64_t cons_bytes;
+	/*
+	 * replicas: backup copies of each key on other nodes (0 or 1; 0: none,
+	 * today's speed). With 1, a push or set is acknowledged only once the
+	 * key's backup holds it, and when a node fails its keys fail over to
+	 * their backups (docs/faults.md). Not with sparse. Must agree.
+	 */
+	uint32_t replicas;
 };
 
 /**
@@ -285,6 +297,8 @@ struct ferry_table_stats {
 	uint64_t slots;		   /* slots of the arena */
 	uint64_t slot_bytes;	   /* bytes per slot (header, value, seal) */
 	uint64_t registered_bytes; /* registered with the transport (pinned on RDMA) */
+	uint64_t backups;	   /* replicas: copies of other nodes' keys kept here */
+	uint64_t backup_bytes;	   /* their bytes, with their map */
 };
 
 /** ferry_table_stats - this node's share of @table. Return: 0 or -EINVAL. */

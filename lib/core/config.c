@@ -35,6 +35,8 @@ const struct ferry_option ferry__options[] = {
 	{ "FERRY_TOKEN", "token", "none",
 	  "the cluster's shared secret: every connection proves it; none: anyone may join" },
 	{ "FERRY_TOKEN_FILE", "-", "none", "a file whose first line is the token (keep it 0600)" },
+	{ "FERRY_HEARTBEAT_MS", "heartbeat_ms", "1000",
+	  "a peer silent this long is failed (beats every quarter of it); 0: off" },
 	{ "FERRY_RECONNECT_MS", "-", "1000",
 	  "tcp: bound on re-establishing a broken link; 0: it fails the peer" },
 	{ "FERRY_LOG_LEVEL", "ferry_log_set()", "warn", "none, error, warn, info, debug" },
@@ -394,6 +396,30 @@ int ferry__config_resolve(const struct ferry_params *params, struct ferry_config
 	rc = config_token(params, c);
 	if (rc)
 		return rc;
+	c->heartbeat_ms = params->heartbeat_ms;
+	if (c->heartbeat_ms < -1) {
+		ferry_err("config: heartbeat_ms %d is not -1 (off), 0 (from FERRY_HEARTBEAT_MS) or "
+			  "a number of ms",
+			  c->heartbeat_ms);
+		return -EINVAL;
+	}
+	if (!c->heartbeat_ms) {
+		s = getenv("FERRY_HEARTBEAT_MS");
+		c->heartbeat_ms = s ? config_int(s) : 1000;
+		if (c->heartbeat_ms < 0) {
+			ferry_err("config: FERRY_HEARTBEAT_MS=%s is not a number of ms (0: off)",
+				  s);
+			return -EINVAL;
+		}
+		if (!c->heartbeat_ms)
+			c->heartbeat_ms = -1;
+	}
+	if (c->heartbeat_ms > 0 && c->heartbeat_ms < 8) {
+		ferry_err("config: a heartbeat timeout of %d ms is below the 8 ms minimum; raise "
+			  "FERRY_HEARTBEAT_MS (or params.heartbeat_ms)",
+			  c->heartbeat_ms);
+		return -EINVAL;
+	}
 	if (c->use_pmix)
 		ferry_info("config: rank %d of %d (from %s), addresses through PMIx (no "
 			   "rendezvous given)",

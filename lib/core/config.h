@@ -19,6 +19,7 @@ struct ferry_config {
 	int timeout_ms;
 	int busy_poll;
 	uint64_t mem_limit;   /* bytes; 0: none */
+	int heartbeat_ms;     /* failure detector's timeout; -1: off */
 	const char *rank_src; /* where rank and world came from */
 	const char *rdv_src;  /* where the rendezvous came from */
 	const char *rdv_var;  /* the variable to fix when it is wrong */

@@ -170,6 +170,7 @@ struct ferry_table {
 	/* consistency model other than SEQUENTIAL: lib/cons/'s hooks and state */
 	const struct ferry_cons_hooks *cons_hooks;
 	void *cons;
+	struct ferry_repl *repl; /* replicas: backups, held replies (lib/ops/repl.c) */
 };
 
 struct ferry_worker;
@@ -304,6 +305,19 @@ struct ferry {
 	int (*cons_barrier)(struct ferry *fy, int after);
 	atomic_uint_fast64_t staleness[FERRY_STALENESS_BUCKETS];
 	atomic_uint_fast64_t cons_hits, cons_misses, cons_refreshed;
+	/* failure detector (heartbeat.c): per rank, set when a frame arrives
+	 * (dispatch.c) and cleared by the detector's tick; its state, freed with
+	 * the node after the transport */
+	atomic_uchar *heard;
+	int heartbeat_ms; /* timeout; -1: off */
+	void *hb;
+	void (*hb_free)(void *hb);
+	/* reloc's: a move of @key to this node waits for a failed old owner
+	 * (lib/ops/repl.c): @keep, finish it with @val from the key's backup;
+	 * else drop it (the key goes on to a later requester). 0, or -ENOENT
+	 * when no move of @key is waiting. Progress thread. */
+	int (*move_fill)(struct ferry_table *t, uint64_t key, const float *val, uint32_t len,
+			 bool keep);
 };
 
 /* node.c: the bottom of the core; modules call it, it calls none of them */
@@ -335,6 +349,9 @@ void ferry__node_peer_failed(struct ferry *fy, uint32_t rank);
 /* run @fn(fy, rank) on the progress thread when a peer fails; before start.
  * Return: 0 or -ENOSPC */
 int ferry__node_on_peer_failed(struct ferry *fy, void (*fn)(struct ferry *fy, uint32_t rank));
+/* the first rank after @rank (cyclically) that is not failed, treating
+ * @spare as alive (world: none), or world when none is; any thread */
+uint32_t ferry__node_live_after(const struct ferry *fy, uint32_t rank, uint32_t spare);
 /* register the calling thread with RCU unless it is already (counted per
  * thread: workers and table teardown share it); any application thread */
 void ferry__rcu_enter(void);
@@ -348,6 +365,12 @@ extern const struct ferry_tp_handler ferry__dispatch_handler;
 
 /* barrier.c */
 int ferry__barrier_attach(struct ferry *fy);
+
+/* heartbeat.c: attach before the node starts; start after (off when the
+ * timeout is -1 or the world is one node); stop before the node closes */
+int ferry__heartbeat_attach(struct ferry *fy);
+int ferry__heartbeat_start(struct ferry *fy);
+void ferry__heartbeat_stop(struct ferry *fy);
 
 /* small helpers */
 static inline bool ferry__table_onesided(const struct ferry_table *t)
@@ -366,9 +389,35 @@ static inline bool ferry__key_ok(const struct ferry_table *t, uint64_t key)
 	return t->params.sparse || key < t->params.num_keys;
 }
 
-static inline uint32_t ferry__home(const struct ferry_table *t, uint64_t key)
+/* the home of @key as it was while @spare was alive (world: as now) */
+static inline uint32_t ferry__home_as(const struct ferry_table *t, uint64_t key, uint32_t spare)
+{
+	uint32_t h = ferry__placement_home(&t->place, key);
+
+	if (t->params.replicas && h != spare &&
+	    atomic_load_explicit(&t->fy->failed[h], memory_order_relaxed))
+		h = ferry__node_live_after(t->fy, h, spare);
+	return h;
+}
+
+/* the home placement gives @key, failed or not */
+static inline uint32_t ferry__home_orig(const struct ferry_table *t, uint64_t key)
 {
 	return ferry__placement_home(&t->place, key);
+}
+
+/*
+ * The home of @key. With replicas, a failed home's keys pass to the next
+ * live rank after it (lib/ops/repl.c: its successor holds their backups),
+ * so every node that has seen the same failures names the same home.
+ */
+static inline uint32_t ferry__home(const struct ferry_table *t, uint64_t key)
+{
+	uint32_t h = ferry__placement_home(&t->place, key);
+
+	if (t->params.replicas && atomic_load_explicit(&t->fy->failed[h], memory_order_relaxed))
+		h = ferry__node_live_after(t->fy, h, t->fy->world);
+	return h;
 }
 
 /* the live slot of @key here, or NULL; rcu_read_lock held */

@@ -93,8 +93,13 @@ static void dispatch_on_msg(void *core, uint32_t src, const void *buf, size_t le
 
 	if (src >= fy->world || atomic_load_explicit(&fy->failed[src], memory_order_relaxed))
 		return;
-	atomic_fetch_add_explicit(&fy->msgs_recv, 1, memory_order_relaxed);
-	atomic_fetch_add_explicit(&fy->bytes_recv, len, memory_order_relaxed);
+	/* a sign of life for the failure detector (heartbeat.c) */
+	if (!atomic_load_explicit(&fy->heard[src], memory_order_relaxed))
+		atomic_store_explicit(&fy->heard[src], 1, memory_order_relaxed);
+	if (type != FERRY_MSG_HEARTBEAT) {
+		atomic_fetch_add_explicit(&fy->msgs_recv, 1, memory_order_relaxed);
+		atomic_fetch_add_explicit(&fy->bytes_recv, len, memory_order_relaxed);
+	}
 
 	if (type && type < FERRY_MSG_TYPE_MAX)
 		h = &fy->handlers[type];

@@ -97,6 +97,9 @@ static void node_free(struct ferry *fy)
 	free(fy->cfg);
 	free(fy->tp);
 	free(fy->failed);
+	free(fy->heard);
+	if (fy->hb_free)
+		fy->hb_free(fy->hb);
 	free(fy->barrier_arrived);
 	free(fy->fastrd);
 	for (int i = 0; i < FERRY_MAX_TABLES; i++) {
@@ -152,12 +155,14 @@ int ferry__node_create(const struct ferry_params *params, struct ferry **fy_p)
 	fy->world = (uint32_t)c->world;
 	fy->timeout_ms = c->timeout_ms;
 	ferry__auth_random(fy->move_key, sizeof(fy->move_key));
+	fy->heartbeat_ms = c->heartbeat_ms;
 	fy->busy_poll = c->busy_poll;
 	fy->budget.limit = c->mem_limit;
 	atomic_init(&fy->refs, 1);
 	pthread_mutex_init(&fy->lock, NULL);
 	ferry__cond_init_monotonic(&fy->cond);
 	fy->failed = calloc(fy->world, sizeof(*fy->failed));
+	fy->heard = calloc(fy->world, sizeof(*fy->heard));
 	fy->barrier_arrived = calloc(fy->world, sizeof(*fy->barrier_arrived));
 	fy->tp = calloc(1, ops->tp_size);
 	fy->fastrd = aligned_alloc(64, sizeof(*fy->fastrd)); /* 64 KiB: one line per worker */
@@ -165,7 +170,7 @@ int ferry__node_create(const struct ferry_params *params, struct ferry **fy_p)
 		memset(fy->fastrd, 0, sizeof(*fy->fastrd));
 		ferry__fastrd_init(fy->fastrd);
 	}
-	if (!fy->failed || !fy->barrier_arrived || !fy->tp || !fy->fastrd) {
+	if (!fy->failed || !fy->heard || !fy->barrier_arrived || !fy->tp || !fy->fastrd) {
 		free(fy->tp);
 		fy->tp = NULL;
 		node_free(fy);
@@ -278,6 +283,18 @@ void ferry__node_peer_failed(struct ferry *fy, uint32_t rank)
 	pthread_mutex_lock(&fy->lock);
 	pthread_cond_broadcast(&fy->cond);
 	pthread_mutex_unlock(&fy->lock);
+}
+
+uint32_t ferry__node_live_after(const struct ferry *fy, uint32_t rank, uint32_t spare)
+{
+	for (uint32_t i = 1; i < fy->world; i++) {
+		uint32_t r = (rank + i) % fy->world;
+
+		if (r == spare || r == fy->rank ||
+		    !atomic_load_explicit(&fy->failed[r], memory_order_relaxed))
+			return r;
+	}
+	return fy->world;
 }
 
 int ferry__node_on_peer_failed(struct ferry *fy, void (*fn)(struct ferry *fy, uint32_t rank))

@@ -106,6 +106,14 @@ static size_t proto_body_size(uint8_t type)
 		return sizeof(struct ferry_msg_coll);
 	case FERRY_MSG_MGR_DEAD:
 		return sizeof(struct ferry_msg_mgr);
+	case FERRY_MSG_HEARTBEAT:
+		return sizeof(struct ferry_msg_heartbeat);
+	case FERRY_MSG_REPL:
+		return sizeof(struct ferry_msg_repl);
+	case FERRY_MSG_REPL_ACK:
+		return sizeof(struct ferry_msg_repl_ack);
+	case FERRY_MSG_REPL_SYNC:
+		return sizeof(struct ferry_msg_repl_sync);
 	}
 	return 0;
 }
@@ -223,6 +231,50 @@ static const char *proto_check_inbox(uint64_t addr, uint64_t rkey, uint32_t entr
 	if (addr > UINT64_MAX - bytes)
 		return "inbox: address range wraps";
 	return NULL;
+}
+
+/*
+ * REPL: known kinds, owners in the world, keys of the table each followed by
+ * exactly its value (padded), nothing after the last. Who may send which
+ * copy, only lib/ops/repl.c can tell.
+ */
+static int proto_parse_repl(const uint8_t *p, size_t left, const struct ferry_proto_limits *lim,
+			    struct ferry_proto_view *v, const char **why_p)
+{
+	const struct ferry_msg_repl *m = v->body;
+
+	if (m->pad)
+		PROTO_FAIL("repl: padding not zero");
+	if (m->count == 0 || m->count > left / sizeof(struct ferry_msg_copy))
+		PROTO_FAIL("repl: copy count out of range");
+	v->count = m->count;
+	v->copies = (const struct ferry_msg_copy *)p;
+	for (uint32_t i = 0; i < m->count; i++) {
+		const struct ferry_msg_copy *c = (const void *)p;
+		size_t sz;
+
+		if (left < sizeof(*c))
+			PROTO_FAIL("repl: copy count exceeds the frame");
+		if (c->kind < FERRY_COPY_VALUE || c->kind > FERRY_COPY_WANT)
+			PROTO_FAIL("repl: unknown copy kind");
+		if (c->pad)
+			PROTO_FAIL("repl: padding not zero");
+		if (c->owner >= lim->world)
+			PROTO_FAIL("repl: owner rank out of range");
+		if (!ferry__proto_value_len(lim, c->key))
+			PROTO_FAIL("repl: key out of range");
+		if (c->len !=
+		    (c->kind == FERRY_COPY_WANT ? 0 : ferry__proto_value_len(lim, c->key)))
+			PROTO_FAIL("repl: value length differs from the table's");
+		sz = ferry__copy_size(c->len);
+		if (left < sz)
+			PROTO_FAIL("repl: value exceeds the frame");
+		p += sz;
+		left -= sz;
+	}
+	if (left)
+		PROTO_FAIL("trailing bytes after the copies");
+	return 0;
 }
 
 /*
@@ -406,6 +458,21 @@ int ferry__proto_parse(const void *buf, size_t len, const struct ferry_proto_lim
 
 		if (!lim || m->rank >= lim->world || m->rank == hdr->src || m->pad)
 			PROTO_FAIL("mgr: rank out of range");
+		if (!proto_pad_ok(left, 0))
+			PROTO_FAIL("trailing bytes after the body");
+		return 0;
+	}
+	case FERRY_MSG_REPL:
+		if (!lim)
+			PROTO_FAIL("repl: no table");
+		return proto_parse_repl(p, left, lim, view, why_p);
+	case FERRY_MSG_REPL_SYNC: {
+		const struct ferry_msg_repl_sync *m = view->body;
+
+		if (!lim || m->dead >= lim->world)
+			PROTO_FAIL("repl sync: rank out of range");
+		if (m->flags & ~FERRY_SYNC_F_ECHO)
+			PROTO_FAIL("repl sync: unknown flags");
 		if (!proto_pad_ok(left, 0))
 			PROTO_FAIL("trailing bytes after the body");
 		return 0;

@@ -157,6 +157,65 @@ static inline uint32_t ferry__dtype_size(uint32_t dtype)
 	return dtype >= 1 && dtype <= 3 ? (dtype == 1 ? 4u : 8u) : 0u;
 }
 
+/* FERRY_MSG_HEARTBEAT: the sender's beat number (lib/core/heartbeat.c) */
+struct ferry_msg_heartbeat {
+	uint64_t seq;
+};
+
+/*
+ * FERRY_MSG_REPL: count copies, each a struct ferry_msg_copy followed by its
+ * len floats, padded to 8 bytes (lib/ops/repl.c). @token nonzero: the
+ * receiver answers REPL_ACK{token} once it holds them (the owner holds the
+ * replies to the updates they carry until then).
+ */
+struct ferry_msg_repl {
+	uint64_t token;
+	uint32_t count;
+	uint32_t pad; /* 0 */
+};
+
+enum ferry_copy_kind {
+	FERRY_COPY_VALUE = 1, /* a backup copy of @owner's live key */
+	FERRY_COPY_ADOPT,     /* the same, after a failure: the receiver, if it is the
+			       * key's home, records @owner as the key's owner */
+	FERRY_COPY_MOVE,      /* home -> every live node, when the old owner of a key
+			       * in motion failed: @owner, the last requester,
+			       * finishes its move with the value; the others drop theirs */
+	FERRY_COPY_WANT,      /* len 0: the sender's move of the key waits, and its
+			       * home failed; to the new home */
+};
+
+struct ferry_msg_copy {
+	uint64_t key;
+	uint32_t len;	/* floats: the key's value length */
+	uint32_t owner; /* the rank whose live key this copies */
+	uint32_t kind;	/* enum ferry_copy_kind */
+	uint32_t pad;	/* 0 */
+};
+
+/* bytes of one copy with its value, padded */
+static inline size_t ferry__copy_size(uint32_t len)
+{
+	return sizeof(struct ferry_msg_copy) + (((size_t)len * sizeof(float) + 7) & ~(size_t)7);
+}
+
+/* FERRY_MSG_REPL_ACK */
+struct ferry_msg_repl_ack {
+	uint64_t token;
+};
+
+/*
+ * FERRY_MSG_REPL_SYNC: the sender knows @dead failed and sent every copy it
+ * owed because of it (flags 0); with FERRY_SYNC_F_ECHO: the answer to the
+ * receiver's SYNC, so everything the receiver sent before its SYNC has been
+ * handled by the sender
+ */
+#define FERRY_SYNC_F_ECHO 1u
+struct ferry_msg_repl_sync {
+	uint32_t dead;
+	uint32_t flags;
+};
+
 /* FERRY_MSG_TABLE: the fields that must agree; _TABLE_ACK: status + field */
 struct ferry_msg_table {
 	uint64_t num_keys;
@@ -189,6 +248,9 @@ struct ferry_msg_table {
 	/* TABLE: the consistency model (enum ferry_consistency) and its bound */
 	uint32_t consistency;
 	uint32_t staleness;
+	/* TABLE (replication): backups per key, which must agree */
+	uint32_t replicas;
+	uint32_t pad2;
 };
 
 /* FERRY_MSG_CLOCK (node scope): the sender's clock, which never goes down;
@@ -220,6 +282,7 @@ enum ferry_table_field {
 	FERRY_TF_INIT,
 	FERRY_TF_SPARSE,
 	FERRY_TF_CONSISTENCY,
+	FERRY_TF_REPLICAS,
 };
 
 /* what a frame's keys are checked against */
@@ -241,6 +304,7 @@ struct ferry_proto_view {
 	const uint64_t *slots;		      /* REPLY with FERRY_REPLY_F_SLOTS */
 	const struct ferry_msg_arena *arenas; /* TABLE_ACK with a trailer */
 	const struct ferry_msg_coll *coll;    /* COLL, COLL_ACK, COLL_KICK */
+	const struct ferry_msg_copy *copies;  /* REPL */
 	const void *data;		      /* COLL: the segment's elements */
 	const float *vals;		      /* values, where the type has them */
 	size_t nvals;			      /* floats at vals */

@@ -74,4 +74,45 @@ int ferry__ops_chunk_reg(void *arg, struct ferry_arena *a, uint32_t c);
 struct ferry_tp_mr *ferry__ops_chunk_mr(const struct ferry_table *t, uint32_t slot);
 int ferry__ops_materialize_locked(struct ferry_table *t, uint64_t key, struct ferry_slot **s_p);
 
+/* send one key operation to @dst as an OP frame (a hop more); progress thread */
+void ferry__ops_send_to(struct ferry *fy, struct ferry_table *t, const struct ferry_msg_op *op,
+			const struct ferry_msg_key *k, const float *in, uint32_t dst);
+
+/*
+ * repl.c: replicas (docs/faults.md). Context: the progress thread, except
+ * the table's init and fini (table create and free).
+ */
+int ferry__repl_attach(struct ferry *fy);
+int ferry__repl_table_init(struct ferry_table *t);
+int ferry__repl_table_seed(struct ferry_table *t);
+void ferry__repl_table_fini(struct ferry_table *t);
+/* the rank that keeps the backup of @key while @owner owns it, or world */
+uint32_t ferry__repl_backup(const struct ferry_table *t, uint64_t key, uint32_t owner);
+/* old owner, before a move of @key (its live slot @s) to @requester: the
+ * value goes to the requester's backup first */
+void ferry__repl_handoff(struct ferry_table *t, uint64_t key, const struct ferry_slot *s,
+			 uint32_t requester);
+/* a key installed here after its home failed: its backup, at the new home,
+ * records this node as its owner */
+void ferry__repl_adopt(struct ferry_table *t, uint64_t key, const struct ferry_slot *s);
+/* a move of @key to @requester cannot reach its old owner (failed, or the
+ * key's failed home's, before the takeover): the coming takeover ends it.
+ * 0, or -ENOENT (no replicas, or no takeover to come) / -ENOMEM */
+int ferry__repl_want(struct ferry_table *t, uint64_t key, uint32_t requester);
+/* copies kept here, and their bytes (ferry_table_stats) */
+uint64_t ferry__repl_count(const struct ferry_table *t);
+uint64_t ferry__repl_bytes(const struct ferry_table *t);
+
+/* the copies of one OP frame's updates, and the reply held until the backups
+ * have them: _new (NULL without replicas, or out of memory: logged), _add
+ * after each update applied here, _any, _hold (takes the built REPLY frame;
+ * -ENOMEM: the caller sends it with an error), _free */
+struct ferry_repl_batch;
+struct ferry_repl_batch *ferry__repl_batch_new(struct ferry_table *t);
+int ferry__repl_batch_add(struct ferry_table *t, struct ferry_repl_batch *b, uint64_t key);
+bool ferry__repl_batch_any(const struct ferry_repl_batch *b);
+int ferry__repl_batch_hold(struct ferry_table *t, struct ferry_repl_batch *b, uint32_t origin,
+			   struct ferry_frame *reply);
+void ferry__repl_batch_free(struct ferry_table *t, struct ferry_repl_batch *b);
+
 #endif /* FERRY_LIB_OPS_H */

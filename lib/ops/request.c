@@ -144,7 +144,9 @@ static void ops_dispatch(struct ferry_worker *w, struct ferry_req *r)
 		r->start(w, t, r, ticket);
 		return;
 	}
-	if (!t->params.no_local_fast_path) {
+	/* with replicas an update goes through the progress thread, which
+	 * sends its copy to the backup before anyone is told it is done */
+	if (!t->params.no_local_fast_path && !(t->params.replicas && r->op != FERRY_OP_PULL)) {
 		urcu_memb_read_lock();
 		for (size_t i = 0; i < r->n; i++) {
 			uint64_t key = r->keys[i];
@@ -330,9 +332,30 @@ static int ops_wait_req(struct ferry_worker *w, struct ferry_req *r, int block)
 			if (dead < fy->world) {
 				ferry_err(
 					"%s of %zu keys on table %u: rank %u failed while the call "
-					"waited on it; the keys it held are unreachable until it "
-					"is back",
-					ferry__ops_name(r->op), r->n, r->t->id, dead);
+					"waited on it; %s",
+					ferry__ops_name(r->op), r->n, r->t->id, dead,
+					r->t->params.replicas ?
+						"its keys fail over to their backups: try again" :
+						"the keys it held are unreachable until it is back");
+				rc = -FERRY_E_PEER;
+				break;
+			}
+			if (r->t->params.replicas && r->op != FERRY_REQ_LOCALIZE) {
+				/*
+				 * replicas: a node that forwarded the keys may have
+				 * sent them through the failed one, and nothing
+				 * would answer; the keys fail over, so the call
+				 * fails now (-FERRY_E_PEER: it may or may not have
+				 * been applied) and a retry finds the new owner
+				 */
+				for (dead = 0; dead < fy->world; dead++)
+					if (atomic_load_explicit(&fy->failed[dead],
+								 memory_order_relaxed))
+						break;
+				ferry_warn("%s of %zu keys on table %u: rank %u failed while "
+					   "the call waited; it may have passed through it, "
+					   "so it fails: try again",
+					   ferry__ops_name(r->op), r->n, r->t->id, dead);
 				rc = -FERRY_E_PEER;
 				break;
 			}
@@ -446,8 +469,8 @@ static size_t ops_fast(struct ferry_worker *w, struct ferry_table *t, uint8_t op
 	struct ferry_slot *s;
 	size_t i, off = 0;
 
-	if (t->params.no_local_fast_path || w->held_head || w->inflight_n ||
-	    (op == FERRY_OP_PULL ? !out : !in))
+	if (t->params.no_local_fast_path || (t->params.replicas && op != FERRY_OP_PULL) ||
+	    w->held_head || w->inflight_n || (op == FERRY_OP_PULL ? !out : !in))
 		return 0;
 	cell = &t->fy->fastrd->cell[w->id];
 	ferry__fastrd_enter(cell);

@@ -168,6 +168,7 @@ struct ops_reply {
 	const struct ferry_msg_op *op;
 	int status;
 	bool with_slots;
+	struct ferry_repl_batch *repl;	     /* replicas: the updates' copies, reply held */
 	struct ferry_frame idx, slots, vals; /* raw buffers, no header */
 	uint32_t count;
 };
@@ -196,6 +197,7 @@ static void ops_reply_flush(struct ferry *fy, struct ferry_table *t, struct ops_
 	const struct ferry_msg_op *op = rb->op;
 	struct ferry_msg_reply *rep;
 	struct ferry_frame f;
+	bool hold;
 	void *p;
 	int rc;
 
@@ -219,9 +221,10 @@ static void ops_reply_flush(struct ferry *fy, struct ferry_table *t, struct ops_
 		rb->status = -ENOMEM;
 		rb->with_slots = false;
 	}
+	hold = ferry__repl_batch_any(rb->repl);
 	if (rb->with_slots && op->origin != fy->rank)
 		ferry__ops_chunks_announce(fy, t); /* before any hint into a new chunk */
-	if (op->origin == fy->rank) {
+	if (op->origin == fy->rank && !hold) {
 		/* our own operation: no message needed */
 		ferry__ops_complete(fy, op->worker, op->req, (const uint32_t *)rb->idx.buf,
 				    rb->count, rb->status,
@@ -256,7 +259,14 @@ static void ops_reply_flush(struct ferry *fy, struct ferry_table *t, struct ops_
 			memcpy(p, rb->vals.buf, rb->vals.len);
 	}
 	rc = ferry__frame_finish(&f, FERRY_MSG_REPLY, fy->rank, t->id);
-	if (!rc)
+	if (!rc && hold && (rc = ferry__repl_batch_hold(t, rb->repl, op->origin, &f))) {
+		/* the copies could not be made: applied here only, which the
+		 * origin learns as the rule for -FERRY_E_PEER says */
+		((struct ferry_msg_reply *)(f.buf + sizeof(struct ferry_msg_hdr)))->status =
+			-FERRY_E_PEER;
+		rc = 0;
+	}
+	if (!rc && f.buf)
 		rc = ferry__send(fy, op->origin, f.buf, f.len);
 	ferry__frame_free(&f);
 	if (rc)
@@ -441,6 +451,14 @@ void ferry__ops_forward_one(struct ferry *fy, struct ferry_table *t, const struc
 	struct ops_out o = { .used = 0 };
 
 	dst = home == fy->rank ? ferry__owner(t, k->key) : home;
+	if (dst == fy->rank && t->repl) {
+		/* a failed home's key, here at its new home before the takeover
+		 * (lib/ops/repl.c): the origin retries */
+		ferry_dbg("ops: key %llu of table %u waits for its takeover on rank %u",
+			  (unsigned long long)k->key, t->id, fy->rank);
+		ferry__ops_send_reply(fy, t, op, -FERRY_E_PEER, &k->idx, 1, NULL, 0);
+		return;
+	}
 	if (op->hops >= FERRY_MAX_HOPS || dst == fy->rank) {
 		ferry_err("ops: key %llu of table %u cannot be routed (%s); failing the operation",
 			  (unsigned long long)k->key, t->id,
@@ -454,6 +472,18 @@ void ferry__ops_forward_one(struct ferry *fy, struct ferry_table *t, const struc
 	ferry__ops_out_add(fy, t, &o, &tmpl, dst, k, op->op == FERRY_OP_PULL ? NULL : in);
 	ferry__ops_out_flush(fy, t, &o);
 	atomic_fetch_add_explicit(&fy->forwards, 1, memory_order_relaxed);
+}
+
+void ferry__ops_send_to(struct ferry *fy, struct ferry_table *t, const struct ferry_msg_op *op,
+			const struct ferry_msg_key *k, const float *in, uint32_t dst)
+{
+	struct ferry_msg_op tmpl = *op;
+	struct ops_out o = { .used = 0 };
+
+	tmpl.hops++;
+	tmpl.count = 0;
+	ferry__ops_out_add(fy, t, &o, &tmpl, dst, k, op->op == FERRY_OP_PULL ? NULL : in);
+	ferry__ops_out_flush(fy, t, &o);
 }
 
 /* an OP frame arrived: apply what lives here, queue what is on its way,
@@ -484,6 +514,8 @@ static void ops_on_op(struct ferry *fy, struct ferry_table *t, uint32_t src,
 		return;
 	}
 	ops_reply_init(&rb, op, 0, ferry__table_onesided(t) && op->origin != fy->rank);
+	if (op->op != FERRY_OP_PULL)
+		rb.repl = ferry__repl_batch_new(t);
 	tmpl.hops++;
 	for (uint32_t i = 0; i < v->count; i++) {
 		const struct ferry_msg_key *k = &v->keys[i];
@@ -503,6 +535,8 @@ static void ops_on_op(struct ferry *fy, struct ferry_table *t, uint32_t src,
 		if (!ferry__ops_apply_slot(t, op->op, k->key, kin, out, &hint)) {
 			if (rb.with_slots && rb.slots.len != SIZE_MAX)
 				((uint64_t *)rb.slots.buf)[rb.count - 1] = hint;
+			if (rb.repl)
+				(void)ferry__repl_batch_add(t, rb.repl, k->key);
 			nserved++;
 			continue;
 		}
@@ -543,6 +577,7 @@ static void ops_on_op(struct ferry *fy, struct ferry_table *t, uint32_t src,
 	if (nserved)
 		atomic_fetch_add_explicit(&fy->served_ops, nserved, memory_order_relaxed);
 	ops_reply_flush(fy, t, &rb);
+	ferry__repl_batch_free(t, rb.repl);
 	for (uint32_t r = 0; r < fy->world; r++)
 		ferry__ops_out_flush(fy, t, &fwd[r]);
 	free(fwd);
@@ -554,6 +589,8 @@ int ferry__ops_attach(struct ferry *fy)
 
 	if (!rc)
 		rc = ferry__ops_chunks_attach(fy);
+	if (!rc)
+		rc = ferry__repl_attach(fy);
 
 	return rc ? rc :
 		    ferry__dispatch_register(fy, FERRY_MSG_REPLY, FERRY_DISPATCH_TABLE,

@@ -102,7 +102,7 @@ static void reloc_batch_init(struct reloc_batch *b, uint8_t type, uint32_t dst, 
 }
 
 static void reloc_restore(struct ferry *fy, struct ferry_table *t, struct ferry_slot *s,
-			  uint64_t key);
+			  uint64_t key, uint32_t requester);
 static void reloc_unstart(struct ferry *fy, struct ferry_table *t, uint64_t key, uint32_t slot,
 			  int status);
 
@@ -134,9 +134,13 @@ static int reloc_batch_flush(struct ferry *fy, struct ferry_table *t, struct rel
 		if (it->s && !rc)
 			ferry__arena_free_deferred(&t->arena, ferry__arena_idx(&t->arena, it->s));
 		else if (it->s)
-			reloc_restore(fy, t, it->s, it->key);
+			reloc_restore(fy, t, it->s, it->key, b->requester);
 		else if (rc && b->type == FERRY_MSG_LOCALIZE)
 			reloc_unstart(fy, t, it->key, it->slot, rc);
+		else if (rc && b->type == FERRY_MSG_HANDOVER_REQ)
+			/* replicas: the old owner failed before the takeover,
+			 * which ends the requester's move */
+			(void)ferry__repl_want(t, it->key, b->requester);
 	}
 	if (rc && b->nitems)
 		ferry_err("reloc: table %u: cannot send %u moves (type %u) to rank %u: %s; %s",
@@ -192,7 +196,7 @@ static int reloc_batch_add(struct ferry *fy, struct ferry_table *t, struct reloc
 		if (!items) {
 			/* cannot track the key: settle it now as a failed send would */
 			if (s)
-				reloc_restore(fy, t, s, key);
+				reloc_restore(fy, t, s, key, b->requester);
 			else if (b->type == FERRY_MSG_LOCALIZE)
 				reloc_unstart(fy, t, key, slot, -ENOMEM);
 			ferry_err("reloc: table %u: out of memory for a move of key %llu; it "
@@ -497,9 +501,22 @@ static void reloc_give(struct ferry *fy, struct ferry_table *t, struct ferry_slo
  * Progress thread, rcu_read_lock held.
  */
 static void reloc_restore(struct ferry *fy, struct ferry_table *t, struct ferry_slot *s,
-			  uint64_t key)
+			  uint64_t key, uint32_t requester)
 {
-	uint64_t ver = ferry__slot_lock(&t->arena, s);
+	uint64_t ver;
+
+	if (t->repl && atomic_load_explicit(&fy->failed[requester], memory_order_relaxed)) {
+		/*
+		 * replicas: the requester failed, and its backup (the key's
+		 * home) takes the key over from the copy it holds (ours, sent
+		 * before each update was acknowledged): serving it here too
+		 * would make two owners (lib/ops/repl.c)
+		 */
+		ferry__arena_free_deferred(&t->arena, ferry__arena_idx(&t->arena, s));
+		atomic_fetch_sub_explicit(&fy->reloc_out, 1, memory_order_relaxed);
+		return;
+	}
+	ver = ferry__slot_lock(&t->arena, s);
 
 	ferry__slot_set_state(s, FERRY_SLOT_LIVE);
 	ferry__slot_unlock(&t->arena, s, ver);
@@ -655,6 +672,8 @@ static void reloc_on_handover_req(struct ferry *fy, struct ferry_table *t, uint3
 		}
 		if (s) {
 			pthread_mutex_unlock(&t->pend.lock);
+			/* replicas: the requester's backup has the value first */
+			ferry__repl_handoff(t, mv->key, s, m->requester);
 			if (onesided) {
 				reloc_take(fy, t, s, mv->key, m->requester, 1);
 				wb->e[wb->n++] = (struct reloc_wentry){ .mv = *mv, .s = s };
@@ -675,6 +694,10 @@ static void reloc_on_handover_req(struct ferry *fy, struct ferry_table *t, uint3
 				it->landing = mv->landing;
 				it->ticket = mv->ticket;
 				ferry__pend_append(e, it);
+			} else if (!e && src == fy->rank &&
+				   !ferry__repl_want(t, mv->key, m->requester)) {
+				/* replicas: a failed home's key, asked of its new home
+				 * before the takeover, which will end the move */
 			} else {
 				ferry_err(
 					"reloc: rank %u asked rank %u to hand key %llu over, but it "
@@ -733,6 +756,11 @@ static void reloc_install(struct ferry *fy, struct ferry_table *t, struct ferry_
 		e->head = it->next;
 		if (!owned && it->kind == FERRY_PEND_OP) {
 			ferry__ops_forward_one(fy, t, &it->op, &it->key, it->vals);
+		} else if (it->kind == FERRY_PEND_OP && t->repl && it->op.op != FERRY_OP_PULL) {
+			/* replicas: an update is served by the OP handler, which
+			 * backs it up before it answers; the frame to ourselves
+			 * arrives after the key is published below */
+			ferry__ops_send_to(fy, t, &it->op, &it->key, it->vals, fy->rank);
 		} else if (it->kind == FERRY_PEND_OP) {
 			float *out = NULL;
 			int rc;
@@ -759,6 +787,7 @@ static void reloc_install(struct ferry *fy, struct ferry_table *t, struct ferry_
 			struct reloc_batch b;
 
 			reloc_batch_init(&b, FERRY_MSG_HANDOVER, it->requester, it->requester);
+			ferry__repl_handoff(t, e->key, s, it->requester);
 			reloc_give(fy, t, s, e->key, it->slot, it->landing, it->ticket, 0, &b);
 			if (!reloc_batch_end(fy, t, &b))
 				owned = 0;
@@ -769,7 +798,55 @@ static void reloc_install(struct ferry *fy, struct ferry_table *t, struct ferry_
 	if (owned) {
 		ferry__loc_set(t, e->key, fy->rank);
 		reloc_publish(t, e->key, s);
+		/* a move whose home failed meanwhile: the new home has no record
+		 * of it (replicas: tell it, with the backup) */
+		if (e->stuck)
+			ferry__repl_adopt(t, e->key, s);
 	}
+}
+
+/*
+ * A move of @key to this node waits for an old owner that failed
+ * (lib/ops/repl.c, through fy->move_fill). @keep: this node is the last
+ * requester: the move ends with @val, the backup's copy. Else a later
+ * requester takes the key: the move is dropped, its slot and landing entry
+ * go back, queued operations go on through the home, and its localize
+ * waiters get -FERRY_E_PEER. Progress thread. Return: 0, or -ENOENT when no
+ * move of @key waits here.
+ */
+static int reloc_move_fill(struct ferry_table *t, uint64_t key, const float *val, uint32_t len,
+			   bool keep)
+{
+	struct ferry *fy = t->fy;
+	struct ferry_pend_item *it;
+	struct ferry_pend *e;
+
+	pthread_mutex_lock(&t->pend.lock);
+	e = ferry__pend_find(&t->pend, key);
+	if (!e) {
+		pthread_mutex_unlock(&t->pend.lock);
+		return -ENOENT;
+	}
+	ferry__pend_del(&t->pend, e);
+	if (keep) {
+		reloc_install(fy, t, e, val, len);
+	} else {
+		while ((it = e->head)) {
+			e->head = it->next;
+			if (it->kind == FERRY_PEND_OP)
+				ferry__ops_forward_one(fy, t, &it->op, &it->key, it->vals);
+			free(it);
+		}
+		e->tail = NULL;
+		ferry__arena_free(&t->arena, e->slot); /* never published */
+	}
+	/* the failed old owner writes no more: the entry is free */
+	ferry__inbox_put(t, e->landing);
+	e->landing = FERRY_LANDING_NONE;
+	pthread_mutex_unlock(&t->pend.lock);
+	reloc_wake(fy, e, keep ? 0 : -FERRY_E_PEER);
+	ferry__pend_free(e);
+	return 0;
 }
 
 static void reloc_on_handover(struct ferry *fy, struct ferry_table *t, uint32_t src,
@@ -895,90 +972,6 @@ void ferry__reloc_table_fini(struct ferry_table *t)
 	ferry__pend_fini(&t->pend, reloc_pend_drop, t);
 }
 
-/*
- * A peer failed: moves to this node whose home it was cannot be known to
- * end (the home may have asked the old owner before it died, and then the
- * value still comes). Their waiters fail at once, the operations queued
- * behind them are answered with -FERRY_E_PEER, and no more queue there; the
- * entry keeps its slot and landing entry, so a hand-over that still comes is
- * installed (the key becomes live here, nothing lost). Progress thread.
- */
-struct reloc_stuck {
-	struct ferry *fy;
-	struct ferry_table *t;
-	uint32_t rank;
-	struct ferry_pend_item *ops;	   /* unlinked, to answer outside the lock */
-	struct ferry_pend_waiter *waiters; /* likewise, to fail */
-};
-
-static void reloc_mark_stuck(void *arg, struct ferry_pend *e)
-{
-	struct reloc_stuck *st = arg;
-	struct ferry_pend_item **pp = &e->head, *it, *last = NULL;
-
-	if (e->stuck || ferry__home(st->t, e->key) != st->rank)
-		return;
-	e->stuck = -FERRY_E_PEER;
-	while ((it = *pp)) {
-		if (it->kind != FERRY_PEND_OP) {
-			last = it;
-			pp = &it->next;
-			continue;
-		}
-		*pp = it->next;
-		it->next = st->ops;
-		st->ops = it;
-		e->nqueued--;
-	}
-	e->tail = last;
-	while (e->waiters) {
-		struct ferry_pend_waiter *wt = e->waiters;
-
-		e->waiters = wt->next;
-		wt->next = st->waiters;
-		st->waiters = wt;
-	}
-}
-
-static void reloc_on_peer_failed(struct ferry *fy, uint32_t rank)
-{
-	uint32_t nstuck = 0;
-
-	urcu_memb_read_lock();
-	for (uint32_t id = 0; id < FERRY_MAX_TABLES; id++) {
-		struct ferry_table *t = rcu_dereference(fy->tables[id]);
-		struct reloc_stuck st = { .fy = fy, .t = t, .rank = rank };
-
-		if (!t || t->params.mode == FERRY_MODE_CLASSIC)
-			continue;
-		pthread_mutex_lock(&t->pend.lock);
-		ferry__pend_for_each(&t->pend, reloc_mark_stuck, &st);
-		pthread_mutex_unlock(&t->pend.lock);
-		while (st.ops) {
-			struct ferry_pend_item *it = st.ops;
-
-			st.ops = it->next;
-			ferry__ops_send_reply(fy, t, &it->op, -FERRY_E_PEER, &it->key.idx, 1, NULL,
-					      0);
-			free(it);
-		}
-		while (st.waiters) {
-			struct ferry_pend_waiter *wt = st.waiters;
-
-			st.waiters = wt->next;
-			ferry__ops_complete(fy, wt->worker, wt->ticket, &wt->idx, 1, -FERRY_E_PEER,
-					    NULL, 0);
-			free(wt);
-			nstuck++;
-		}
-	}
-	urcu_memb_read_unlock();
-	if (nstuck)
-		ferry_err("reloc: rank %u failed while it was the home of %u keys moving to rank "
-			  "%u; those localizes fail (a hand-over already under way still lands)",
-			  rank, nstuck, fy->rank);
-}
-
 int ferry__reloc_attach(struct ferry *fy)
 {
 	static const struct {
@@ -995,5 +988,6 @@ int ferry__reloc_attach(struct ferry *fy)
 
 	for (size_t i = 0; i < sizeof(h) / sizeof(h[0]) && !rc; i++)
 		rc = ferry__dispatch_register(fy, h[i].type, FERRY_DISPATCH_TABLE, h[i].fn);
-	return rc ? rc : ferry__node_on_peer_failed(fy, reloc_on_peer_failed);
+	fy->move_fill = reloc_move_fill;
+	return rc ? rc : ferry__node_on_peer_failed(fy, ferry__reloc_on_peer_failed);
 }

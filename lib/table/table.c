@@ -29,6 +29,7 @@ static const char *const table_field_names[] = {
 	[FERRY_TF_INIT] = "init/init_a/init_b/init_seed",
 	[FERRY_TF_SPARSE] = "sparse",
 	[FERRY_TF_CONSISTENCY] = "consistency/staleness",
+	[FERRY_TF_REPLICAS] = "replicas",
 };
 
 static uint32_t table_diff(const struct ferry_msg_table *a, const struct ferry_msg_table *b)
@@ -55,6 +56,8 @@ static uint32_t table_diff(const struct ferry_msg_table *a, const struct ferry_m
 		return FERRY_TF_FAST_PATH;
 	if (a->consistency != b->consistency || a->staleness != b->staleness)
 		return FERRY_TF_CONSISTENCY;
+	if (a->replicas != b->replicas)
+		return FERRY_TF_REPLICAS;
 	return FERRY_TF_NONE;
 }
 
@@ -295,6 +298,17 @@ static int table_check_params(const struct ferry_table_params *p)
 		ferry_err("table: staleness %u clocks is above the limit of 2^20", p->staleness);
 		return -EINVAL;
 	}
+	if (p->replicas > 1) {
+		ferry_err("table: replicas %u is not supported yet; use 0 (none) or 1 (one backup "
+			  "per key, docs/faults.md)",
+			  p->replicas);
+		return -EINVAL;
+	}
+	if (p->replicas && p->sparse) {
+		ferry_err("table: replicas with a sparse table is not supported yet; use a dense "
+			  "table (num_keys) or replicas 0");
+		return -EINVAL;
+	}
 	if (p->capacity > 0xffffffffull) {
 		ferry_err("table: capacity %llu is above 2^32-1 slots",
 			  (unsigned long long)p->capacity);
@@ -310,6 +324,7 @@ static void table_free(struct ferry_table *t)
 	ferry__cons_table_fini(t);
 	ferry__rcu_enter();
 	ferry__reloc_table_fini(t);
+	ferry__repl_table_fini(t);
 	ferry__rcu_leave();
 	ferry__reloc_inbox_fini(t->fy, t);
 	for (uint32_t c = 0; c < FERRY_ARENA_CHUNKS_MAX; c++) {
@@ -366,6 +381,9 @@ static int table_build(struct ferry *fy, const struct ferry_table_params *p, str
 	rc = ferry__pend_init(&t->pend);
 	if (rc)
 		return rc;
+	rc = ferry__repl_table_init(t);
+	if (rc)
+		return rc;
 	t->max_len = p->value_len;
 	if (p->value_lens) {
 		t->value_lens = malloc(n * sizeof(uint32_t));
@@ -409,8 +427,10 @@ static int table_build(struct ferry *fy, const struct ferry_table_params *p, str
 	 * that left and wait for a grace period before their slot is free; a
 	 * sparse table's keys come into being on use, up to 2^20 per node */
 	cap = p->capacity ? p->capacity : p->sparse ? FERRY_SPARSE_CAPACITY : n + 64;
-	if (p->mode == FERRY_MODE_CLASSIC && !p->capacity) {
-		/* nothing ever moves: the home's keys are all it holds */
+	if (p->mode == FERRY_MODE_CLASSIC && !p->capacity && !p->replicas) {
+		/* nothing ever moves: the home's keys are all it holds (with
+		 * replicas a node may take a failed node's keys over: the
+		 * default, every key + 64) */
 		cap = 0;
 		for (uint64_t k = 0; k < n; k++)
 			cap += ferry__home(t, k) == fy->rank;
@@ -449,6 +469,8 @@ static int table_build(struct ferry *fy, const struct ferry_table_params *p, str
 	ferry__rcu_enter(); /* a directory that grows frees its old array by call_rcu */
 	rc = table_fill_home(fy, t, n, cap);
 	ferry__rcu_leave();
+	if (!rc)
+		rc = ferry__repl_table_seed(t);
 	if (rc)
 		return rc;
 
@@ -468,6 +490,7 @@ static int table_build(struct ferry *fy, const struct ferry_table_params *p, str
 		.init_seed = p->init_seed,
 		.consistency = (uint32_t)p->consistency,
 		.staleness = p->staleness,
+		.replicas = p->replicas,
 	};
 	/* one-sided access starts only once every arena is known (create) */
 	if (t->peer_chunks) {
@@ -925,6 +948,8 @@ int ferry_table_stats(struct ferry_table *t, struct ferry_table_stats *st)
 		.slot_bytes = t->arena.stride,
 		.registered_bytes = __atomic_load_n(&t->registered, __ATOMIC_RELAXED) +
 				    (t->inbox.base ? t->inbox.bytes : 0),
+		.backups = ferry__repl_count(t),
+		.backup_bytes = ferry__repl_bytes(t),
 	};
 	return 0;
 }

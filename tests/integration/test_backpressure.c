@@ -144,6 +144,9 @@ Test(backpressure, a_peer_that_stops_reading_bounds_the_flooders_memory, .timeou
 	/* rank 1 must not give up on rank 0 while stopped; rank 0 lowers its
 	 * own bound to FLOOD_TIMEOUT_MS once the table stands */
 	p.timeout_ms = 30000;
+	/* the stopped peer is the point: the failure detector would fail it
+	 * after its timeout, and the pushes then with -FERRY_E_PEER */
+	p.heartbeat_ms = -1;
 	rc = ferry_local_cluster_fork(2, &p, pids);
 	if (rc == 0 || rc == 1)
 		_exit(child(rc, &p, b));

@@ -589,6 +589,8 @@ Test(coll, a_node_killed_mid_collective_ends_it_at_once_everywhere, .timeout = 1
 			      FERRY_TRANSPORT_AUTO :
 			      FERRY_TRANSPORT_TCP;
 	p.timeout_ms = 20000;
+	/* the node is stopped before it is killed: only the kill may fail it */
+	p.heartbeat_ms = -1;
 	rc = ferry_local_cluster_fork(DNODES, &p, pids);
 	if (rc >= 0 && rc < DNODES)
 		_exit(death_child(rc, &p, d));

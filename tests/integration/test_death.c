@@ -247,6 +247,8 @@ Test(death, a_killed_node_fails_waits_at_once_and_live_keys_stay_usable, .timeou
 	ferry_params_init(&p);
 	p.transport = getenv("FERRY_TRANSPORT") ? FERRY_TRANSPORT_AUTO : FERRY_TRANSPORT_TCP;
 	p.timeout_ms = 20000;
+	/* the node is stopped before it is killed: only the kill may fail it */
+	p.heartbeat_ms = -1;
 	rc = ferry_local_cluster_fork(NODES, &p, pids);
 	if (rc >= 0 && rc < NODES)
 		_exit(child(rc, &p, d));

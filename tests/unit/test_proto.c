@@ -693,15 +693,19 @@ Test(proto, frame_shorter_than_its_fixed_body)
 		{ FERRY_MSG_COLL, sizeof(struct ferry_msg_coll) },
 		{ FERRY_MSG_COLL_ACK, sizeof(struct ferry_msg_coll) },
 		{ FERRY_MSG_COLL_KICK, sizeof(struct ferry_msg_coll) },
+		{ FERRY_MSG_HEARTBEAT, sizeof(struct ferry_msg_heartbeat) },
+		{ FERRY_MSG_REPL, sizeof(struct ferry_msg_repl) },
+		{ FERRY_MSG_REPL_ACK, sizeof(struct ferry_msg_repl_ack) },
+		{ FERRY_MSG_REPL_SYNC, sizeof(struct ferry_msg_repl_sync) },
 		{ FERRY_MSG_MGR_DEAD, sizeof(struct ferry_msg_mgr) },
 		{ FERRY_MSG_CLOCK, sizeof(struct ferry_msg_clock) },
 	};
 
 	/* every type but BYE, which is a bare header (below); the numbers not
-	 * assigned are 22-31 (30 and 31 are the handshake's AUTH frames, never
+	 * assigned are 26-31 (30 and 31 are the handshake's AUTH frames, never
 	 * inside a session) and 33-35 */
 	cr_assert_eq(sizeof(c) / sizeof(c[0]),
-		     (FERRY_MSG_COLL_KICK - 1) + 1 + (FERRY_MSG_TYPE_MAX - FERRY_MSG_CLOCK),
+		     (FERRY_MSG_REPL_SYNC - 1) + 1 + (FERRY_MSG_TYPE_MAX - FERRY_MSG_CLOCK),
 		     "a type is not covered");
 	for (size_t i = 0; i < sizeof(c) / sizeof(c[0]); i++) {
 		/* one word short, and a bare header */
@@ -2077,4 +2081,94 @@ Test(proto, coll_frames_with_a_bad_field_are_refused)
 		expect_body_bad(&x, &lim_fixed, "root", "a root outside the world");
 		fr_free(&x);
 	}
+}
+
+/* ---- REPL, REPL_SYNC (lib/ops/repl.c) ------------------------------------ */
+
+/* a REPL frame of @n copies of keys 0.., each with @len floats (VLEN: valid) */
+static struct fr repl_frame(uint32_t n, uint32_t kind, uint32_t owner, uint32_t len,
+			    uint32_t count_field)
+{
+	struct ferry_frame f;
+	struct ferry_msg_repl *m;
+
+	ferry__frame_begin(&f);
+	m = ferry__frame_put(&f, sizeof(*m));
+	m->token = 7;
+	m->count = count_field;
+	for (uint32_t i = 0; i < n; i++) {
+		struct ferry_msg_copy *c = ferry__frame_put(&f, sizeof(*c));
+		float *v;
+
+		*c = (struct ferry_msg_copy){ .key = i, .len = len, .owner = owner, .kind = kind };
+		v = ferry__frame_put(&f, ferry__copy_size(len) - sizeof(*c));
+		for (uint32_t j = 0; j < len; j++)
+			v[j] = val_of(i, j);
+	}
+	return fr_take(&f, FERRY_MSG_REPL, 1, 0);
+}
+
+Test(proto, repl_copies_parse_with_their_values)
+{
+	struct fr x = repl_frame(3, FERRY_COPY_VALUE, 2, VLEN, 3);
+	struct ferry_proto_view v;
+	const char *why = NULL;
+
+	cr_assert_eq(ferry__proto_parse(x.buf, x.len, &lim_fixed, &v, &why), 0, "refused: %s",
+		     why ? why : "?");
+	cr_assert_eq(v.count, 3);
+	cr_assert_eq(v.copies->kind, FERRY_COPY_VALUE);
+	cr_assert_eq(((const float *)(v.copies + 1))[1], val_of(0, 1));
+	fr_free(&x);
+	/* a WANT carries no value */
+	x = repl_frame(1, FERRY_COPY_WANT, 2, 0, 1);
+	cr_assert_eq(ferry__proto_parse(x.buf, x.len, &lim_fixed, &v, &why), 0, "WANT refused");
+	fr_free(&x);
+}
+
+Test(proto, repl_bad_copies_are_refused)
+{
+	struct fr x = repl_frame(2, 9, 2, VLEN, 2);
+
+	expect_body_bad(&x, &lim_fixed, "kind", "unknown copy kind");
+	fr_free(&x);
+	x = repl_frame(2, FERRY_COPY_VALUE, WORLD, VLEN, 2);
+	expect_body_bad(&x, &lim_fixed, "owner", "owner out of the world");
+	fr_free(&x);
+	x = repl_frame(2, FERRY_COPY_VALUE, 1, VLEN + 1, 2);
+	expect_body_bad(&x, &lim_fixed, "length", "a value longer than the key's");
+	fr_free(&x);
+	x = repl_frame(1, FERRY_COPY_WANT, 1, VLEN, 1);
+	expect_body_bad(&x, &lim_fixed, "length", "a WANT with a value");
+	fr_free(&x);
+	x = repl_frame(2, FERRY_COPY_VALUE, 1, VLEN, 3);
+	expect_body_bad(&x, &lim_fixed, "exceeds", "count past the copies");
+	fr_free(&x);
+	x = repl_frame(3, FERRY_COPY_VALUE, 1, VLEN, 2);
+	expect_body_bad(&x, &lim_fixed, "trailing", "a copy past the count");
+	fr_free(&x);
+	x = repl_frame(0, FERRY_COPY_VALUE, 1, VLEN, 0);
+	expect_body_bad(&x, &lim_fixed, "count", "no copies");
+	fr_free(&x);
+}
+
+Test(proto, repl_sync_flags_and_rank_are_checked)
+{
+	struct ferry_frame f;
+	struct ferry_msg_repl_sync *m;
+	struct fr x;
+
+	ferry__frame_begin(&f);
+	m = ferry__frame_put(&f, sizeof(*m));
+	m->dead = WORLD;
+	x = fr_take(&f, FERRY_MSG_REPL_SYNC, 1, 0);
+	expect_body_bad(&x, &lim_fixed, "rank", "a dead rank out of the world");
+	fr_free(&x);
+	ferry__frame_begin(&f);
+	m = ferry__frame_put(&f, sizeof(*m));
+	m->dead = 1;
+	m->flags = 2;
+	x = fr_take(&f, FERRY_MSG_REPL_SYNC, 1, 0);
+	expect_body_bad(&x, &lim_fixed, "flags", "unknown flags");
+	fr_free(&x);
 }

@@ -66,6 +66,10 @@ enum ferry_msg_type {
 	FERRY_MSG_COLL,		  /* a collective's data: one segment of one step */
 	FERRY_MSG_COLL_ACK,	  /* broadcast: a node has all of it (-> root) */
 	FERRY_MSG_COLL_KICK,	  /* to self: a started collective has frames to replay */
+	FERRY_MSG_HEARTBEAT = 22, /* node -> every node and itself: alive (lib/core/heartbeat.c) */
+	FERRY_MSG_REPL = 23,	  /* owner -> backup: copies of values (lib/ops/repl.c) */
+	FERRY_MSG_REPL_ACK = 24,  /* backup -> owner: the copies of a REPL are held */
+	FERRY_MSG_REPL_SYNC = 25, /* node -> every node: my copies after a failure are sent */
 	FERRY_MSG_MGR_DEAD = 32,  /* to self: the membership manager saw a node leave */
 	/* 36 .. 43: consistency models (lib/cons/) */
 	FERRY_MSG_CLOCK = 36, /* node -> every node: my clock; my pushes of clocks

@@ -1,0 +1,502 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * failover.c - what a table with replicas does when a node fails: the
+ * listener, the SYNC / ECHO exchange and the takeover (the protocol is
+ * described at the top of repl.c and in docs/faults.md). Progress thread.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "lib/ops/repl.h"
+
+struct repl_walk {
+	struct ferry *fy;
+	struct ferry_table *t;
+	uint32_t dead;
+	struct repl_out o;
+	uint32_t n;
+	int rc;
+};
+
+/* a key owned here: a copy to its backup when the failure changed it */
+static void repl_walk_owned(struct repl_walk *w, uint64_t key, const struct ferry_slot *s)
+{
+	struct ferry_table *t = w->t;
+	uint32_t self = w->fy->rank, ho, hn = ferry__home(t, key);
+	uint32_t bo = ferry__repl_backup_as(t, key, self, w->dead, &ho);
+	uint32_t bn = ferry__repl_backup(t, key, self);
+
+	if (w->rc || bn >= w->fy->world || (bo == bn && ho == hn))
+		return;
+	w->rc = ferry__repl_out_copy(w->fy, t, &w->o, bn, key, self, FERRY_COPY_ADOPT, s, NULL,
+				     NULL);
+	w->n++;
+}
+
+/* a move to here waits: the key's home learns it (WANT), to end it if the
+ * failure stops it; pend.lock held */
+static void repl_walk_want(void *arg, struct ferry_pend *e)
+{
+	struct repl_walk *w = arg;
+	uint32_t h = ferry__home(w->t, e->key);
+	struct ferry_msg_copy *c;
+
+	if (h >= w->fy->world)
+		return;
+	if (h == w->fy->rank) {
+		if (ferry__keymap_put(&w->t->repl->wanted, e->key, (uint64_t)h + 1))
+			w->rc = -ENOMEM;
+		return;
+	}
+	c = ferry__repl_out_add(w->fy, w->t, &w->o, h, NULL);
+	if (c)
+		*c = (struct ferry_msg_copy){ .key = e->key,
+					      .kind = FERRY_COPY_WANT,
+					      .owner = w->fy->rank };
+}
+
+static void repl_walk_map(void *arg, uint64_t key, void *slot)
+{
+	repl_walk_owned(arg, key, slot);
+}
+
+/* a live key of this node, taken over from a backup */
+static int repl_install(struct ferry_table *t, uint64_t key, const struct repl_copy *c)
+{
+	struct ferry_slot *s;
+	uint32_t idx;
+	int rc = ferry__arena_alloc(&t->arena, &idx);
+
+	if (rc)
+		return rc;
+	s = ferry__arena_slot(&t->arena, idx);
+	ferry__slot_install(&t->arena, s, key, c->v, c->len);
+	rc = ferry__dir_own_set(&t->dir, key, s);
+	if (rc) {
+		ferry__arena_free(&t->arena, idx); /* never published */
+		return rc;
+	}
+	(void)ferry__dir_owner_set(&t->dir, key, t->fy->rank);
+	ferry__loc_set(t, key, t->fy->rank);
+	return 0;
+}
+
+struct repl_take {
+	struct ferry *fy;
+	struct ferry_table *t;
+	uint32_t dead;
+	uint64_t *keys; /* to take over */
+	size_t n, cap;
+};
+
+static void repl_take_collect(void *arg, uint64_t key, uint64_t val)
+{
+	struct repl_take *tk = arg;
+	const struct repl_copy *c = (const void *)(uintptr_t)val;
+
+	(void)c;
+	if (ferry__home(tk->t, key) != tk->fy->rank)
+		return;
+	if (tk->n == tk->cap) {
+		size_t cap = tk->cap ? 2 * tk->cap : 256;
+		uint64_t *k = realloc(tk->keys, cap * sizeof(*k));
+
+		if (!k)
+			return; /* logged by the caller: fewer keys taken over */
+		tk->keys = k;
+		tk->cap = cap;
+	}
+	tk->keys[tk->n++] = key;
+}
+
+static void repl_want_collect(void *arg, uint64_t key, uint64_t val)
+{
+	struct repl_take *tk = arg;
+
+	if (tk->n == tk->cap) {
+		size_t cap = tk->cap ? 2 * tk->cap : 64;
+		uint64_t *k = realloc(tk->keys, cap * 2 * sizeof(*k));
+
+		if (!k)
+			return;
+		tk->keys = k;
+		tk->cap = cap;
+	}
+	tk->keys[2 * tk->n] = key;
+	tk->keys[2 * tk->n + 1] = val - 1;
+	tk->n++;
+}
+
+/*
+ * Moves whose home failed wait at their requesters (WANT): the new home
+ * ends each. A key it has no record or copy of is being handed over (the
+ * old owner gave it before it knew: the value still lands, and the
+ * requester tells this home then, lib/reloc/). A key a live node owns (it
+ * said so with an ADOPT): the requester drops its move. A key that was at
+ * the failed home: the requester finishes its move with the backup.
+ */
+/* the move of @key to @req ends with @val */
+static void repl_fill(struct ferry *fy, struct ferry_table *t, struct repl_out *mv, uint64_t key,
+		      uint32_t req, const float *val, uint32_t len, bool keep)
+{
+	if (req == fy->rank) {
+		if (fy->move_fill)
+			(void)fy->move_fill(t, key, val, len, keep);
+		return;
+	}
+	(void)ferry__repl_out_copy(fy, t, mv, req, key, keep ? req : fy->rank, FERRY_COPY_MOVE,
+				   NULL, val, NULL);
+}
+
+/*
+ * Moves that wait (WANT, from every node with a move under way when @dead
+ * failed, after everything @dead sent it was handled): the home ends those
+ * the failure stopped, and only those.
+ *
+ * Home alive (its records are whole): when the dead node had handed the key
+ * to the requester (its hand-over copy names it) and the hand-over never
+ * arrived, the requester gets the backup (a chain behind it goes on from
+ * there); when the key was at the dead node (the copy's owner), the
+ * requester recorded last gets it, and those before it in a chain drop
+ * their moves.
+ *
+ * Home dead (this is the new home): a key no record or copy of which is
+ * here is being handed over (its old owner gave it before it knew; the
+ * value still lands, and the requester tells this home then, lib/reloc/);
+ * a key a live node owns (it said so with an ADOPT), or this node: the
+ * requester drops its move; a key that was at the failed home: the
+ * requester gets the backup.
+ */
+static uint32_t repl_take_wanted(struct ferry *fy, struct ferry_table *t, uint32_t dead,
+				 struct repl_out *mv)
+{
+	struct repl_take tk = { .fy = fy, .t = t };
+	uint32_t ended = 0;
+
+	ferry__keymap_each(&t->repl->wanted, repl_want_collect, &tk);
+	for (size_t i = 0; i < tk.n; i++) {
+		uint64_t key = tk.keys[2 * i];
+		uint32_t req = (uint32_t)tk.keys[2 * i + 1], rec = ferry__owner(t, key);
+		struct repl_copy *c = (void *)(uintptr_t)ferry__keymap_get(&t->repl->copies, key);
+		struct ferry_slot *s = ferry__own(t, key);
+		bool owner_dead, home_died = ferry__home_as(t, key, dead) == dead;
+
+		ferry__keymap_del(&t->repl->wanted, key);
+		if (atomic_load_explicit(&fy->failed[req], memory_order_relaxed) ||
+		    ferry__home(t, key) != fy->rank)
+			continue;
+		if (s) {
+			if (home_died) /* this node owns it: the move is dropped */
+				repl_fill(fy, t, mv, key, req, NULL, 0, false);
+			continue;
+		}
+		if (!c)
+			continue;
+		owner_dead = atomic_load_explicit(&fy->failed[c->owner], memory_order_relaxed);
+		if (!home_died) {
+			if (c->owner == req && c->from == dead) {
+				/* the dead node's hand-over to req never came */
+			} else if (!owner_dead) {
+				continue;
+			} else if (rec != req) {
+				/* the key was at the dead node and goes on to rec:
+				 * req, earlier in the chain, drops its move, and rec
+				 * (which may have asked after its own WANT went)
+				 * gets the backup; a second MOVE finds nothing */
+				repl_fill(fy, t, mv, key, req, NULL, 0, false);
+				if (!atomic_load_explicit(&fy->failed[rec], memory_order_relaxed)) {
+					repl_fill(fy, t, mv, key, rec, c->v, c->len, true);
+					ended++;
+					c->owner = rec;
+					c->from = fy->rank;
+				}
+				continue;
+			}
+		} else if (rec == req && req != fy->rank) {
+			continue; /* it was recorded there: its hand-over still lands */
+		} else if (rec != fy->rank) {
+			/* a live owner: the move is dropped */
+			repl_fill(fy, t, mv, key, req, NULL, 0, false);
+			continue;
+		} else if (!owner_dead) {
+			continue;
+		}
+		repl_fill(fy, t, mv, key, req, c->v, c->len, true);
+		ended++;
+		if (req == fy->rank) {
+			ferry__repl_copy_del(t, key); /* live here: the main loop copies it */
+		} else if (!ferry__dir_owner_set(&t->dir, key, req)) {
+			c->owner = req; /* the requester's backup, here */
+			c->from = fy->rank;
+		}
+	}
+	free(tk.keys);
+	return ended;
+}
+
+int ferry__repl_want(struct ferry_table *t, uint64_t key, uint32_t requester)
+{
+	struct ferry *fy = t->fy;
+
+	if (!t->repl)
+		return -ENOENT;
+	for (uint32_t d = 0; d < fy->world; d++)
+		if (t->repl->synced[d] && !t->repl->done[d])
+			return ferry__keymap_put(&t->repl->wanted, key, (uint64_t)requester + 1);
+	return -ENOENT; /* no takeover to come */
+}
+
+/* every live node sent its copies after @dead failed: take over, as the
+ * home, each key backed up here that no live node owns */
+static void repl_take_over(struct ferry *fy, struct ferry_table *t, uint32_t dead)
+{
+	struct repl_take tk = { .fy = fy, .t = t, .dead = dead };
+	struct repl_out o, mv;
+	uint32_t taken = 0, moved = 0, lost = 0;
+
+	if (ferry__repl_out_init(&o, fy->world))
+		return;
+	if (ferry__repl_out_init(&mv, fy->world)) {
+		ferry__repl_out_fini(&o, fy->world);
+		return;
+	}
+	moved = repl_take_wanted(fy, t, dead, &mv);
+	ferry__keymap_each(&t->repl->copies, repl_take_collect, &tk);
+	for (size_t i = 0; i < tk.n; i++) {
+		uint64_t key = tk.keys[i];
+		struct repl_copy *c = (void *)(uintptr_t)ferry__keymap_get(&t->repl->copies, key);
+		uint32_t rec = ferry__owner(t, key), bn;
+		struct ferry_slot *s;
+		bool owner_dead, rec_live;
+
+		if (!c)
+			continue;
+		if (ferry__own(t, key)) {
+			ferry__repl_copy_del(t, key); /* it lives here: the copy is old */
+			continue;
+		}
+		owner_dead = atomic_load_explicit(&fy->failed[c->owner], memory_order_relaxed);
+		rec_live = !atomic_load_explicit(&fy->failed[rec], memory_order_relaxed);
+		if (rec != fy->rank && rec_live) {
+			continue; /* a live node owns it, or waits for it (WANT above) */
+		} else if (rec == fy->rank && !owner_dead) {
+			/* a live owner's copy and no record: at a new home, it came
+			 * as an ADOPT before this node saw the failure */
+			if (ferry__home_as(t, key, dead) == dead)
+				(void)ferry__dir_owner_set(&t->dir, key, c->owner);
+			continue;
+		}
+		if (repl_install(t, key, c)) {
+			lost++;
+			continue;
+		}
+		s = ferry__own(t, key);
+		ferry__repl_copy_del(t, key);
+		taken++;
+		bn = ferry__repl_backup(t, key, fy->rank);
+		if (bn < fy->world && s)
+			(void)ferry__repl_out_copy(fy, t, &o, bn, key, fy->rank, FERRY_COPY_VALUE,
+						   s, NULL, NULL);
+	}
+	for (uint32_t r = 0; r < fy->world; r++) {
+		(void)ferry__repl_out_send(fy, t, &o, r);
+		(void)ferry__repl_out_send(fy, t, &mv, r);
+	}
+	ferry__repl_out_fini(&o, fy->world);
+	ferry__repl_out_fini(&mv, fy->world);
+	free(tk.keys);
+	if (taken && ferry__table_onesided(t))
+		ferry__ops_chunks_announce(fy, t);
+	if (taken || moved)
+		ferry_warn("repl: table %u: rank %u failed; this node took over %u of its keys "
+			   "from their backups and ended %u moves it had stopped",
+			   t->id, dead, taken, moved);
+	if (lost)
+		ferry_err("repl: table %u: %u keys of failed rank %u could not be taken over on "
+			  "rank %u (no free slot or memory); raise the table's capacity",
+			  t->id, lost, dead, fy->rank);
+}
+
+/* synced[dead][rank] bits */
+#define REPL_SYNC_GOT 1u  /* rank's SYNC arrived */
+#define REPL_ECHO_GOT 2u  /* rank's ECHO arrived: it handled everything we sent before */
+#define REPL_ECHO_SENT 4u /* we answered rank's SYNC */
+
+static void repl_try_take_over(struct ferry *fy, struct ferry_table *t, uint32_t dead)
+{
+	struct ferry_repl *rp = t->repl;
+
+	if (rp->done[dead] || !atomic_load_explicit(&fy->failed[dead], memory_order_relaxed) ||
+	    !rp->synced[dead])
+		return;
+	for (uint32_t r = 0; r < fy->world; r++)
+		if (r != fy->rank && !(rp->synced[dead][r] & REPL_ECHO_GOT) &&
+		    !atomic_load_explicit(&fy->failed[r], memory_order_relaxed))
+			return;
+	rp->done[dead] = true;
+	repl_take_over(fy, t, dead);
+}
+
+static uint8_t *repl_synced(struct ferry *fy, struct ferry_table *t, uint32_t dead)
+{
+	if (!t->repl->synced[dead])
+		t->repl->synced[dead] = calloc(fy->world, 1);
+	return t->repl->synced[dead];
+}
+
+static void repl_send_sync(struct ferry *fy, struct ferry_table *t, uint32_t dst, uint32_t dead,
+			   uint32_t flags)
+{
+	struct {
+		struct ferry_msg_hdr h;
+		struct ferry_msg_repl_sync s;
+	} f;
+
+	memset(&f, 0, sizeof(f));
+	ferry__proto_hdr_init(&f.h, FERRY_MSG_REPL_SYNC, sizeof(f), fy->rank, t->id);
+	f.s.dead = dead;
+	f.s.flags = flags;
+	(void)ferry__send(fy, dst, &f, sizeof(f));
+}
+
+/* answer the SYNCs about @dead that arrived, once this node sent its own */
+static void repl_echo(struct ferry *fy, struct ferry_table *t, uint32_t dead)
+{
+	uint8_t *synced = t->repl->synced[dead];
+
+	for (uint32_t r = 0; synced && r < fy->world; r++)
+		if ((synced[r] & (REPL_SYNC_GOT | REPL_ECHO_SENT)) == REPL_SYNC_GOT) {
+			synced[r] |= REPL_ECHO_SENT;
+			repl_send_sync(fy, t, r, dead, FERRY_SYNC_F_ECHO);
+		}
+}
+
+/*
+ * SYNC{dead}: the sender knows of the failure and sent its copies; this node
+ * answers with an ECHO once it knows too (a peer's word is enough: it is
+ * failed here as well). ECHO: the sender has handled everything this node
+ * sent before its SYNC (hand-over requests above all), and its copies came
+ * before the ECHO: with every live node's ECHO in, the takeover can decide.
+ */
+static void repl_on_sync(struct ferry *fy, struct ferry_table *t, uint32_t src,
+			 const struct ferry_proto_view *v)
+{
+	const struct ferry_msg_repl_sync *m = v->body;
+	uint8_t *synced;
+
+	if (!t->repl || m->dead == fy->rank)
+		return;
+	synced = repl_synced(fy, t, m->dead);
+	if (!synced) {
+		ferry_err("repl: out of memory taking note of rank %u's copies; table %u's keys "
+			  "of rank %u are not taken over",
+			  src, t->id, m->dead);
+		return;
+	}
+	synced[src] |= m->flags & FERRY_SYNC_F_ECHO ? REPL_ECHO_GOT : REPL_SYNC_GOT;
+	if (!atomic_load_explicit(&fy->failed[m->dead], memory_order_relaxed)) {
+		ferry_warn("repl: rank %u reports rank %u failed; failing it here too", src,
+			   m->dead);
+		ferry__node_peer_failed(fy, m->dead); /* our listener echoes */
+		return;
+	}
+	repl_echo(fy, t, m->dead);
+	repl_try_take_over(fy, t, m->dead);
+}
+
+static void repl_table_failed(struct ferry *fy, struct ferry_table *t, uint32_t dead)
+{
+	struct ferry_repl *rp = t->repl;
+	struct repl_walk w = { .fy = fy, .t = t, .dead = dead };
+	uint32_t failed_replies = 0;
+
+	/* 1. replies that waited for the dead backup */
+	for (struct repl_held **pp = &rp->held; *pp;) {
+		struct repl_held *h = *pp;
+
+		if (!h->wait[dead]) {
+			pp = &h->next;
+			continue;
+		}
+		((struct ferry_msg_reply *)(h->f.buf + sizeof(struct ferry_msg_hdr)))->status =
+			-FERRY_E_PEER;
+		failed_replies++;
+		h->nwait -= h->wait[dead];
+		h->wait[dead] = 0;
+		if (!h->nwait)
+			ferry__repl_release(fy, t, pp);
+		else
+			pp = &h->next;
+	}
+	if (failed_replies)
+		ferry_warn("repl: table %u: %u updates applied here fail with -FERRY_E_PEER: "
+			   "their backup, rank %u, failed before it acknowledged them",
+			   t->id, failed_replies, dead);
+
+	/* 2. copies of the keys owned here whose backup or home changed */
+	if (ferry__repl_out_init(&w.o, fy->world) == 0) {
+		ferry__dir_own_lock(&t->dir);
+		ferry__dir_own_each(&t->dir, repl_walk_map, &w);
+		ferry__dir_own_unlock(&t->dir);
+		for (uint32_t r = 0; r < fy->world && !w.rc; r++)
+			w.rc = ferry__repl_out_send(fy, t, &w.o, r);
+		ferry__repl_out_fini(&w.o, fy->world);
+	} else {
+		w.rc = -ENOMEM;
+	}
+	if (w.rc && w.rc != -FERRY_E_PEER)
+		ferry_err("repl: table %u: could not send every new backup after rank %u failed "
+			  "(%s); some keys have a single copy",
+			  t->id, dead, ferry_strerror(w.rc));
+
+	/* 2b. moves to here whose home failed: the new home must know them */
+	if (ferry__repl_out_init(&w.o, fy->world) == 0) {
+		w.rc = 0;
+		pthread_mutex_lock(&t->pend.lock);
+		ferry__pend_for_each(&t->pend, repl_walk_want, &w);
+		pthread_mutex_unlock(&t->pend.lock);
+		for (uint32_t r = 0; r < fy->world; r++)
+			(void)ferry__repl_out_send(fy, t, &w.o, r);
+		ferry__repl_out_fini(&w.o, fy->world);
+	}
+
+	/* 3. SYNC: this node's copies are on their way (before it, on each link) */
+	for (uint32_t r = 0; r < fy->world; r++)
+		if (r != fy->rank && !atomic_load_explicit(&fy->failed[r], memory_order_relaxed))
+			repl_send_sync(fy, t, r, dead, 0);
+	if (!repl_synced(fy, t, dead))
+		ferry_err("repl: out of memory on table %u after rank %u failed", t->id, dead);
+	repl_echo(fy, t, dead);
+	/* every failure so far may be waiting for this rank's ECHO, which will
+	 * not come now */
+	for (uint32_t d = 0; d < fy->world; d++)
+		if (rp->synced[d])
+			repl_try_take_over(fy, t, d);
+}
+
+static void repl_on_peer_failed(struct ferry *fy, uint32_t rank)
+{
+	urcu_memb_read_lock();
+	for (uint32_t id = 0; id < FERRY_MAX_TABLES; id++) {
+		struct ferry_table *t = rcu_dereference(fy->tables[id]);
+
+		if (t && t->repl)
+			repl_table_failed(fy, t, rank);
+	}
+	urcu_memb_read_unlock();
+}
+
+int ferry__repl_attach(struct ferry *fy)
+{
+	int rc = ferry__dispatch_register(fy, FERRY_MSG_REPL, FERRY_DISPATCH_TABLE,
+					  ferry__repl_on_repl);
+
+	if (!rc)
+		rc = ferry__dispatch_register(fy, FERRY_MSG_REPL_ACK, FERRY_DISPATCH_TABLE,
+					      ferry__repl_on_ack);
+	if (!rc)
+		rc = ferry__dispatch_register(fy, FERRY_MSG_REPL_SYNC, FERRY_DISPATCH_TABLE,
+					      repl_on_sync);
+	return rc ? rc : ferry__node_on_peer_failed(fy, repl_on_peer_failed);
+}

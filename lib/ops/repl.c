@@ -1,0 +1,600 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * repl.c - replicas (a table's `replicas` = 1): a backup copy of every key on
+ * one other node, updates acknowledged only once the backup holds them, and
+ * failover when a node fails. Progress thread only: every function here runs
+ * in a handler or a peer-failure listener, so the state needs no lock.
+ *
+ * Where a key's backup lives: at its home, or, while the key lives at its
+ * home, at the next live rank after the home (its successor). The home keeps
+ * the owner records of its keys already, so with the backups there one node
+ * knows both who owns a key and what its value was; and when a home fails,
+ * its keys pass to its successor (ferry__home), which holds the backups of
+ * every key the dead home held itself.
+ *
+ *   origin            owner O                      backup B (= home, or
+ *                                                  the home's successor)
+ *   OP push/set ----> apply to the slot
+ *                     REPL{token, copies} -------> keep the values
+ *                     hold the REPLY   <---------- REPL_ACK{token}
+ *   REPLY <---------- send it
+ *
+ * A move (lib/reloc/) keeps the invariant: before the old owner lets a key go
+ * it sends the value to the new owner's backup (ferry__repl_handoff), so the
+ * backup holds the value before the new owner serves it.
+ *
+ * When rank D fails, every survivor, in its listener:
+ *   1. fails the replies it holds for D's acknowledgement (-FERRY_E_PEER:
+ *      applied here, maybe not backed up: the rule "a push that failed with
+ *      -FERRY_E_PEER may or may not have been applied");
+ *   2. sends a copy of each key it owns whose backup or home changed with D
+ *      to the key's new backup (ADOPT: the new home records the owner), so
+ *      every live key has its backup again and every new home its records;
+ *   3. sends WANT to the key's home for each move to it under way;
+ *   4. sends REPL_SYNC{D} to every live node, and answers each SYNC with an
+ *      ECHO once its own copies went.
+ * Once a node has every live node's ECHO for D (failover.c), everything the
+ * others sent before it, and everything it sent them before its SYNC, has
+ * been handled: it takes over, as the home, each key it holds a backup of
+ * that no live node owns (its record names a failed node, or there is no
+ * record and no slot: the home was D), and ends the moves the failure
+ * stopped (MOVE copies). docs/faults.md has the rules.
+ *
+ * Survived: one failure at a time (a second after the first's ECHOs), with
+ * r = 1. Not survived: a key's owner and its backup failing together (both
+ * copies gone): its operations keep failing with -FERRY_E_PEER.
+ *
+ * Memory: one copy (a small header and the value) per key backed up here:
+ * the keys of which this node is home and that live elsewhere, and, as the
+ * successor, the keys its predecessor holds at home; plus a held reply per
+ * update frame in flight to a backup, and per failed rank a byte per rank.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "lib/ops/repl.h"
+/* ---- where the backup lives -------------------------------------------- */
+
+uint32_t ferry__repl_backup(const struct ferry_table *t, uint64_t key, uint32_t owner)
+{
+	uint32_t h = ferry__home(t, key);
+
+	return h != owner ? h : ferry__node_live_after(t->fy, owner, t->fy->world);
+}
+
+/* the same, as it was while @spare was alive */
+uint32_t ferry__repl_backup_as(const struct ferry_table *t, uint64_t key, uint32_t owner,
+			       uint32_t spare, uint32_t *home_p)
+{
+	uint32_t h = ferry__home_as(t, key, spare);
+
+	*home_p = h;
+	return h != owner ? h : ferry__node_live_after(t->fy, owner, spare);
+}
+
+/* ---- frames of copies ---------------------------------------------------- */
+
+int ferry__repl_out_init(struct repl_out *o, uint32_t world)
+{
+	o->f = calloc(world, sizeof(*o->f));
+	o->count = calloc(world, sizeof(*o->count));
+	o->token = 0;
+	if (!o->f || !o->count) {
+		free(o->f);
+		free(o->count);
+		return -ENOMEM;
+	}
+	return 0;
+}
+
+int ferry__repl_out_send(struct ferry *fy, struct ferry_table *t, struct repl_out *o, uint32_t dst)
+{
+	struct ferry_frame *f = &o->f[dst];
+	struct ferry_msg_repl *m;
+	int rc;
+
+	if (!o->count[dst])
+		return 0;
+	m = (struct ferry_msg_repl *)(f->buf + sizeof(struct ferry_msg_hdr));
+	m->count = o->count[dst];
+	m->token = o->token;
+	rc = ferry__frame_finish(f, FERRY_MSG_REPL, fy->rank, t->id);
+	if (!rc)
+		rc = ferry__send(fy, dst, f->buf, f->len);
+	ferry__frame_free(f);
+	o->count[dst] = 0;
+	return rc;
+}
+
+/* room for one copy of @len floats to @dst: the value is written by the
+ * caller; NULL when out of memory (logged by the caller) */
+struct ferry_msg_copy *ferry__repl_out_add(struct ferry *fy, struct ferry_table *t,
+					   struct repl_out *o, uint32_t dst, uint32_t *sent_p)
+{
+	struct ferry_frame *f = &o->f[dst];
+	size_t sz = ferry__copy_size(t->max_len);
+
+	if (o->count[dst] && f->len + sz + FERRY_MSG_ALIGN > FERRY_MSG_MAX) {
+		if (!ferry__repl_out_send(fy, t, o, dst) && sent_p)
+			sent_p[dst]++;
+	}
+	if (!o->count[dst]) {
+		ferry__frame_begin(f);
+		if (!ferry__frame_put(f, sizeof(struct ferry_msg_repl)))
+			return NULL;
+	}
+	o->count[dst]++;
+	return ferry__frame_put(f, sizeof(struct ferry_msg_copy));
+}
+
+/* append @key's copy with its value: from @val, or read from @s */
+int ferry__repl_out_copy(struct ferry *fy, struct ferry_table *t, struct repl_out *o, uint32_t dst,
+			 uint64_t key, uint32_t owner, uint32_t kind, const struct ferry_slot *s,
+			 const float *val, uint32_t *sent_p)
+{
+	uint32_t len = ferry__value_len(t, key);
+	struct ferry_msg_copy *c = ferry__repl_out_add(fy, t, o, dst, sent_p);
+	float *v;
+
+	if (!c)
+		return -ENOMEM;
+	c->key = key;
+	c->len = len;
+	c->owner = owner;
+	c->kind = kind;
+	v = ferry__frame_put(&o->f[dst], ferry__copy_size(len) - sizeof(*c));
+	if (!v)
+		return -ENOMEM;
+	if (val || !s) {
+		/* no value (a dropped move's MOVE): zeros, never read */
+		if (val)
+			memcpy(v, val, (size_t)len * sizeof(float));
+		else
+			memset(v, 0, (size_t)len * sizeof(float));
+		return 0;
+	}
+	/* the progress thread is the only writer of a replicated table's slots
+	 * (local updates go through it), so this read sees the value just
+	 * written; a retry covers a reader that met a one-sided reader's
+	 * nothing (readers never make the version odd) */
+	return ferry__slot_read(s, key, v, len);
+}
+
+void ferry__repl_out_fini(struct repl_out *o, uint32_t world)
+{
+	for (uint32_t r = 0; r < world; r++)
+		ferry__frame_free(&o->f[r]);
+	free(o->f);
+	free(o->count);
+}
+
+/* ---- the owner: copies of updates, replies held ------------------------- */
+
+struct ferry_repl_batch {
+	struct repl_out o;
+	uint32_t *sent; /* per rank: frames sent with this batch's token */
+	bool any;
+	bool broken; /* out of memory: the updates are not backed up */
+};
+
+struct ferry_repl_batch *ferry__repl_batch_new(struct ferry_table *t)
+{
+	struct ferry_repl_batch *b;
+
+	if (!t->repl)
+		return NULL;
+	b = calloc(1, sizeof(*b));
+	if (b && ferry__repl_out_init(&b->o, t->fy->world)) {
+		free(b);
+		b = NULL;
+	}
+	if (b && !(b->sent = calloc(t->fy->world, sizeof(*b->sent)))) {
+		ferry__repl_out_fini(&b->o, t->fy->world);
+		free(b);
+		b = NULL;
+	}
+	if (!b)
+		ferry_err("repl: out of memory replicating updates on table %u; they fail with "
+			  "-ENOMEM",
+			  t->id);
+	else
+		b->o.token = ++t->repl->next_token;
+	return b;
+}
+
+int ferry__repl_batch_add(struct ferry_table *t, struct ferry_repl_batch *b, uint64_t key)
+{
+	struct ferry *fy = t->fy;
+	uint32_t dst = ferry__repl_backup(t, key, fy->rank);
+	const struct ferry_slot *s = ferry__own(t, key);
+	int rc;
+
+	if (dst >= fy->world || !s)
+		return 0; /* no live node to back it up: one copy, as with r = 0 */
+	rc = ferry__repl_out_copy(fy, t, &b->o, dst, key, fy->rank, FERRY_COPY_VALUE, s, NULL,
+				  b->sent);
+	if (rc) {
+		b->broken = true;
+		return rc;
+	}
+	b->any = true;
+	return 0;
+}
+
+bool ferry__repl_batch_any(const struct ferry_repl_batch *b)
+{
+	return b && (b->any || b->broken);
+}
+
+int ferry__repl_batch_hold(struct ferry_table *t, struct ferry_repl_batch *b, uint32_t origin,
+			   struct ferry_frame *reply)
+{
+	struct ferry *fy = t->fy;
+	struct repl_held *h;
+	int rc = 0;
+
+	if (b->broken)
+		return -ENOMEM;
+	h = calloc(1, sizeof(*h));
+	if (!h || !(h->wait = calloc(fy->world, sizeof(*h->wait)))) {
+		free(h);
+		return -ENOMEM;
+	}
+	for (uint32_t r = 0; r < fy->world; r++) {
+		if (b->o.count[r]) {
+			int src = ferry__repl_out_send(fy, t, &b->o, r);
+
+			if (src)
+				rc = src;
+			else
+				b->sent[r]++;
+		}
+		h->wait[r] = b->sent[r];
+		h->nwait += b->sent[r];
+		b->sent[r] = 0;
+	}
+	if (rc) {
+		/* applied here, not backed up: the rule for -FERRY_E_PEER */
+		ferry_err("repl: table %u: cannot send copies to a backup (%s); the updates "
+			  "fail with -FERRY_E_PEER",
+			  t->id, ferry_strerror(rc));
+		((struct ferry_msg_reply *)(reply->buf + sizeof(struct ferry_msg_hdr)))->status =
+			-FERRY_E_PEER;
+		rc = 0;
+	}
+	b->any = false;
+	h->token = b->o.token;
+	h->origin = origin;
+	h->f = *reply;
+	*reply = (struct ferry_frame){ 0 };
+	b->o.token = ++t->repl->next_token; /* the next part of the same OP */
+	if (!h->nwait) {
+		/* every backup failed meanwhile: one copy, as with r = 0 */
+		rc = ferry__send(fy, origin, h->f.buf, h->f.len);
+		ferry__frame_free(&h->f);
+		free(h->wait);
+		free(h);
+		return rc;
+	}
+	h->next = t->repl->held;
+	t->repl->held = h;
+	return 0;
+}
+
+void ferry__repl_batch_free(struct ferry_table *t, struct ferry_repl_batch *b)
+{
+	if (!b)
+		return;
+	ferry__repl_out_fini(&b->o, t->fy->world);
+	free(b->sent);
+	free(b);
+}
+
+void ferry__repl_release(struct ferry *fy, struct ferry_table *t, struct repl_held **pp)
+{
+	struct repl_held *h = *pp;
+	int rc;
+
+	*pp = h->next;
+	rc = ferry__send(fy, h->origin, h->f.buf, h->f.len);
+	if (rc)
+		ferry_err("repl: cannot send a reply to rank %u: %s", h->origin,
+			  ferry_strerror(rc));
+	ferry__frame_free(&h->f);
+	free(h->wait);
+	free(h);
+}
+
+void ferry__repl_on_ack(struct ferry *fy, struct ferry_table *t, uint32_t src,
+			const struct ferry_proto_view *v)
+{
+	const struct ferry_msg_repl_ack *a = v->body;
+	struct repl_held **pp;
+
+	if (!t->repl)
+		goto bad;
+	for (pp = &t->repl->held; *pp; pp = &(*pp)->next)
+		if ((*pp)->token == a->token)
+			break;
+	if (!*pp || !(*pp)->wait[src])
+		goto bad;
+	(*pp)->wait[src]--;
+	if (!--(*pp)->nwait)
+		ferry__repl_release(fy, t, pp);
+	return;
+bad:
+	ferry_err("proto: rank %u acknowledged copies this node never sent it (table %u); "
+		  "dropping rank %u",
+		  src, t->id, src);
+	ferry__node_peer_failed(fy, src);
+}
+
+/* ---- the backup: keeping copies ----------------------------------------- */
+
+void ferry__repl_copy_del(struct ferry_table *t, uint64_t key)
+{
+	struct repl_copy *c = (void *)(uintptr_t)ferry__keymap_get(&t->repl->copies, key);
+
+	if (!c)
+		return;
+	ferry__keymap_del(&t->repl->copies, key);
+	__atomic_sub_fetch(&t->repl->copy_bytes, sizeof(*c) + (size_t)c->len * sizeof(float),
+			   __ATOMIC_RELAXED);
+	free(c);
+}
+
+int ferry__repl_copy_put(struct ferry_table *t, uint64_t key, uint32_t owner, uint32_t from,
+			 const float *val, uint32_t len)
+{
+	struct repl_copy *c = (void *)(uintptr_t)ferry__keymap_get(&t->repl->copies, key);
+
+	if (!c) {
+		c = malloc(sizeof(*c) + (size_t)len * sizeof(float));
+		if (!c)
+			return -ENOMEM;
+		if (ferry__keymap_put(&t->repl->copies, key, (uint64_t)(uintptr_t)c)) {
+			free(c);
+			return -ENOMEM;
+		}
+		__atomic_add_fetch(&t->repl->copy_bytes, sizeof(*c) + (size_t)len * sizeof(float),
+				   __ATOMIC_RELAXED);
+	}
+	c->owner = owner;
+	c->from = from;
+	c->len = len;
+	if (val)
+		memcpy(c->v, val, (size_t)len * sizeof(float));
+	else
+		ferry__init_value(&t->init, key, 0, c->v, len);
+	return 0;
+}
+
+void ferry__repl_on_repl(struct ferry *fy, struct ferry_table *t, uint32_t src,
+			 const struct ferry_proto_view *v)
+{
+	const struct ferry_msg_repl *m = v->body;
+	const uint8_t *p = (const uint8_t *)v->copies;
+	int rc = 0;
+
+	if (!t->repl) {
+		ferry_err("proto: rank %u sent copies for table %u, which has no replicas; "
+			  "dropping rank %u",
+			  src, t->id, src);
+		ferry__node_peer_failed(fy, src);
+		return;
+	}
+	for (uint32_t i = 0; i < v->count; i++) {
+		const struct ferry_msg_copy *c = (const void *)p;
+		const float *val = (const float *)(c + 1);
+
+		p += ferry__copy_size(c->len);
+		if (c->kind == FERRY_COPY_WANT) {
+			if (ferry__keymap_put(&t->repl->wanted, c->key, (uint64_t)src + 1))
+				ferry_err("repl: out of memory noting rank %u's move of key %llu; "
+					  "it fails",
+					  src, (unsigned long long)c->key);
+			continue;
+		}
+		if (c->kind == FERRY_COPY_MOVE) {
+			/* only the key's home ends a move with its backup */
+			if (ferry__home(t, c->key) != src) {
+				ferry_err(
+					"repl: rank %u sent a move of key %llu it is not the home "
+					"of; ignored",
+					src, (unsigned long long)c->key);
+				continue;
+			}
+			if (fy->move_fill)
+				(void)fy->move_fill(t, c->key, val, c->len, c->owner == fy->rank);
+			continue;
+		}
+		/*
+		 * A copy of a key another node owns. One naming a failed owner is
+		 * kept too: a live old owner that had not seen the failure sent
+		 * its value ahead of a hand-over to it (ferry__repl_handoff),
+		 * and that value may be the newest anywhere (the dead node's own
+		 * frames are dropped by the dispatcher).
+		 */
+		if (c->owner == fy->rank || ferry__own(t, c->key)) {
+			/* stale: the key lives here now (the copies that made it so
+			 * were sent after this one) */
+			continue;
+		}
+		if (c->kind == FERRY_COPY_ADOPT && ferry__home(t, c->key) == fy->rank &&
+		    ferry__dir_owner_set(&t->dir, c->key, c->owner))
+			rc = -ENOMEM;
+		if (!rc)
+			rc = ferry__repl_copy_put(t, c->key, c->owner, src, val, c->len);
+		if (rc)
+			break;
+	}
+	if (rc) {
+		/* not acknowledged: the owner's updates fail when this node does */
+		ferry_err("repl: out of memory keeping copies of rank %u's keys on table %u; "
+			  "free memory on rank %u",
+			  src, t->id, fy->rank);
+		return;
+	}
+	if (m->token) {
+		struct {
+			struct ferry_msg_hdr h;
+			struct ferry_msg_repl_ack a;
+		} f;
+
+		memset(&f, 0, sizeof(f));
+		ferry__proto_hdr_init(&f.h, FERRY_MSG_REPL_ACK, sizeof(f), fy->rank, t->id);
+		f.a.token = m->token;
+		(void)ferry__send(fy, src, &f, sizeof(f));
+	}
+}
+
+/* ---- moves: the new owner's backup first -------------------------------- */
+
+void ferry__repl_handoff(struct ferry_table *t, uint64_t key, const struct ferry_slot *s,
+			 uint32_t requester)
+{
+	struct ferry *fy = t->fy;
+	uint32_t dst = ferry__repl_backup(t, key, requester), len = ferry__value_len(t, key);
+	struct repl_out o;
+	int rc;
+
+	if (!t->repl || dst >= fy->world)
+		return;
+	if (dst == fy->rank) {
+		float *v = malloc((size_t)len * sizeof(float));
+
+		rc = v ? ferry__slot_read(s, key, v, len) : -ENOMEM;
+		if (!rc)
+			rc = ferry__repl_copy_put(t, key, requester, fy->rank, v, len);
+		free(v);
+	} else {
+		rc = ferry__repl_out_init(&o, fy->world);
+		if (!rc) {
+			rc = ferry__repl_out_copy(fy, t, &o, dst, key, requester, FERRY_COPY_VALUE,
+						  s, NULL, NULL);
+			if (!rc)
+				rc = ferry__repl_out_send(fy, t, &o, dst);
+			ferry__repl_out_fini(&o, fy->world);
+		}
+	}
+	if (rc)
+		ferry_err("repl: key %llu of table %u moves to rank %u without its backup on rank "
+			  "%u: %s",
+			  (unsigned long long)key, t->id, requester, dst, ferry_strerror(rc));
+}
+
+void ferry__repl_adopt(struct ferry_table *t, uint64_t key, const struct ferry_slot *s)
+{
+	struct ferry *fy = t->fy;
+	uint32_t dst = ferry__repl_backup(t, key, fy->rank);
+	struct repl_out o;
+
+	if (!t->repl || dst >= fy->world || ferry__repl_out_init(&o, fy->world))
+		return;
+	if (!ferry__repl_out_copy(fy, t, &o, dst, key, fy->rank, FERRY_COPY_ADOPT, s, NULL, NULL))
+		(void)ferry__repl_out_send(fy, t, &o, dst);
+	ferry__repl_out_fini(&o, fy->world);
+}
+
+/* ---- the table's state --------------------------------------------------- */
+
+/*
+ * The backups of the keys at their homes at creation: each node keeps those
+ * of the home before it, with the initial values it computes itself (from
+ * the table's seed and the key alone: no message). Table build, after the
+ * placement and the initial values are known.
+ */
+int ferry__repl_table_seed(struct ferry_table *t)
+{
+	struct ferry *fy = t->fy;
+
+	if (!t->repl || fy->world < 2)
+		return 0;
+	ferry__rcu_enter(); /* a keymap that grows frees its old array by call_rcu */
+	for (uint64_t k = 0; k < t->params.num_keys; k++) {
+		uint32_t h = ferry__home(t, k);
+
+		if (ferry__node_live_after(fy, h, fy->world) == fy->rank &&
+		    ferry__repl_copy_put(t, k, h, h, NULL, ferry__value_len(t, k))) {
+			ferry__rcu_leave();
+			ferry_err("table: out of memory for the backups of rank %u's keys on rank "
+				  "%u (replicas = 1 keeps a copy of each key)",
+				  h, fy->rank);
+			return -ENOMEM;
+		}
+	}
+	ferry__rcu_leave();
+	return 0;
+}
+
+int ferry__repl_table_init(struct ferry_table *t)
+{
+	struct ferry_repl *rp;
+
+	if (!t->params.replicas)
+		return 0;
+	rp = calloc(1, sizeof(*rp));
+	if (!rp)
+		return -ENOMEM;
+	rp->synced = calloc(t->fy->world, sizeof(*rp->synced));
+	rp->done = calloc(t->fy->world, sizeof(*rp->done));
+	if (!rp->synced || !rp->done || ferry__keymap_init(&rp->copies)) {
+		free(rp->synced);
+		free(rp->done);
+		free(rp);
+		return -ENOMEM;
+	}
+	if (ferry__keymap_init(&rp->wanted)) {
+		ferry__keymap_fini(&rp->copies);
+		free(rp->synced);
+		free(rp->done);
+		free(rp);
+		return -ENOMEM;
+	}
+	t->repl = rp;
+	return 0;
+}
+
+static void repl_free_copy(void *arg, uint64_t key, uint64_t val)
+{
+	free((void *)(uintptr_t)val);
+}
+
+void ferry__repl_table_fini(struct ferry_table *t)
+{
+	struct ferry_repl *rp = t->repl;
+
+	if (!rp)
+		return;
+	ferry__keymap_each(&rp->copies, repl_free_copy, NULL);
+	ferry__keymap_fini(&rp->copies);
+	ferry__keymap_fini(&rp->wanted);
+	while (rp->held) {
+		struct repl_held *h = rp->held;
+
+		rp->held = h->next;
+		ferry__frame_free(&h->f);
+		free(h->wait);
+		free(h);
+	}
+	for (uint32_t r = 0; r < t->fy->world; r++)
+		free(rp->synced[r]);
+	free(rp->synced);
+	free(rp->done);
+	free(rp);
+	t->repl = NULL;
+}
+
+uint64_t ferry__repl_bytes(const struct ferry_table *t)
+{
+	if (!t->repl)
+		return 0;
+	return __atomic_load_n(&t->repl->copy_bytes, __ATOMIC_RELAXED) +
+	       ferry__keymap_bytes(&t->repl->copies);
+}
+
+uint64_t ferry__repl_count(const struct ferry_table *t)
+{
+	return t->repl ? ferry__keymap_count(&t->repl->copies) : 0;
+}

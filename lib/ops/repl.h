@@ -1,0 +1,69 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * repl.h - what repl.c (copies, held replies) and failover.c (the takeover
+ * after a failure) share; lib/ops/ only. Progress thread, like both files.
+ */
+#ifndef FERRY_LIB_OPS_REPL_H
+#define FERRY_LIB_OPS_REPL_H
+
+#include "lib/ops/internal.h"
+
+struct repl_copy {
+	uint32_t owner; /* the rank whose live key it copies */
+	uint32_t from;	/* the rank that sent it (a hand-over's old owner, or the owner) */
+	uint32_t len;
+	float v[];
+};
+
+struct repl_held {
+	struct repl_held *next;
+	uint64_t token;
+	uint32_t origin;
+	uint32_t nwait;	      /* frames not acknowledged yet */
+	uint32_t *wait;	      /* per rank: REPL frames it has not acknowledged */
+	struct ferry_frame f; /* the REPLY */
+};
+
+struct ferry_repl {
+	struct ferry_keymap copies; /* key -> struct repl_copy * */
+	struct ferry_keymap wanted; /* new home: key -> 1 + a requester whose move of it
+				     * waits (WANT); emptied by the takeover */
+	struct repl_held *held;
+	uint64_t next_token;
+	uint8_t **synced; /* per failed rank: which ranks sent their SYNC (world bytes) */
+	bool *done;	  /* per failed rank: takeover done */
+	uint64_t copy_bytes;
+};
+
+/* builders of REPL frames, one per destination, begun on first use */
+struct repl_out {
+	struct ferry_frame *f; /* world entries */
+	uint32_t *count;
+	uint64_t token;
+};
+
+uint32_t ferry__repl_backup_as(const struct ferry_table *t, uint64_t key, uint32_t owner,
+			       uint32_t spare, uint32_t *home_p);
+int ferry__repl_out_init(struct repl_out *o, uint32_t world);
+int ferry__repl_out_send(struct ferry *fy, struct ferry_table *t, struct repl_out *o, uint32_t dst);
+/* room for one copy to @dst (the caller fills it); NULL: out of memory */
+struct ferry_msg_copy *ferry__repl_out_add(struct ferry *fy, struct ferry_table *t,
+					   struct repl_out *o, uint32_t dst, uint32_t *sent_p);
+/* a copy of @key with its value: @val, or read from the live slot @s */
+int ferry__repl_out_copy(struct ferry *fy, struct ferry_table *t, struct repl_out *o, uint32_t dst,
+			 uint64_t key, uint32_t owner, uint32_t kind, const struct ferry_slot *s,
+			 const float *val, uint32_t *sent_p);
+void ferry__repl_out_fini(struct repl_out *o, uint32_t world);
+/* send the held reply at *@pp and unlink it */
+void ferry__repl_release(struct ferry *fy, struct ferry_table *t, struct repl_held **pp);
+void ferry__repl_copy_del(struct ferry_table *t, uint64_t key);
+/* keep a copy (@val NULL: the key's initial value) */
+int ferry__repl_copy_put(struct ferry_table *t, uint64_t key, uint32_t owner, uint32_t from,
+			 const float *val, uint32_t len);
+/* the REPL and REPL_ACK handlers */
+void ferry__repl_on_repl(struct ferry *fy, struct ferry_table *t, uint32_t src,
+			 const struct ferry_proto_view *v);
+void ferry__repl_on_ack(struct ferry *fy, struct ferry_table *t, uint32_t src,
+			const struct ferry_proto_view *v);
+
+#endif /* FERRY_LIB_OPS_REPL_H */

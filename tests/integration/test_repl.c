@@ -1,0 +1,270 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Integration: replicas (a table with replicas = 1) and failover, 4 nodes as
+ * forked processes, hash placement, a 250 ms heartbeat detector.
+ *
+ * Every node pushes +1 to random keys, pulls and localizes them (keys move
+ * all the time); the parent kills rank 3 (SIGKILL) mid-run, or stops it
+ * (SIGSTOP: only the heartbeat can tell). Each worker logs, per key, the
+ * pushes acknowledged (returned 0) and the pushes whose fate is unknown
+ * (failed with -FERRY_E_PEER, or, at the killed node, started and never
+ * returned). The rule checked at the end, from every survivor, for every
+ * key: acked <= value <= acked + unknown, every float of the value equal and
+ * a whole number. A push that failed with -FERRY_E_PEER was applied at most
+ * once (nothing retries it inside the library), so the upper bound is exact.
+ * With r = 1 every key survives one death: a final pull of every key
+ * succeeds once the failover is done (bounded: 5 s after the kill).
+ */
+#include <criterion/criterion.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/cluster.h"
+#include "ferry/ferry.h"
+
+#define NODES 4
+#define KEYS 512
+#define VLEN 4
+#define DEAD 3
+#define HB_MS 250
+
+struct storm {
+	volatile int ready, finished, checked;
+	volatile int64_t kill_ns;
+	volatile int mode;	      /* 0: kill, 1: stop (hung node) */
+	volatile long acked[KEYS];    /* pushes of +1 that returned 0 */
+	volatile long unknown[KEYS];  /* pushes whose fate is unknown */
+	volatile long peer_fails;     /* operations that failed with -FERRY_E_PEER */
+	volatile long ops_after;      /* operations that succeeded after the kill */
+	volatile int64_t first_ok_ns; /* first success after the kill on a key the dead
+					  * node owned (the failover time) */
+	volatile int dead_localizing; /* the dead node was inside a localize */
+	volatile int failures;
+	char why[512];
+};
+
+static int64_t now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static int storm_fail(struct storm *st, int rank, const char *what, uint64_t key, int rc)
+{
+	if (!__atomic_fetch_add(&st->failures, 1, __ATOMIC_SEQ_CST))
+		snprintf(st->why, sizeof(st->why), "rank %d: %s of key %llu: %s", rank, what,
+			 (unsigned long long)key, ferry_strerror(rc));
+	return 1;
+}
+
+/* keys homed at the node that dies: after it, they need a takeover */
+static unsigned char homed_at_dead[KEYS];
+
+static int storm_child(int rank, struct ferry_params *p, struct storm *st, int batch)
+{
+	struct ferry_table_params tp = { .num_keys = KEYS,
+					 .value_len = VLEN,
+					 .placement = FERRY_PLACEMENT_HASH,
+					 .replicas = 1 };
+	uint64_t seed = 0x9e3779b97f4a7c15ull * (uint64_t)(rank + 1);
+	const float one[VLEN] = { 1, 1, 1, 1 };
+	struct ferry_worker *w;
+	struct ferry_table *t;
+	struct ferry *fy;
+	float v[VLEN];
+	int64_t end = 0;
+	int rc;
+
+	if (ferry_open(p, &fy))
+		return 10;
+	if (ferry_table_create(fy, &tp, &t) || ferry_worker_create(fy, &w))
+		return 11;
+	if ((rc = ferry_barrier(fy)))
+		return storm_fail(st, rank, "barrier", 0, rc);
+	for (uint64_t k = 0; k < KEYS; k++)
+		homed_at_dead[k] = ferry_table_home(t, k) == DEAD;
+	__atomic_fetch_add(&st->ready, 1, __ATOMIC_SEQ_CST);
+	while (st->ready < NODES)
+		usleep(100);
+	for (;;) {
+		uint64_t key = tc_rand(&seed) % KEYS, keys[32];
+		unsigned what = (unsigned)(tc_rand(&seed) % 20);
+		int64_t t0 = now_ns();
+
+		if (st->kill_ns && !end)
+			end = st->kill_ns + 2000000000ll; /* 2 s on after the kill */
+		if (rank != DEAD && end && t0 > end)
+			break;
+		if (what < 12) {
+			if (rank == DEAD)
+				__atomic_fetch_add(&st->unknown[key], 1, __ATOMIC_SEQ_CST);
+			rc = ferry_push(w, t, &key, 1, one);
+			if (!rc) {
+				__atomic_fetch_add(&st->acked[key], 1, __ATOMIC_SEQ_CST);
+				if (rank == DEAD)
+					__atomic_fetch_sub(&st->unknown[key], 1, __ATOMIC_SEQ_CST);
+			} else if (rc == -FERRY_E_PEER) {
+				if (rank != DEAD)
+					__atomic_fetch_add(&st->unknown[key], 1, __ATOMIC_SEQ_CST);
+			}
+		} else if (what < 16) {
+			rc = ferry_pull(w, t, &key, 1, v);
+		} else {
+			/* a batch of moves: the kill of rank 3 often lands inside one */
+			size_t n = batch ? (size_t)batch : 1;
+
+			for (size_t i = 0; i < n; i++)
+				keys[i] = (key + i * 13) % KEYS;
+			if (rank == DEAD)
+				st->dead_localizing = 1;
+			rc = ferry_localize(w, t, keys, n);
+			if (rank == DEAD)
+				st->dead_localizing = 0;
+		}
+		if (rank == DEAD)
+			continue;
+		if (rc == -FERRY_E_PEER) {
+			__atomic_fetch_add(&st->peer_fails, 1, __ATOMIC_RELAXED);
+			continue;
+		}
+		if (rc)
+			return storm_fail(st, rank,
+					  what < 12 ? "push" :
+					  what < 16 ? "pull" :
+						      "localize",
+					  key, rc);
+		if (st->kill_ns && t0 > st->kill_ns) {
+			__atomic_fetch_add(&st->ops_after, 1, __ATOMIC_RELAXED);
+			if (homed_at_dead[key] && what < 16) {
+				int64_t zero = 0, dt = now_ns() - st->kill_ns;
+
+				(void)__atomic_compare_exchange_n(&st->first_ok_ns, &zero, dt, 0,
+								  __ATOMIC_SEQ_CST,
+								  __ATOMIC_SEQ_CST);
+			}
+		}
+	}
+	/* every survivor stopped pushing: check every key */
+	__atomic_fetch_add(&st->finished, 1, __ATOMIC_SEQ_CST);
+	for (int64_t until = now_ns() + 30000000000ll;
+	     st->finished < NODES - 1 && !st->failures && now_ns() < until;)
+		usleep(1000);
+	for (uint64_t key = 0; key < KEYS; key++) {
+		int64_t until = now_ns() + 5000000000ll;
+
+		while ((rc = ferry_pull(w, t, &key, 1, v)) == -FERRY_E_PEER && now_ns() < until)
+			usleep(10000);
+		if (rc)
+			return storm_fail(st, rank, "final pull", key, rc);
+		for (uint32_t j = 0; j < VLEN; j++)
+			if (v[j] != v[0] || v[j] != (float)(long)v[j] ||
+			    v[j] < (float)st->acked[key] ||
+			    v[j] > (float)(st->acked[key] + st->unknown[key])) {
+				snprintf(st->why, sizeof(st->why),
+					 "rank %d: key %llu float %u is %g after %ld acknowledged "
+					 "pushes and %ld of unknown fate",
+					 rank, (unsigned long long)key, j, (double)v[j],
+					 st->acked[key], st->unknown[key]);
+				st->failures++;
+				return 1;
+			}
+	}
+	__atomic_fetch_add(&st->checked, 1, __ATOMIC_SEQ_CST);
+	for (int64_t until = now_ns() + 30000000000ll;
+	     st->checked < NODES - 1 && !st->failures && now_ns() < until;)
+		usleep(1000);
+	ferry_worker_destroy(w);
+	ferry_table_destroy(t);
+	ferry_close(fy);
+	return 0;
+}
+
+static void run_storm(int mode, int batch)
+{
+	struct storm *st =
+		mmap(NULL, sizeof(*st), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	struct ferry_params p;
+	pid_t pids[NODES];
+	long acked = 0, unknown = 0;
+	int rc;
+
+	cr_assert_neq(st, MAP_FAILED);
+	st->mode = mode;
+	ferry_params_init(&p);
+	p.transport = getenv("FERRY_TRANSPORT") ? FERRY_TRANSPORT_AUTO : FERRY_TRANSPORT_TCP;
+	p.timeout_ms = 8000;
+	p.heartbeat_ms = HB_MS;
+	rc = ferry_local_cluster_fork(NODES, &p, pids);
+	if (rc >= 0 && rc < NODES)
+		_exit(storm_child(rc, &p, st, batch));
+	cr_assert_eq(rc, FERRY_LOCAL_PARENT, "fork: %s", ferry_strerror(rc));
+	for (int64_t until = now_ns() + 30000000000ll; st->ready < NODES && now_ns() < until;)
+		usleep(1000);
+	cr_assert_eq(st->ready, NODES, "the nodes did not start: %s", st->why);
+	usleep(1500 * 1000);
+	if (batch) {
+		/* kill while the node is inside a localize (most of its time) */
+		for (int64_t until = now_ns() + 2000000000ll;
+		     !st->dead_localizing && now_ns() < until;)
+			;
+	}
+	if (mode == 1)
+		tc_stop_proc(pids[DEAD]);
+	st->kill_ns = now_ns();
+	if (mode == 0)
+		kill(pids[DEAD], SIGKILL);
+	for (int i = 0; i < NODES; i++) {
+		int status;
+
+		if (i == DEAD)
+			continue;
+		cr_assert_eq(waitpid(pids[i], &status, 0), pids[i]);
+		if (!WIFEXITED(status) || WEXITSTATUS(status))
+			st->failures += !st->failures ? 1 : 0;
+		cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+			  "node %d failed (status %#x): %s", i, status, st->why);
+	}
+	kill(pids[DEAD], SIGKILL);
+	waitpid(pids[DEAD], NULL, 0);
+	cr_assert_eq(st->failures, 0, "%s", st->why);
+	for (int k = 0; k < KEYS; k++) {
+		acked += st->acked[k];
+		unknown += st->unknown[k];
+	}
+	cr_log_info("%ld pushes acknowledged, %ld of unknown fate, %ld operations failed with "
+		    "-FERRY_E_PEER, %ld succeeded after the %s; first success on a key homed at "
+		    "the dead node %.1f ms after it",
+		    acked, unknown, st->peer_fails, st->ops_after, mode ? "stop" : "kill",
+		    (double)st->first_ok_ns / 1e6);
+	cr_assert_gt(st->ops_after, 100, "the storm did not go on after the failure");
+	/* the dead node's keys were taken over: one of them served again */
+	cr_assert_gt(st->first_ok_ns, 0, "no key homed at the dead node was served after it");
+	munmap(st, sizeof(*st));
+}
+
+Test(repl, a_node_killed_in_a_push_storm_loses_no_acknowledged_push, .timeout = 120)
+{
+	run_storm(0, 0);
+}
+
+/* not yet in CI: a kill inside batches of moves can leave a move waiting
+ * (docs/faults.md, "Not yet"); FERRY_TEST_REPL_MOVES=1 runs it */
+Test(repl, a_node_killed_during_relocations_loses_no_acknowledged_push, .timeout = 120)
+{
+	if (!getenv("FERRY_TEST_REPL_MOVES"))
+		cr_skip_test("not yet: set FERRY_TEST_REPL_MOVES=1 to run it (docs/faults.md)");
+	run_storm(0, 16);
+}
+
+Test(repl, a_stopped_node_is_declared_dead_by_the_heartbeat_and_failed_over, .timeout = 120)
+{
+	run_storm(1, 0);
+}
