@@ -126,7 +126,7 @@ struct ferry_params {
 	int etcd_ttl;
 	/* failure detector: a peer from which nothing arrived for this many ms
 	 * (every node sends a heartbeat each quarter of it) is declared failed.
-	 * 0: FERRY_HEARTBEAT_MS, or 1000; -1: off (only transport events, such
+	 * 0: FERRY_HEARTBEAT_MS, or 5000; -1: off (only transport events, such
 	 * as a reset connection, fail a peer) */
 	int heartbeat_ms;
 };

@@ -35,7 +35,7 @@ const struct ferry_option ferry__options[] = {
 	{ "FERRY_TOKEN", "token", "none",
 	  "the cluster's shared secret: every connection proves it; none: anyone may join" },
 	{ "FERRY_TOKEN_FILE", "-", "none", "a file whose first line is the token (keep it 0600)" },
-	{ "FERRY_HEARTBEAT_MS", "heartbeat_ms", "1000",
+	{ "FERRY_HEARTBEAT_MS", "heartbeat_ms", "5000",
 	  "a peer silent this long is failed (beats every quarter of it); 0: off" },
 	{ "FERRY_RECONNECT_MS", "-", "1000",
 	  "tcp: bound on re-establishing a broken link; 0: it fails the peer" },
@@ -405,7 +405,7 @@ int ferry__config_resolve(const struct ferry_params *params, struct ferry_config
 	}
 	if (!c->heartbeat_ms) {
 		s = getenv("FERRY_HEARTBEAT_MS");
-		c->heartbeat_ms = s ? config_int(s) : 1000;
+		c->heartbeat_ms = s ? config_int(s) : FERRY_HEARTBEAT_MS_DEFAULT;
 		if (c->heartbeat_ms < 0) {
 			ferry_err("config: FERRY_HEARTBEAT_MS=%s is not a number of ms (0: off)",
 				  s);

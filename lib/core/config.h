@@ -3,6 +3,12 @@
 #ifndef FERRY_LIB_CONFIG_H
 #define FERRY_LIB_CONFIG_H
 
+/* the failure detector's timeout when nothing sets it: long enough to ride
+ * out a link down for a few seconds (ci/netns-test.sh's outage run: 3 s)
+ * and a sanitizer's or an emulator's stalls; tests that need a quick
+ * detector set their own (test_repl: 250 ms) */
+#define FERRY_HEARTBEAT_MS_DEFAULT 5000
+
 #include "ferry/ferry.h"
 #include "transport/base/auth.h"
 
