@@ -17,6 +17,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "transport/tcp/tcp.h"
@@ -26,8 +27,19 @@ static void tcp_conns_fini(struct tcp_tp *t, uint32_t n)
 	for (uint32_t r = 0; r < n; r++) {
 		struct tcp_conn *c = &t->conns[r];
 
-		if (c->fd >= 0)
+		if (c->fd >= 0) {
+			char sink[4096];
+
+			/* read what came and nobody will handle (up to 1 MiB): a
+			 * socket closed with unread data sends a reset, which can
+			 * reach the peer before it read our BYE, and the peer then
+			 * logs a lost link instead of a departure */
+			for (int i = 0;
+			     i < 256 && recv(c->fd, sink, sizeof(sink), MSG_DONTWAIT) > 0; i++)
+				;
+			shutdown(c->fd, SHUT_WR);
 			close(c->fd);
+		}
 		ferry__tcp_oq_free(c);
 		free(c->rbuf);
 		pthread_cond_destroy(&c->oq_drained);
