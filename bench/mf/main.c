@@ -613,7 +613,8 @@ static json_t *json_run(const struct mf_result *r)
 		}
 		/* null: no read went through a consistency model's copies */
 		bjson_set(run, "copy_hit_share",
-			  bjson_opt(hits + misses > 0, hits + misses > 0 ? hits / (hits + misses) : 0));
+			  bjson_opt(hits + misses > 0,
+				    hits + misses > 0 ? hits / (hits + misses) : 0));
 		/* reads by clocks behind (SSP, ESSP), the last bucket and beyond */
 		bjson_set(run, "staleness", js);
 		for (int b = 0; js && b < FERRY_STALENESS_BUCKETS; b++)
