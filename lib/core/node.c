@@ -217,6 +217,8 @@ int ferry__node_start(struct ferry *fy, const struct ferry_tp_handler *handler)
 		ferry_err("transport: %s failed to start: %s", ops->name, ferry_strerror(rc));
 		goto err_free;
 	}
+	/* the whole struct goes to the rendezvous: no stack bytes past the address */
+	memset(&mine, 0, sizeof(mine));
 	alen = sizeof(mine.buf);
 	rc = ops->addr_get(fy->tp, mine.buf, &alen);
 	if (rc)
