@@ -9,30 +9,35 @@
 
 #include "lib/dir/keymap.h"
 
-static struct ferry_keymap_arr *keymap_arr_new(uint64_t buckets)
+void *ferry__map_arr_new(size_t bytes)
 {
-	size_t bytes = sizeof(struct ferry_keymap_arr) + buckets * sizeof(struct ferry_keymap_ent);
-	struct ferry_keymap_arr *a = malloc(bytes);
+	void *a = malloc(bytes);
 
 	/* written, not calloc'd: a fresh page that is read first maps the zero
 	 * page, and the first write then copies it and shoots down every CPU's
 	 * TLB entry (an IPI per page); a probe reads before it writes */
-	if (a) {
+	if (a)
 		memset(a, 0, bytes);
-		a->mask = buckets - 1;
-	}
 	return a;
 }
 
-/* buckets for @n live keys: at most 3/8 full, a power of two: a map that
- * grows at 1/2 doubles, to 1/4 full */
-static uint64_t keymap_buckets_for(uint64_t n)
+uint64_t ferry__map_buckets_for(uint64_t n, uint64_t min)
 {
-	uint64_t b = FERRY_KEYMAP_MIN;
+	uint64_t b = min;
 
 	while (b * 3 / 8 < n)
 		b *= 2;
 	return b;
+}
+
+static struct ferry_keymap_arr *keymap_arr_new(uint64_t buckets)
+{
+	struct ferry_keymap_arr *a = ferry__map_arr_new(sizeof(struct ferry_keymap_arr) +
+							buckets * sizeof(struct ferry_keymap_ent));
+
+	if (a)
+		a->mask = buckets - 1;
+	return a;
 }
 
 static uint64_t keymap_arr_bytes(const struct ferry_keymap_arr *a)
@@ -118,7 +123,7 @@ int ferry__keymap_put(struct ferry_keymap *m, uint64_t key, uint64_t val)
 		return 0;
 	}
 	if ((m->used + 1) * 2 > (a->mask + 1)) {
-		if (!keymap_rebuild(m, keymap_buckets_for(m->n + 1))) {
+		if (!keymap_rebuild(m, ferry__map_buckets_for(m->n + 1, FERRY_KEYMAP_MIN))) {
 			a = m->arr;
 			i = ferry__keymap_hash(key) & a->mask;
 			while (a->e[i].val)
@@ -164,7 +169,8 @@ void ferry__keymap_del(struct ferry_keymap *m, uint64_t key)
 		break;
 	}
 	if (a->mask + 1 > FERRY_KEYMAP_MIN && m->n < (a->mask + 1) / 16)
-		(void)keymap_rebuild(m, keymap_buckets_for(m->n)); /* no memory: stay big */
+		(void)keymap_rebuild(m, ferry__map_buckets_for(
+						m->n, FERRY_KEYMAP_MIN)); /* no memory: stay big */
 }
 
 uint64_t ferry__keymap_bytes(const struct ferry_keymap *m)

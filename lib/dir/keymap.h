@@ -39,6 +39,7 @@
 #ifndef FERRY_LIB_DIR_KEYMAP_H
 #define FERRY_LIB_DIR_KEYMAP_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include <urcu/urcu-memb.h>
@@ -63,6 +64,13 @@ struct ferry_keymap {
 	uint64_t bytes;		      /* of the current array (atomic) */
 	uint64_t used;		      /* live keys + tombstones (writer) */
 };
+
+/* the directory's maps' shared pieces (keymap.c; slotmap.c uses them too): a
+ * zeroed array of @bytes, written when made; buckets for @n live keys, at
+ * most 3/8 full, a power of two, @min at least (a map that grows at 1/2
+ * doubles, to 1/4 full) */
+void *ferry__map_arr_new(size_t bytes);
+uint64_t ferry__map_buckets_for(uint64_t n, uint64_t min);
 
 /* Return: 0 or -ENOMEM. Context: setup. */
 int ferry__keymap_init(struct ferry_keymap *m);

@@ -12,27 +12,12 @@
 
 static struct ferry_slotmap_arr *slotmap_arr_new(uint64_t buckets)
 {
-	size_t bytes = sizeof(struct ferry_slotmap_arr) + buckets * sizeof(uint64_t);
-	struct ferry_slotmap_arr *a = malloc(bytes);
+	struct ferry_slotmap_arr *a =
+		ferry__map_arr_new(sizeof(struct ferry_slotmap_arr) + buckets * sizeof(uint64_t));
 
-	/* written, not calloc'd: a fresh page that is read first maps the zero
-	 * page, and the first write then copies it and shoots down every CPU's
-	 * TLB entry (an IPI per page); a probe reads before it writes */
-	if (a) {
-		memset(a, 0, bytes);
+	if (a)
 		a->mask = buckets - 1;
-	}
 	return a;
-}
-
-/* buckets for @n live keys: at most 3/8 full, a power of two */
-static uint64_t slotmap_buckets_for(uint64_t n)
-{
-	uint64_t b = FERRY_SLOTMAP_MIN;
-
-	while (b * 3 / 8 < n)
-		b *= 2;
-	return b;
 }
 
 static uint64_t slotmap_arr_bytes(const struct ferry_slotmap_arr *a)
@@ -146,7 +131,7 @@ int ferry__slotmap_put(struct ferry_slotmap *m, uint64_t key, const void *slot)
 	if (tomb != UINT64_MAX) {
 		i = tomb;
 	} else if ((m->used + 1) * 2 > (a->mask + 1)) {
-		if (!slotmap_rebuild(m, slotmap_buckets_for(m->n + 1))) {
+		if (!slotmap_rebuild(m, ferry__map_buckets_for(m->n + 1, FERRY_SLOTMAP_MIN))) {
 			a = m->arr;
 			for (i = h & a->mask; a->e[i]; i = (i + 1) & a->mask)
 				;
@@ -190,7 +175,9 @@ void ferry__slotmap_del(struct ferry_slotmap *m, uint64_t key)
 		break;
 	}
 	if (a->mask + 1 > FERRY_SLOTMAP_MIN && m->n < (a->mask + 1) / 16)
-		(void)slotmap_rebuild(m, slotmap_buckets_for(m->n)); /* no memory: stay big */
+		(void)slotmap_rebuild(
+			m,
+			ferry__map_buckets_for(m->n, FERRY_SLOTMAP_MIN)); /* no memory: stay big */
 }
 
 uint64_t ferry__slotmap_bytes(const struct ferry_slotmap *m)
