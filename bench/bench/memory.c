@@ -22,6 +22,7 @@
  */
 #include <errno.h>
 #include <stdio.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -29,6 +30,7 @@
 
 #define MEM_VALUE_FLOATS 16 /* 64 B */
 #define MEM_BATCH 4096
+#define MEM_SETTLE_US 300000 /* call_rcu's frees: a grace period takes milliseconds */
 
 static long mem_rss_kb(void)
 {
@@ -131,6 +133,10 @@ static int mem_node(struct fb_node *n)
 	}
 	if (fb_barrier(n))
 		bad = 1;
+	/* the directory's arrays replaced by a rebuild, and slots given away,
+	 * are freed after an RCU grace period, by liburcu's call_rcu thread:
+	 * give it time, so the row shows what stays, not what is on its way out */
+	usleep(MEM_SETTLE_US);
 	if (!bad)
 		mem_row(n, t, "written", base_kb, a->keys);
 	if (fb_barrier(n))
@@ -146,6 +152,7 @@ static int mem_node(struct fb_node *n)
 	}
 	if (fb_barrier(n))
 		bad = 1;
+	usleep(MEM_SETTLE_US);
 	if (!bad)
 		mem_row(n, t, "moved", base_kb, a->keys);
 	if (fb_barrier(n))

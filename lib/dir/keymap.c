@@ -23,11 +23,10 @@ void *ferry__map_arr_new(size_t bytes)
 
 uint64_t ferry__map_buckets_for(uint64_t n, uint64_t min)
 {
-	uint64_t b = min;
+	uint64_t b = (n * 8 + 2) / 3;
 
-	while (b * 3 / 8 < n)
-		b *= 2;
-	return b;
+	b = (b + 7) & ~7ull;
+	return b < min ? min : b;
 }
 
 static struct ferry_keymap_arr *keymap_arr_new(uint64_t buckets)
@@ -36,13 +35,13 @@ static struct ferry_keymap_arr *keymap_arr_new(uint64_t buckets)
 							buckets * sizeof(struct ferry_keymap_ent));
 
 	if (a)
-		a->mask = buckets - 1;
+		a->nb = buckets;
 	return a;
 }
 
 static uint64_t keymap_arr_bytes(const struct ferry_keymap_arr *a)
 {
-	return sizeof(*a) + (a->mask + 1) * sizeof(struct ferry_keymap_ent);
+	return sizeof(*a) + a->nb * sizeof(struct ferry_keymap_ent);
 }
 
 int ferry__keymap_init(struct ferry_keymap *m)
@@ -69,10 +68,10 @@ static void keymap_arr_free_rcu(struct rcu_head *head)
 /* into an unpublished array: no reader yet, plain stores */
 static void keymap_fill(struct ferry_keymap_arr *a, uint64_t key, uint64_t val)
 {
-	uint64_t i = ferry__keymap_hash(key) & a->mask;
+	uint64_t i = ferry__map_first(ferry__keymap_hash(key), a->nb);
 
 	while (a->e[i].val)
-		i = (i + 1) & a->mask;
+		i = ferry__map_next(i, a->nb);
 	a->e[i].key = key;
 	a->e[i].val = val;
 }
@@ -84,7 +83,7 @@ static int keymap_rebuild(struct ferry_keymap *m, uint64_t buckets)
 
 	if (!a)
 		return -ENOMEM;
-	for (uint64_t i = 0; i <= old->mask; i++)
+	for (uint64_t i = 0; i < old->nb; i++)
 		if (old->e[i].val && old->e[i].val != FERRY_KEYMAP_TOMB)
 			keymap_fill(a, old->e[i].key, old->e[i].val);
 	__atomic_store_n(&m->arr, a, __ATOMIC_RELEASE); /* rcu_assign_pointer */
@@ -97,7 +96,7 @@ static int keymap_rebuild(struct ferry_keymap *m, uint64_t buckets)
 int ferry__keymap_put(struct ferry_keymap *m, uint64_t key, uint64_t val)
 {
 	struct ferry_keymap_arr *a = m->arr;
-	uint64_t i = ferry__keymap_hash(key) & a->mask, tomb = UINT64_MAX;
+	uint64_t i = ferry__map_first(ferry__keymap_hash(key), a->nb), tomb = UINT64_MAX;
 
 	for (;;) {
 		struct ferry_keymap_ent *e = &a->e[i];
@@ -113,7 +112,7 @@ int ferry__keymap_put(struct ferry_keymap *m, uint64_t key, uint64_t val)
 		}
 		if (e->val == FERRY_KEYMAP_TOMB && tomb == UINT64_MAX)
 			tomb = i;
-		i = (i + 1) & a->mask;
+		i = ferry__map_next(i, a->nb);
 	}
 	if (tomb != UINT64_MAX) {
 		/* the first tombstone on the way: the chain stays as long */
@@ -122,13 +121,13 @@ int ferry__keymap_put(struct ferry_keymap *m, uint64_t key, uint64_t val)
 		__atomic_store_n(&m->n, m->n + 1, __ATOMIC_RELAXED);
 		return 0;
 	}
-	if ((m->used + 1) * 2 > (a->mask + 1)) {
+	if ((m->used + 1) * 2 > a->nb) {
 		if (!keymap_rebuild(m, ferry__map_buckets_for(m->n + 1, FERRY_KEYMAP_MIN))) {
 			a = m->arr;
-			i = ferry__keymap_hash(key) & a->mask;
+			i = ferry__map_first(ferry__keymap_hash(key), a->nb);
 			while (a->e[i].val)
-				i = (i + 1) & a->mask;
-		} else if (m->used + 2 > a->mask + 1) {
+				i = ferry__map_next(i, a->nb);
+		} else if (m->used + 2 > a->nb) {
 			/* a reader's probe needs an empty bucket to stop at */
 			return -ENOMEM;
 		}
@@ -143,9 +142,9 @@ int ferry__keymap_put(struct ferry_keymap *m, uint64_t key, uint64_t val)
 void ferry__keymap_del(struct ferry_keymap *m, uint64_t key)
 {
 	struct ferry_keymap_arr *a = m->arr;
-	uint64_t i = ferry__keymap_hash(key) & a->mask;
+	uint64_t i = ferry__map_first(ferry__keymap_hash(key), a->nb);
 
-	for (;; i = (i + 1) & a->mask) {
+	for (;; i = ferry__map_next(i, a->nb)) {
 		struct ferry_keymap_ent *e = &a->e[i];
 
 		if (!e->val)
@@ -155,7 +154,7 @@ void ferry__keymap_del(struct ferry_keymap *m, uint64_t key)
 		if (e->val == FERRY_KEYMAP_TOMB)
 			return;
 		__atomic_store_n(&m->n, m->n - 1, __ATOMIC_RELAXED);
-		if (a->e[(i + 1) & a->mask].val) {
+		if (a->e[ferry__map_next(i, a->nb)].val) {
 			__atomic_store_n(&e->val, FERRY_KEYMAP_TOMB, __ATOMIC_RELEASE);
 			break;
 		}
@@ -164,11 +163,11 @@ void ferry__keymap_del(struct ferry_keymap *m, uint64_t key)
 		do {
 			__atomic_store_n(&a->e[i].val, 0, __ATOMIC_RELEASE);
 			m->used--;
-			i = (i - 1) & a->mask;
+			i = ferry__map_prev(i, a->nb);
 		} while (a->e[i].val == FERRY_KEYMAP_TOMB);
 		break;
 	}
-	if (a->mask + 1 > FERRY_KEYMAP_MIN && m->n < (a->mask + 1) / 16)
+	if (a->nb > FERRY_KEYMAP_MIN && m->n < a->nb / 16)
 		(void)keymap_rebuild(m, ferry__map_buckets_for(
 						m->n, FERRY_KEYMAP_MIN)); /* no memory: stay big */
 }
@@ -188,7 +187,7 @@ void ferry__keymap_each(const struct ferry_keymap *m,
 {
 	const struct ferry_keymap_arr *a = m->arr;
 
-	for (uint64_t i = 0; a && i <= a->mask; i++)
+	for (uint64_t i = 0; a && i < a->nb; i++)
 		if (a->e[i].val && a->e[i].val != FERRY_KEYMAP_TOMB)
 			fn(arg, a->e[i].key, a->e[i].val);
 }

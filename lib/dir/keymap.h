@@ -4,7 +4,7 @@
  * lock, written by one thread at a time: the directory's tables (which
  * slot holds a key here; who owns a key that left its home).
  *
- * Open addressing with linear probing over a power-of-two array of
+ * Open addressing with linear probing over an array of
  * {key, val} pairs, the whole 64-bit key space allowed. val 0 marks an empty
  * bucket (a probe stops there), FERRY_KEYMAP_TOMB one whose key was deleted
  * (a probe goes on). A writer fills a bucket key first, then val (release);
@@ -25,10 +25,14 @@
  *
  * Size: a rebuild (into a new array; it drops every tombstone) comes when
  * live keys and tombstones would pass 1/2 of the buckets, or live keys fall
- * under 1/16 of them, and makes the live keys at most 3/8 of the new array
- * (never under FERRY_KEYMAP_MIN buckets). So a map that grows spends 32 to
- * 64 bytes per live key, and one that shrank at most 256, plus the old
- * array for one RCU grace period after a rebuild. The old array is freed by
+ * under 1/16 of them, and makes the live keys 3/8 of the new array (never
+ * under FERRY_KEYMAP_MIN buckets). The array's length is any multiple of 8,
+ * not a power of two (ferry__map_first() maps a hash onto it by a multiply),
+ * so a map that grows spends 32 to 43 bytes per live key, where doubling
+ * spent 32 to 64, and one that shrank at most 256, plus the old array for
+ * one RCU grace period after a rebuild. A rebuild comes after at least 1/8
+ * of the buckets' worth of inserts and deletes, so it costs at most 8
+ * bucket copies per change. The old array is freed by
  * call_rcu: readers either hold rcu_read_lock (memb flavor) or are the
  * writer.
  *
@@ -53,7 +57,7 @@ struct ferry_keymap_ent {
 };
 
 struct ferry_keymap_arr {
-	uint64_t mask; /* buckets - 1 */
+	uint64_t nb; /* buckets: a multiple of 8 */
 	struct rcu_head rcu;
 	struct ferry_keymap_ent e[];
 };
@@ -66,11 +70,33 @@ struct ferry_keymap {
 };
 
 /* the directory's maps' shared pieces (keymap.c; slotmap.c uses them too): a
- * zeroed array of @bytes, written when made; buckets for @n live keys, at
- * most 3/8 full, a power of two, @min at least (a map that grows at 1/2
- * doubles, to 1/4 full) */
+ * zeroed array of @bytes, written when made; buckets for @n live keys, 3/8
+ * full, a multiple of 8, @min at least (a map that grows at 1/2 grows by
+ * 4/3) */
 void *ferry__map_arr_new(size_t bytes);
 uint64_t ferry__map_buckets_for(uint64_t n, uint64_t min);
+
+/*
+ * The first bucket to probe for hash @h (ferry__keymap_hash) among @nb (a
+ * multiple of 4): the run's bits (all but the lowest 2) pick a group of 4
+ * buckets by a multiply-shift (Lemire's "fastrange", which takes the high
+ * bits of the product, so any @nb works), and the key's place in its run
+ * picks the bucket in the group. The low half of @h is left for tags.
+ */
+static inline uint64_t ferry__map_first(uint64_t h, uint64_t nb)
+{
+	return (uint64_t)(((unsigned __int128)(h & ~3ull) * (nb >> 2)) >> 64) << 2 | (h & 3);
+}
+
+static inline uint64_t ferry__map_next(uint64_t i, uint64_t nb)
+{
+	return i + 1 == nb ? 0 : i + 1;
+}
+
+static inline uint64_t ferry__map_prev(uint64_t i, uint64_t nb)
+{
+	return (i ? i : nb) - 1;
+}
 
 /* Return: 0 or -ENOMEM. Context: setup. */
 int ferry__keymap_init(struct ferry_keymap *m);
@@ -105,7 +131,7 @@ static inline uint64_t ferry__keymap_get(const struct ferry_keymap *m, uint64_t 
 	/* acquire: what rcu_dereference is, inline (liburcu's is a call, and
 	 * one TSan cannot see into) */
 	const struct ferry_keymap_arr *a = __atomic_load_n(&m->arr, __ATOMIC_ACQUIRE);
-	uint64_t i = ferry__keymap_hash(key) & a->mask;
+	uint64_t i = ferry__map_first(ferry__keymap_hash(key), a->nb);
 
 	for (;;) {
 		const struct ferry_keymap_ent *e = &a->e[i];
@@ -115,7 +141,7 @@ static inline uint64_t ferry__keymap_get(const struct ferry_keymap *m, uint64_t 
 			return 0;
 		if (__atomic_load_n(&e->key, __ATOMIC_RELAXED) == key)
 			return v == FERRY_KEYMAP_TOMB ? 0 : v;
-		i = (i + 1) & a->mask;
+		i = ferry__map_next(i, a->nb);
 	}
 }
 

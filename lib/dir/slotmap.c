@@ -16,13 +16,13 @@ static struct ferry_slotmap_arr *slotmap_arr_new(uint64_t buckets)
 		ferry__map_arr_new(sizeof(struct ferry_slotmap_arr) + buckets * sizeof(uint64_t));
 
 	if (a)
-		a->mask = buckets - 1;
+		a->nb = buckets;
 	return a;
 }
 
 static uint64_t slotmap_arr_bytes(const struct ferry_slotmap_arr *a)
 {
-	return sizeof(*a) + (a->mask + 1) * sizeof(uint64_t);
+	return sizeof(*a) + a->nb * sizeof(uint64_t);
 }
 
 int ferry__slotmap_init(struct ferry_slotmap *m, const struct ferry_fastrd *fast)
@@ -86,13 +86,13 @@ static int slotmap_rebuild(struct ferry_slotmap *m, uint64_t buckets)
 
 	if (!a)
 		return -ENOMEM;
-	for (uint64_t i = 0; i <= old->mask; i++) {
+	for (uint64_t i = 0; i < old->nb; i++) {
 		uint64_t w = old->e[i], h, j;
 
 		if (!(uint32_t)w)
 			continue; /* empty or tombstone */
 		h = ferry__keymap_hash(slotmap_key(m, w));
-		for (j = h & a->mask; a->e[j]; j = (j + 1) & a->mask)
+		for (j = ferry__map_first(h, a->nb); a->e[j]; j = ferry__map_next(j, a->nb))
 			;
 		a->e[j] = w; /* the tag came from the same hash */
 	}
@@ -109,11 +109,11 @@ static int slotmap_rebuild(struct ferry_slotmap *m, uint64_t buckets)
 int ferry__slotmap_put(struct ferry_slotmap *m, uint64_t key, const void *slot)
 {
 	struct ferry_slotmap_arr *a = m->arr;
-	uint64_t h = ferry__keymap_hash(key), i = h & a->mask, tomb = UINT64_MAX;
+	uint64_t h = ferry__keymap_hash(key), i = ferry__map_first(h, a->nb), tomb = UINT64_MAX;
 	uint64_t w = slotmap_word(m, key, h, slot);
 	uint32_t tag = ferry__slotmap_tag(h, key);
 
-	for (;; i = (i + 1) & a->mask) {
+	for (;; i = ferry__map_next(i, a->nb)) {
 		uint64_t e = a->e[i];
 
 		if (!e)
@@ -130,12 +130,12 @@ int ferry__slotmap_put(struct ferry_slotmap *m, uint64_t key, const void *slot)
 	}
 	if (tomb != UINT64_MAX) {
 		i = tomb;
-	} else if ((m->used + 1) * 2 > (a->mask + 1)) {
+	} else if ((m->used + 1) * 2 > a->nb) {
 		if (!slotmap_rebuild(m, ferry__map_buckets_for(m->n + 1, FERRY_SLOTMAP_MIN))) {
 			a = m->arr;
-			for (i = h & a->mask; a->e[i]; i = (i + 1) & a->mask)
+			for (i = ferry__map_first(h, a->nb); a->e[i]; i = ferry__map_next(i, a->nb))
 				;
-		} else if (m->used + 2 > a->mask + 1) {
+		} else if (m->used + 2 > a->nb) {
 			return -ENOMEM; /* a probe needs an empty bucket to stop at */
 		}
 		m->used++;
@@ -150,10 +150,10 @@ int ferry__slotmap_put(struct ferry_slotmap *m, uint64_t key, const void *slot)
 void ferry__slotmap_del(struct ferry_slotmap *m, uint64_t key)
 {
 	struct ferry_slotmap_arr *a = m->arr;
-	uint64_t h = ferry__keymap_hash(key), i = h & a->mask;
+	uint64_t h = ferry__keymap_hash(key), i = ferry__map_first(h, a->nb);
 	uint32_t tag = ferry__slotmap_tag(h, key);
 
-	for (;; i = (i + 1) & a->mask) {
+	for (;; i = ferry__map_next(i, a->nb)) {
 		uint64_t e = a->e[i];
 
 		if (!e)
@@ -161,7 +161,7 @@ void ferry__slotmap_del(struct ferry_slotmap *m, uint64_t key)
 		if (!(uint32_t)e || (uint32_t)(e >> 32) != tag || slotmap_key(m, e) != key)
 			continue;
 		__atomic_store_n(&m->n, m->n - 1, __ATOMIC_RELAXED);
-		if (a->e[(i + 1) & a->mask]) {
+		if (a->e[ferry__map_next(i, a->nb)]) {
 			__atomic_store_n(&a->e[i], FERRY_SLOTMAP_TOMB, __ATOMIC_RELEASE);
 			break;
 		}
@@ -170,11 +170,11 @@ void ferry__slotmap_del(struct ferry_slotmap *m, uint64_t key)
 		do {
 			__atomic_store_n(&a->e[i], 0, __ATOMIC_RELEASE);
 			m->used--;
-			i = (i - 1) & a->mask;
+			i = ferry__map_prev(i, a->nb);
 		} while (a->e[i] && !(uint32_t)a->e[i]);
 		break;
 	}
-	if (a->mask + 1 > FERRY_SLOTMAP_MIN && m->n < (a->mask + 1) / 16)
+	if (a->nb > FERRY_SLOTMAP_MIN && m->n < a->nb / 16)
 		(void)slotmap_rebuild(
 			m,
 			ferry__map_buckets_for(m->n, FERRY_SLOTMAP_MIN)); /* no memory: stay big */
@@ -195,7 +195,7 @@ void ferry__slotmap_each(const struct ferry_slotmap *m,
 {
 	const struct ferry_slotmap_arr *a = m->arr;
 
-	for (uint64_t i = 0; a && i <= a->mask; i++)
+	for (uint64_t i = 0; a && i < a->nb; i++)
 		if ((uint32_t)a->e[i])
 			fn(arg, slotmap_key(m, a->e[i]), (void *)ferry__slotmap_slot(m, a->e[i]));
 }

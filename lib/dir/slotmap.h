@@ -14,14 +14,16 @@
  * val} buckets of keymap.h spent twice the cache and made ferry-mf's local
  * SGD steps 1.5x slower than the arrays the directory had before.
  *
- * Open addressing with linear probing over a power-of-two array; buckets
- * are found by ferry__keymap_hash() (runs of 4 consecutive keys in order).
- * A bucket is written with one atomic store, so a reader sees a whole
- * entry or none. Sizes and tombstones as keymap.h: rebuilt (dropping
- * tombstones) when live keys and tombstones would pass 1/2 of the buckets
- * or live keys fall under 1/16, to at most 3/8 full, never under
- * FERRY_SLOTMAP_MIN buckets. So a map that grows spends 16 to 32 bytes per
- * live key, one that shrank at most 128, plus the old array until a grace
+ * Open addressing with linear probing over an array of any multiple of 8
+ * buckets; buckets are found by ferry__keymap_hash() and ferry__map_first()
+ * (runs of 4 consecutive keys in order). A bucket is written with one
+ * atomic store, so a reader sees a whole entry or none. Sizes and
+ * tombstones as keymap.h: rebuilt (dropping tombstones) when live keys and
+ * tombstones would pass 1/2 of the buckets or live keys fall under 1/16,
+ * to 3/8 full, never under FERRY_SLOTMAP_MIN buckets. So a map that grows
+ * spends 16 to 22 bytes per live key (a power-of-two array, which doubles,
+ * spent 16 to 32: ferry-bench's memory scenario at 10^6 keys measured 33
+ * after moves), one that shrank at most 128, plus the old array until a grace
  * period and the fast-path sections of @fast that may hold it ended.
  *
  * The invariant the map needs from its writer: a slot stays holding its
@@ -52,7 +54,7 @@
 struct ferry_fastrd;
 
 struct ferry_slotmap_arr {
-	uint64_t mask; /* buckets - 1 */
+	uint64_t nb; /* buckets: a multiple of 8 */
 	struct rcu_head rcu;
 	const struct ferry_fastrd *fast; /* retired: the fast readers to wait for */
 	uint64_t retired;		 /* its number (fastrd.h) */
@@ -80,9 +82,10 @@ void ferry__slotmap_fini(struct ferry_slotmap *m);
 
 static inline uint32_t ferry__slotmap_tag(uint64_t h, uint64_t key)
 {
-	/* the hash's high half, which the bucket index does not use; a run's
-	 * 4 keys share it, so their low bits tell them apart */
-	return (uint32_t)(h >> 32) ^ (uint32_t)(key & 3) * 0x9e3779b9u;
+	/* the run's hash's low 32 bits, which the bucket index (taken from the
+	 * high bits, ferry__map_first) does not use; a run's 4 keys share it,
+	 * so their low bits tell them apart */
+	return (uint32_t)(h >> 2) ^ (uint32_t)(key & 3) * 0x9e3779b9u;
 }
 
 static inline const uint8_t *ferry__slotmap_slot(const struct ferry_slotmap *m, uint64_t w)
@@ -95,10 +98,10 @@ static inline void *ferry__slotmap_get(const struct ferry_slotmap *m, uint64_t k
 {
 	/* acquire: rcu_dereference, inline (see keymap.h) */
 	const struct ferry_slotmap_arr *a = __atomic_load_n(&m->arr, __ATOMIC_ACQUIRE);
-	uint64_t h = ferry__keymap_hash(key), i = h & a->mask;
+	uint64_t h = ferry__keymap_hash(key), i = ferry__map_first(h, a->nb);
 	uint32_t tag = ferry__slotmap_tag(h, key);
 
-	for (;; i = (i + 1) & a->mask) {
+	for (;; i = ferry__map_next(i, a->nb)) {
 		uint64_t w = __atomic_load_n(&a->e[i], __ATOMIC_ACQUIRE);
 		const uint8_t *s;
 

@@ -7,7 +7,8 @@
  * - against a plain reference, through growth, churn (tombstones) and
  *   shrinking, with keys from the whole 64-bit space (0 and 2^64-1 too),
  *   many of them sharing a tag (the key is checked in the slot);
- * - its memory: within the bound slotmap.h states, per live key;
+ * - its memory: within the bound slotmap.h states, per live key, shrinking
+ *   and growing;
  * - readers that never lock (RCU readers and fast-path readers) against a
  *   writer that rebuilds the array again and again and reuses slots for
  *   other keys (unpublished first, as the map requires): a reader must
@@ -100,6 +101,44 @@ Test(slotmap, agrees_with_a_reference_through_growth_churn_and_shrinking)
 	free(keys);
 	free(slots);
 	free(in);
+}
+
+/* a map that grows keeps 16 to 22 bytes per live key (slotmap.h): its array
+ * grows by 4/3, not 2, so it is never under 3/8 full once past its floor */
+Test(slotmap, a_growing_map_stays_within_22_bytes_per_key)
+{
+	enum {
+		N = 300000
+	};
+	struct tslot *slots = calloc(N, sizeof(*slots));
+	struct ferry_slotmap m;
+	uint64_t s = 2463534242ull, rebuilds = 0, last = 0;
+
+	cr_assert(slots);
+	urcu_memb_register_thread();
+	cr_assert_eq(ferry__slotmap_init(&m, NULL), 0);
+	ferry__slotmap_arena(&m, slots, sizeof(*slots), offsetof(struct tslot, key));
+	for (uint64_t i = 0; i < N; i++) {
+		/* half in runs of sequential keys, half spread */
+		tslot_key(&slots[i], i % 2 ? tc_rand(&s) : 1000000 + i);
+		cr_assert_eq(ferry__slotmap_put(&m, slots[i].key, &slots[i]), 0);
+		if (ferry__slotmap_bytes(&m) != last) {
+			last = ferry__slotmap_bytes(&m);
+			rebuilds++;
+		}
+		if (i + 1 > FERRY_SLOTMAP_MIN / 2)
+			cr_assert_leq(last, (i + 1) * 22 + 128, "%llu bytes for %llu keys",
+				      (unsigned long long)last, (unsigned long long)(i + 1));
+	}
+	for (uint64_t i = 0; i < N; i++)
+		cr_assert_eq(ferry__slotmap_get(&m, slots[i].key), &slots[i], "key %llu",
+			     (unsigned long long)i);
+	/* growth by 4/3 from 8192 buckets to 300,000 keys: about 15 rebuilds */
+	cr_assert_leq(rebuilds, 24, "%llu rebuilds", (unsigned long long)rebuilds);
+	urcu_memb_barrier();
+	ferry__slotmap_fini(&m);
+	urcu_memb_unregister_thread();
+	free(slots);
 }
 
 Test(slotmap, a_run_of_four_keys_and_a_moved_key_are_told_apart)
