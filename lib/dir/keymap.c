@@ -25,7 +25,13 @@ uint64_t ferry__map_buckets_for(uint64_t n, uint64_t min)
 {
 	uint64_t b = (n * 8 + 2) / 3;
 
+	/* small maps grow 4 times what they hold, so that a batch that fills
+	 * one from its floor rebuilds it once or twice, not at every third */
+	if (b < FERRY_MAP_FINE)
+		b = n * 4;
 	b = (b + 7) & ~7ull;
+	if (b >= 1ull << 34)
+		b = (1ull << 34) - 8; /* ferry__map_first()'s bound: 128 GiB of buckets */
 	return b < min ? min : b;
 }
 

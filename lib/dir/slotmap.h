@@ -20,8 +20,10 @@
  * atomic store, so a reader sees a whole entry or none. Sizes and
  * tombstones as keymap.h: rebuilt (dropping tombstones) when live keys and
  * tombstones would pass 1/2 of the buckets or live keys fall under 1/16,
- * to 3/8 full, never under FERRY_SLOTMAP_MIN buckets. So a map that grows
- * spends 16 to 22 bytes per live key (a power-of-two array, which doubles,
+ * to 3/8 full (1/4 under FERRY_MAP_FINE buckets), never under
+ * FERRY_SLOTMAP_MIN buckets. So a map past 49,152 keys (its first rebuild
+ * past FERRY_MAP_FINE buckets) that grows spends 16 to 22 bytes per live
+ * key (a power-of-two array, which doubles,
  * spent 16 to 32: ferry-bench's memory scenario at 10^6 keys measured 33
  * after moves), one that shrank at most 128, plus the old array until a grace
  * period and the fast-path sections of @fast that may hold it ended.
@@ -82,10 +84,10 @@ void ferry__slotmap_fini(struct ferry_slotmap *m);
 
 static inline uint32_t ferry__slotmap_tag(uint64_t h, uint64_t key)
 {
-	/* the run's hash's low 32 bits, which the bucket index (taken from the
-	 * high bits, ferry__map_first) does not use; a run's 4 keys share it,
-	 * so their low bits tell them apart */
-	return (uint32_t)(h >> 2) ^ (uint32_t)(key & 3) * 0x9e3779b9u;
+	/* the hash's high half, which the bucket index (ferry__map_first)
+	 * does not use; a run's 4 keys share it, so their low bits tell them
+	 * apart */
+	return (uint32_t)(h >> 32) ^ (uint32_t)(key & 3) * 0x9e3779b9u;
 }
 
 static inline const uint8_t *ferry__slotmap_slot(const struct ferry_slotmap *m, uint64_t w)
