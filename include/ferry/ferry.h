@@ -217,6 +217,13 @@ enum ferry_init {
 	FERRY_INIT_NORMAL,   /* normal, mean init_a, standard deviation init_b */
 };
 
+/* how pushes travel on the wire (struct ferry_table_params.push_codec) */
+enum ferry_push_codec {
+	FERRY_CODEC_NONE = 0, /* 32-bit floats: exact */
+	FERRY_CODEC_BF16 = 1, /* bfloat16 with error feedback */
+	FERRY_CODEC_FP16 = 2, /* IEEE 754 half with error feedback (saturates at 65504) */
+};
+
 struct ferry_table_params {
 	uint64_t num_keys;	    /* keys are 0 .. num_keys-1; 0 with sparse */
 	uint32_t value_len;	    /* floats per value, when value_lens is NULL */
@@ -254,6 +261,18 @@ struct ferry_table_params {
 	 * their backups (docs/faults.md). Not with sparse. Must agree.
 	 */
 	uint32_t replicas;
+	/*
+	 * push_codec: how this node's pushes travel (docs/compression.md).
+	 * BF16 and FP16 send 16 bits per value; what rounding leaves out is
+	 * kept here, per worker and key, and added to that key's next push
+	 * (error feedback), so no part of a delta is dropped: ferry_flush()
+	 * sends what is kept, exactly. Need not agree across nodes. Only with
+	 * SEQUENTIAL consistency and one value_len; ferry_push_start() is then
+	 * -EOPNOTSUPP. codec_keys: keys a worker keeps residuals for (0:
+	 * 65536); past it, a push first flushes them.
+	 */
+	enum ferry_push_codec push_codec;
+	uint32_t codec_keys;
 };
 
 /**
@@ -380,9 +399,11 @@ FERRY_API uint64_t ferry_clock_get(const struct ferry_worker *w);
  * ferry_flush - send this node's buffered pushes of @t now and drop its
  * cached values of @t
  *
- * On a SEQUENTIAL table it does nothing. After every node flushed and then
- * passed a ferry_barrier(), every pull on every node returns every push made
- * before the flushes. Context: @w's thread. Return: as ferry_push().
+ * On a SEQUENTIAL table it does nothing, but for a push_codec: there it
+ * sends, exactly, what @w's compressed pushes of @t left out (their
+ * residuals). After every node flushed and then passed a ferry_barrier(),
+ * every pull on every node returns every push made before the flushes.
+ * Context: @w's thread. Return: as ferry_push().
  */
 FERRY_API int ferry_flush(struct ferry_worker *w, struct ferry_table *t);
 

@@ -32,6 +32,7 @@
 #include <string.h>
 
 #include "lib/cons/cons.h"
+#include "lib/ops/codec.h"
 #include "lib/ops/ops.h"
 
 #define CONS_BYTES_DEFAULT (64ull << 20)
@@ -560,6 +561,8 @@ int ferry_flush(struct ferry_worker *w, struct ferry_table *t)
 
 	if (!t)
 		return -EINVAL;
+	if (t->params.push_codec)
+		return ferry__codec_flush(w, t); /* SEQUENTIAL only (codec.h) */
 	if (!t->cons)
 		return 0;
 	rc = cons_check(w, t, NULL, 0, NULL, "flush");

@@ -171,6 +171,11 @@ struct ferry_table {
 	const struct ferry_cons_hooks *cons_hooks;
 	void *cons;
 	struct ferry_repl *repl; /* replicas: backups, held replies (lib/ops/repl.c) */
+	void *codec;		 /* push_codec: the workers' residuals (lib/ops/codec.c) */
+	/* push_codec: ferry_push() goes through lib/ops/codec.c, which calls
+	 * the request path in turn (so a pointer, set by lib/table/) */
+	int (*codec_push)(struct ferry_worker *w, struct ferry_table *t, const uint64_t *keys,
+			  size_t n, const float *deltas);
 };
 
 struct ferry_worker;
@@ -203,6 +208,7 @@ struct ferry_req {
 	bool dsts_many;
 	uint32_t dsts[8];
 	unsigned fail_seen; /* node.failures when it started */
+	uint16_t flags;	    /* FERRY_OP_F_* of its OP frames (compressed pushes) */
 };
 
 #define FERRY_REQ_LOCALIZE 16
@@ -227,6 +233,7 @@ struct ferry_worker {
 	uint64_t local_ops, remote_ops;
 	/* landing areas for one-sided reads, per table (created on first use) */
 	struct ferry_rd_pool *rd_pools[FERRY_MAX_TABLES];
+	uint16_t op_flags; /* the next request's flags (lib/ops/codec.c sets it) */
 };
 
 struct ferry {

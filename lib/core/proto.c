@@ -159,6 +159,18 @@ static int proto_parse_op(const uint8_t *p, size_t left, const struct ferry_prot
 	left -= (size_t)op->count * sizeof(struct ferry_msg_key);
 	if (op->op == FERRY_OP_PULL)
 		nvals = 0;
+	if (op->flags & ~(FERRY_OP_F_BF16 | FERRY_OP_F_FP16))
+		PROTO_FAIL("op: unknown flags");
+	if (op->flags) {
+		if (op->op != FERRY_OP_PUSH || op->flags == (FERRY_OP_F_BF16 | FERRY_OP_F_FP16))
+			PROTO_FAIL("op: a value code on something else than one push code");
+		if (!proto_pad_ok(left, nvals * sizeof(uint16_t)))
+			PROTO_FAIL("op: value bytes differ from the keys' lengths");
+		v->vals = NULL;
+		v->codes = (const uint16_t *)p;
+		v->nvals = nvals;
+		return 0;
+	}
 	if (!proto_pad_ok(left, nvals * sizeof(float)))
 		PROTO_FAIL("op: value bytes differ from the keys' lengths");
 	v->vals = (const float *)p;

@@ -32,9 +32,13 @@ struct ferry_msg_op {
 	uint64_t req;	 /* ticket there */
 	uint8_t op;	 /* enum ferry_op */
 	uint8_t hops;	 /* forwards so far */
-	uint16_t pad;
+	uint16_t flags;	 /* FERRY_OP_F_*: how a push's values travel */
 	uint32_t count;
 };
+
+/* a push's values as 16-bit codes (lib/ops/codec.c), padded to 8 bytes */
+#define FERRY_OP_F_BF16 1u
+#define FERRY_OP_F_FP16 2u
 
 struct ferry_msg_key {
 	uint64_t key;
@@ -307,6 +311,8 @@ struct ferry_proto_view {
 	const struct ferry_msg_copy *copies;  /* REPL */
 	const void *data;		      /* COLL: the segment's elements */
 	const float *vals;		      /* values, where the type has them */
+	const uint16_t *codes;		      /* OP with FERRY_OP_F_BF16/FP16: nvals codes
+					       * instead of vals (NULL) */
 	size_t nvals;			      /* floats at vals */
 };
 

@@ -68,7 +68,7 @@ static void ops_send_remote(struct ferry_worker *w, struct ferry_req *r, uint64_
 	struct ferry *fy = w->fy;
 	struct ferry_table *t = r->t;
 	struct ferry_msg_op tmpl = {
-		.origin = fy->rank, .worker = w->id, .req = ticket, .op = r->op
+		.origin = fy->rank, .worker = w->id, .req = ticket, .op = r->op, .flags = r->flags
 	};
 	struct ops_out one = { .used = 0 }, *outs = &one;
 	struct ferry_rd *reads[OPS_RD_POOL];
@@ -246,6 +246,7 @@ static int ops_start(struct ferry_worker *w, struct ferry_table *t, uint8_t op,
 		return -ENOMEM;
 	}
 	r->op = op;
+	r->flags = op == FERRY_OP_PUSH ? w->op_flags : 0;
 	r->start = start;
 	r->fail_seen = atomic_load_explicit(&w->fy->failures, memory_order_acquire);
 	r->t = t;
@@ -544,6 +545,13 @@ int ferry__ops_async(struct ferry_worker *w, struct ferry_table *t, uint8_t op,
 		ferry_err("%s_start: NULL ticket pointer", ferry__ops_name(op));
 		return -EINVAL;
 	}
+	if (t && t->params.push_codec && op == FERRY_OP_PUSH) {
+		/* the residuals change only once a push is known to be done */
+		ferry_err("push_start: table %u compresses its pushes (push_codec); use "
+			  "ferry_push",
+			  t->id);
+		return -EOPNOTSUPP;
+	}
 	if (t && t->cons_hooks && op != FERRY_REQ_LOCALIZE) {
 		/* lib/cons/ buffers and caches per node; a ticket would promise
 		 * an order and a completion it does not keep */
@@ -572,6 +580,8 @@ int ferry_push(struct ferry_worker *w, struct ferry_table *t, const uint64_t *ke
 {
 	if (t && t->cons_hooks)
 		return t->cons_hooks->push(w, t, keys, n, deltas);
+	if (t && t->codec_push)
+		return t->codec_push(w, t, keys, n, deltas);
 	return ferry__ops_sync(w, t, FERRY_OP_PUSH, keys, n, deltas, NULL, NULL);
 }
 

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "lib/ops/codec.h"
 #include "lib/ops/internal.h"
 
 /* ---- applying operations to slots -------------------------------------- */
@@ -403,7 +404,9 @@ void ferry__ops_out_add(struct ferry *fy, struct ferry_table *t, struct ops_out 
 			const struct ferry_msg_op *tmpl, uint32_t dst,
 			const struct ferry_msg_key *k, const float *in)
 {
-	size_t need = sizeof(*k) + (in ? (size_t)k->len * sizeof(float) : 0);
+	/* a compressed push's values go as 16-bit codes (lib/ops/codec.c) */
+	size_t vsize = tmpl->flags ? sizeof(uint16_t) : sizeof(float);
+	size_t need = sizeof(*k) + (in ? (size_t)k->len * vsize : 0);
 	struct ferry_msg_key *kk;
 
 	/* a full frame goes now: an OP of any size leaves in pieces */
@@ -433,7 +436,12 @@ void ferry__ops_out_add(struct ferry *fy, struct ferry_table *t, struct ops_out 
 		return;
 	}
 	*kk = *k;
-	if (in) {
+	if (in && tmpl->flags) {
+		uint16_t *c = ferry__frame_put(&o->vals, k->len * sizeof(uint16_t));
+
+		if (c)
+			ferry__codec_encode(tmpl->flags, in, c, k->len);
+	} else if (in) {
 		float *v = ferry__frame_put(&o->vals, k->len * sizeof(float));
 
 		if (v)
@@ -498,6 +506,7 @@ static void ops_on_op(struct ferry *fy, struct ferry_table *t, uint32_t src,
 	struct ferry_msg_op tmpl = *op;
 	struct ops_reply rb;
 	size_t nserved = 0;
+	float *decoded = NULL;
 	int queued;
 
 	if (op->worker >= FERRY_MAX_WORKERS || (!op->hops && op->origin != src)) {
@@ -509,8 +518,21 @@ static void ops_on_op(struct ferry *fy, struct ferry_table *t, uint32_t src,
 		free(fwd);
 		return;
 	}
-	if (!fwd) {
+	if (v->codes) {
+		/* a compressed push: the same floats the origin rounded to; a
+		 * forward or a queued replay encodes them again without loss */
+		decoded = malloc((v->nvals ? v->nvals : 1) * sizeof(float));
+		if (decoded)
+			ferry__codec_decode(op->flags, v->codes, decoded, v->nvals);
+		in = decoded;
+	}
+	if (!fwd || (v->codes && !decoded)) {
 		ferry_err("ops: out of memory serving %u keys for rank %u", v->count, src);
+		/* answered, so the origin does not wait out its timeout */
+		for (uint32_t i = 0; i < v->count; i++)
+			ferry__ops_send_reply(fy, t, op, -ENOMEM, &v->keys[i].idx, 1, NULL, 0);
+		free(fwd);
+		free(decoded);
 		return;
 	}
 	ops_reply_init(&rb, op, 0, ferry__table_onesided(t) && op->origin != fy->rank);
@@ -581,6 +603,7 @@ static void ops_on_op(struct ferry *fy, struct ferry_table *t, uint32_t src,
 	for (uint32_t r = 0; r < fy->world; r++)
 		ferry__ops_out_flush(fy, t, &fwd[r]);
 	free(fwd);
+	free(decoded);
 }
 
 int ferry__ops_attach(struct ferry *fy)

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "lib/cons/cons.h"
+#include "lib/ops/codec.h"
 #include "lib/ops/ops.h"
 #include "lib/reloc/reloc.h"
 #include "lib/table/table.h"
@@ -309,6 +310,8 @@ static int table_check_params(const struct ferry_table_params *p)
 			  "table (num_keys) or replicas 0");
 		return -EINVAL;
 	}
+	if (ferry__codec_check(p))
+		return -EINVAL;
 	if (p->capacity > 0xffffffffull) {
 		ferry_err("table: capacity %llu is above 2^32-1 slots",
 			  (unsigned long long)p->capacity);
@@ -322,6 +325,7 @@ static void table_free(struct ferry_table *t)
 	/* the pending table's teardown walks it under RCU: register this
 	 * thread for it if no worker did */
 	ferry__cons_table_fini(t);
+	ferry__codec_table_fini(t);
 	ferry__rcu_enter();
 	ferry__reloc_table_fini(t);
 	ferry__repl_table_fini(t);
@@ -376,6 +380,8 @@ static int table_build(struct ferry *fy, const struct ferry_table_params *p, str
 
 	t->fy = fy;
 	t->params = *p;
+	if (p->push_codec)
+		t->codec_push = ferry__codec_push;
 	t->params.vnodes = p->vnodes ? p->vnodes : 1024;
 	t->params.value_lens = NULL;
 	rc = ferry__pend_init(&t->pend);

@@ -2172,3 +2172,46 @@ Test(proto, repl_sync_flags_and_rank_are_checked)
 	expect_body_bad(&x, &lim_fixed, "flags", "unknown flags");
 	fr_free(&x);
 }
+
+/* a push whose values travel as 16-bit codes (lib/ops/codec.c): the flag
+ * says so, the bytes must match the codes, and nothing else may carry one */
+Test(proto, compressed_push_frames_are_checked)
+{
+	size_t nv = op_nvals(op_keys, 3, &lim_fixed);
+	struct ferry_proto_view v;
+	const char *why = NULL;
+	struct {
+		uint8_t op;
+		uint16_t flags;
+		size_t floats; /* 4-byte words of values written */
+		int ok;
+	} cases[] = {
+		{ FERRY_OP_PUSH, FERRY_OP_F_BF16, (nv + 1) / 2, 1 },
+		{ FERRY_OP_PUSH, FERRY_OP_F_FP16, (nv + 1) / 2, 1 },
+		{ FERRY_OP_PUSH, FERRY_OP_F_BF16, nv, 0 }, /* floats' bytes, not codes' */
+		{ FERRY_OP_PUSH, FERRY_OP_F_BF16 | FERRY_OP_F_FP16, (nv + 1) / 2, 0 },
+		{ FERRY_OP_PUSH, 4, (nv + 1) / 2, 0 },		    /* an unknown flag */
+		{ FERRY_OP_SET, FERRY_OP_F_BF16, (nv + 1) / 2, 0 }, /* sets are exact */
+		{ FERRY_OP_PULL, FERRY_OP_F_FP16, 0, 0 },
+	};
+
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		struct fr x =
+			op_frame(cases[i].op, 0, 3, op_keys, NULL, 3, &lim_fixed, cases[i].floats);
+
+		((struct ferry_msg_op *)(x.buf + sizeof(struct ferry_msg_hdr)))->flags =
+			cases[i].flags;
+		memset(&v, 0, sizeof(v));
+		if (cases[i].ok) {
+			cr_assert_eq(ferry__proto_parse(x.buf, x.len, &lim_fixed, &v, &why), 0,
+				     "case %zu: %s", i, why ? why : "");
+			cr_assert_null(v.vals);
+			cr_assert_not_null(v.codes);
+			cr_assert_eq(v.nvals, nv);
+		} else {
+			cr_assert_eq(ferry__proto_parse(x.buf, x.len, &lim_fixed, &v, &why),
+				     -FERRY_E_PROTO, "case %zu was accepted", i);
+		}
+		fr_free(&x);
+	}
+}
