@@ -4,7 +4,7 @@
  *
  * A hand-written extension module over the public API (include/ferry/ferry.h)
  * and nothing else. Each call checks its arrays through the buffer protocol
- * (numpy arrays; CPU torch tensors through their zero-copy .numpy() view), so
+ * (numpy arrays; CPU torch tensors through their attributes: arrays.c), so
  * the C library reads keys and writes values in the caller's own memory, and
  * drops the GIL for the whole of every call that can wait.
  *
@@ -399,6 +399,9 @@ static PyMethodDef mod_methods[] = {
 	KWM("open", mod_open, "join the cluster (ferry_open)"),
 	KWM("local_cluster", mod_local_cluster, "n nodes in this process, over loopback"),
 	{ "strerror", (PyCFunction)mod_strerror, METH_O, "describe an error code" },
+	{ "_tensor_path", (PyCFunction)mod_tensor_path, METH_O,
+	  "benchmarks: how torch tensors are read ('attrs', 'dlpack', 'strings'); returns the "
+	  "previous" },
 	{ NULL }
 };
 

@@ -58,6 +58,12 @@ extern PyTypeObject NodeType, TableType, HandleType, CollType;
 		name, (PyCFunction)(void (*)(void))fn, METH_VARARGS | METH_KEYWORDS, doc \
 	}
 
+/* a method taking (self, args, nargs, kwnames): args_objs() parses it */
+#define KWF(name, fn, doc)                                                                \
+	{                                                                                 \
+		name, (PyCFunction)(void (*)(void))fn, METH_FASTCALL | METH_KEYWORDS, doc \
+	}
+
 /* a dict entry per counter; returns NULL from the caller on failure */
 #define STAT(d, s, f)                                              \
 	do {                                                       \
@@ -77,10 +83,13 @@ int node_check(NodeObject *n);
 struct pyw *node_worker(NodeObject *n);
 
 /* arrays.c */
+int args_objs(const char *fn, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+	      const char *const *names, int req, PyObject **objs);
 void arr_release(struct arr *a);
 char fmt_letter(const Py_buffer *v);
 int arr_get(PyObject *obj, const char *name, int writable, int keys, struct arr *a);
 int keys_get(PyObject *obj, struct arr *a, size_t *n_p);
+PyObject *mod_tensor_path(PyObject *self, PyObject *arg);
 
 /* table.c */
 PyObject *node_table(NodeObject *n, PyObject *args, PyObject *kw);

@@ -246,36 +246,30 @@ static void handle_dealloc(HandleObject *h)
 
 /* ---- operations ------------------------------------------------------- */
 
-static PyObject *table_op(TableObject *t, PyObject *args, PyObject *kw, enum op_kind op, int async)
+static PyObject *table_op(TableObject *t, PyObject *const *args, Py_ssize_t nargs,
+			  PyObject *kwnames, enum op_kind op, int async)
 {
-	static char *kw_pull[] = { "keys", "out", NULL };
-	static char *kw_push[] = { "keys", "deltas", NULL };
-	static char *kw_set[] = { "keys", "values", NULL };
-	static char *kw_loc[] = { "keys", NULL };
-	PyObject *okeys, *ovals = Py_None, *result = NULL;
+	static const char *const kw_pull[] = { "keys", "out", NULL };
+	static const char *const kw_push[] = { "keys", "deltas", NULL };
+	static const char *const kw_set[] = { "keys", "values", NULL };
+	static const char *const kw_loc[] = { "keys", NULL };
+	static const char *const *const kws[] = { kw_pull, kw_push, kw_set, kw_loc };
+	static const char *const fns[2][4] = {
+		{ "pull", "push", "set", "localize" },
+		{ "pull_async", "push_async", "set_async", "localize_async" },
+	};
+	PyObject *o[2], *okeys, *ovals, *result = NULL;
 	struct arr keys, vals = { .held = 0 };
 	size_t n, floats = 0;
 	struct pyw *pw;
 	uint64_t ticket = 0;
 	int rc;
 
-	switch (op) {
-	case OP_PULL:
-		if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O", kw_pull, &okeys, &ovals))
-			return NULL;
-		break;
-	case OP_PUSH:
-		if (!PyArg_ParseTupleAndKeywords(args, kw, "OO", kw_push, &okeys, &ovals))
-			return NULL;
-		break;
-	case OP_SET:
-		if (!PyArg_ParseTupleAndKeywords(args, kw, "OO", kw_set, &okeys, &ovals))
-			return NULL;
-		break;
-	default:
-		if (!PyArg_ParseTupleAndKeywords(args, kw, "O", kw_loc, &okeys))
-			return NULL;
-	}
+	if (args_objs(fns[async][op], args, nargs, kwnames, kws[op],
+		      op == OP_PUSH || op == OP_SET ? 2 : 1, o))
+		return NULL;
+	okeys = o[0];
+	ovals = op == OP_LOCALIZE || !o[1] ? Py_None : o[1];
 	if (table_check(t))
 		return NULL;
 	pw = node_worker(t->node);
@@ -362,10 +356,11 @@ err:
 	return NULL;
 }
 
-#define OPFN(name, op, async)                                               \
-	static PyObject *name(TableObject *t, PyObject *args, PyObject *kw) \
-	{                                                                   \
-		return table_op(t, args, kw, op, async);                    \
+#define OPFN(name, op, async)                                                          \
+	static PyObject *name(TableObject *t, PyObject *const *args, Py_ssize_t nargs, \
+			      PyObject *kwnames)                                       \
+	{                                                                              \
+		return table_op(t, args, nargs, kwnames, op, async);                   \
 	}
 OPFN(table_pull, OP_PULL, 0)
 OPFN(table_push, OP_PUSH, 0)
@@ -579,14 +574,14 @@ PyObject *node_table(NodeObject *n, PyObject *args, PyObject *kw)
 }
 
 static PyMethodDef table_methods[] = {
-	KWM("pull", table_pull, "pull(keys, out=None) -> values"),
-	KWM("push", table_push, "push(keys, deltas): add"),
-	KWM("set", table_set, "set(keys, values)"),
-	KWM("localize", table_localize, "localize(keys): move the keys to this node"),
-	KWM("pull_async", table_pull_async, "as pull; returns a handle"),
-	KWM("push_async", table_push_async, "as push; returns a handle"),
-	KWM("set_async", table_set_async, "as set; returns a handle"),
-	KWM("localize_async", table_localize_async, "as localize; returns a handle"),
+	KWF("pull", table_pull, "pull(keys, out=None) -> values"),
+	KWF("push", table_push, "push(keys, deltas): add"),
+	KWF("set", table_set, "set(keys, values)"),
+	KWF("localize", table_localize, "localize(keys): move the keys to this node"),
+	KWF("pull_async", table_pull_async, "as pull; returns a handle"),
+	KWF("push_async", table_push_async, "as push; returns a handle"),
+	KWF("set_async", table_set_async, "as set; returns a handle"),
+	KWF("localize_async", table_localize_async, "as localize; returns a handle"),
 	{ "destroy", (PyCFunction)table_destroy, METH_NOARGS, "give up this node's side" },
 	{ "_c_pull_loop", (PyCFunction)table_c_pull_loop, METH_VARARGS,
 	  "benchmarks: (keys, out, iters) -> seconds of ferry_pull called from C" },
