@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: MIT
 /* _ferry: arguments seen through the buffer protocol (module.c says why) */
+#include <stdio.h>
 #include <string.h>
 
 #include "pyferry.h"
@@ -48,6 +49,57 @@ int args_objs(const char *fn, PyObject *const *args, Py_ssize_t nargs, PyObject 
 			return -1;
 		}
 	return 0;
+}
+
+/*
+ * The index of @s in @names (NULL-terminated): the keyword arguments that
+ * name an enum value ("range", "ssp", "ring"). Returns -1 with a ValueError
+ * that lists them, for @what.
+ */
+int name_pick(const char *s, const char *what, const char *const *names)
+{
+	char list[160] = "";
+	size_t len = 0;
+	int i;
+
+	for (i = 0; names[i]; i++)
+		if (s && !strcmp(s, names[i]))
+			return i;
+	for (i = 0; names[i] && len < sizeof(list); i++)
+		len += (size_t)snprintf(list + len, sizeof(list) - len, "%s'%s'",
+					!i	     ? "" :
+					names[i + 1] ? ", " :
+						       " or ",
+					names[i]);
+	PyErr_Format(PyExc_ValueError, "ferry: %s must be %s, not '%s'", what, list,
+		     s ? s : "(null)");
+	return -1;
+}
+
+/*
+ * An O& converter for unsigned parameters: @p is a struct uarg naming the
+ * parameter and its largest value. PyArg's own "I" and "K" take -1 as
+ * 2^32-1 or 2^64-1 without a word; this says which parameter and its range.
+ */
+int uarg_conv(PyObject *o, void *p)
+{
+	struct uarg *u = p;
+	unsigned long long v;
+
+	if (!PyLong_Check(o)) {
+		PyErr_Format(PyExc_TypeError, "ferry: %s must be an int, not %.80s", u->name,
+			     Py_TYPE(o)->tp_name);
+		return 0;
+	}
+	v = PyLong_AsUnsignedLongLong(o);
+	if ((v == (unsigned long long)-1 && PyErr_Occurred()) || v > u->max) {
+		PyErr_Clear();
+		PyErr_Format(PyExc_ValueError, "ferry: %s must be 0 .. %llu, not %R", u->name,
+			     u->max, o);
+		return 0;
+	}
+	u->v = v;
+	return 1;
 }
 
 /* ---- arrays ----------------------------------------------------------- */

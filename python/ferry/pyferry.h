@@ -22,7 +22,7 @@ struct pnode {
 };
 
 struct pyw {
-	struct ferry_worker *w;
+	struct ferry_worker *_Atomic w; /* NULL once its thread left it (module.c) */
 	pthread_t tid;
 	atomic_long refs; /* the thread's key slot and every handle */
 	struct pnode *pn;
@@ -48,10 +48,11 @@ typedef struct {
 	uint64_t num_keys;
 	uint32_t value_len; /* 0: per key (value_lens) */
 	int sparse;
-	long pending; /* handles not yet collected (GIL) */
+	int consistency; /* enum ferry_consistency */
+	long pending;	 /* handles and checkpoints not yet collected (GIL) */
 } TableObject;
 
-extern PyTypeObject NodeType, TableType, HandleType, CollType;
+extern PyTypeObject NodeType, TableType, HandleType, CollType, GroupType, CkptType;
 
 #define KWM(name, fn, doc)                                                               \
 	{                                                                                \
@@ -83,6 +84,12 @@ int node_check(NodeObject *n);
 struct pyw *node_worker(NodeObject *n);
 
 /* arrays.c */
+struct uarg {
+	const char *name;
+	unsigned long long max, v; /* v: the default, then the value */
+};
+int uarg_conv(PyObject *o, void *p);
+int name_pick(const char *s, const char *what, const char *const *names);
 int args_objs(const char *fn, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
 	      const char *const *names, int req, PyObject **objs);
 void arr_release(struct arr *a);
@@ -93,6 +100,9 @@ PyObject *mod_tensor_path(PyObject *self, PyObject *arg);
 
 /* table.c */
 PyObject *node_table(NodeObject *n, PyObject *args, PyObject *kw);
+
+/* coll.c */
+PyObject *node_group(NodeObject *n, PyObject *args, PyObject *kw);
 
 /* coll.c */
 PyObject *node_allreduce(NodeObject *n, PyObject *args, PyObject *kw);
