@@ -382,12 +382,6 @@ static void group_dealloc(GroupObject *gr)
 	PyObject_Free(gr);
 }
 
-static PyObject *group_enter(PyObject *gr, PyObject *unused)
-{
-	Py_INCREF(gr);
-	return gr;
-}
-
 static PyObject *group_exit(GroupObject *gr, PyObject *args)
 {
 	PyObject *r = group_destroy(gr, NULL);
@@ -399,7 +393,7 @@ static PyObject *group_exit(GroupObject *gr, PyObject *args)
 }
 
 static PyMethodDef group_methods[] = {
-	{ "__enter__", (PyCFunction)group_enter, METH_NOARGS, NULL },
+	{ "__enter__", (PyCFunction)self_enter, METH_NOARGS, NULL },
 	{ "__exit__", (PyCFunction)group_exit, METH_VARARGS, NULL },
 	KWM("allreduce", group_allreduce, "allreduce(src, dst=None, op='sum') -> dst"),
 	KWM("reduce", group_reduce, "reduce(src, dst=None, op='sum', root=0) -> dst; root: index"),

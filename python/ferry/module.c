@@ -222,16 +222,9 @@ static PyObject *node_closed(NodeObject *n, void *unused)
 
 static PyObject *node_barrier(NodeObject *n, PyObject *unused)
 {
-	int rc;
-
 	if (node_check(n))
 		return NULL;
-	Py_BEGIN_ALLOW_THREADS;
-	rc = ferry_barrier(n->fy);
-	Py_END_ALLOW_THREADS;
-	if (rc)
-		return raise_rc(rc, "ferry_barrier");
-	Py_RETURN_NONE;
+	RETURN_CALL("ferry_barrier", ferry_barrier(n->fy));
 }
 
 static PyObject *node_stats(NodeObject *n, PyObject *unused)
@@ -296,16 +289,10 @@ static PyObject *node_epoch(NodeObject *n, void *unused)
 static PyObject *node_clock(NodeObject *n, PyObject *unused)
 {
 	struct pyw *pw;
-	int rc;
 
 	if (node_check(n) || !(pw = node_worker(n)))
 		return NULL;
-	Py_BEGIN_ALLOW_THREADS;
-	rc = ferry_clock(pw->w);
-	Py_END_ALLOW_THREADS;
-	if (rc)
-		return raise_rc(rc, "ferry_clock");
-	Py_RETURN_NONE;
+	RETURN_CALL("ferry_clock", ferry_clock(pw->w));
 }
 
 static PyObject *node_clock_get(NodeObject *n, PyObject *unused)
@@ -338,7 +325,8 @@ static PyObject *node_coll_algo(NodeObject *n, PyObject *arg)
 	Py_RETURN_NONE;
 }
 
-static PyObject *node_enter(PyObject *n, PyObject *unused)
+/* __enter__ of the context managers (Node, Group): the object itself */
+PyObject *self_enter(PyObject *n, PyObject *unused)
 {
 	Py_INCREF(n);
 	return n;
@@ -351,7 +339,7 @@ static PyObject *node_exit(NodeObject *n, PyObject *args)
 }
 
 static PyMethodDef node_methods[] = {
-	{ "__enter__", (PyCFunction)node_enter, METH_NOARGS, NULL },
+	{ "__enter__", (PyCFunction)self_enter, METH_NOARGS, NULL },
 	{ "__exit__", (PyCFunction)node_exit, METH_VARARGS, NULL },
 	{ "close", (PyCFunction)node_close, METH_NOARGS, "leave the cluster (ferry_close)" },
 	{ "barrier", (PyCFunction)node_barrier, METH_NOARGS, "wait for every node" },

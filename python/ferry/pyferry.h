@@ -65,6 +65,19 @@ extern PyTypeObject NodeType, TableType, HandleType, CollType, GroupType, CkptTy
 		name, (PyCFunction)(void (*)(void))fn, METH_FASTCALL | METH_KEYWORDS, doc \
 	}
 
+/* returns from the caller: None once @call (an int expression, run without
+ * the GIL) gave 0, else ferry.Error naming @what */
+#define RETURN_CALL(what, call)                     \
+	do {                                        \
+		int rc_;                            \
+		Py_BEGIN_ALLOW_THREADS;             \
+		rc_ = (call);                       \
+		Py_END_ALLOW_THREADS;               \
+		if (rc_)                            \
+			return raise_rc(rc_, what); \
+		Py_RETURN_NONE;                     \
+	} while (0)
+
 /* a dict entry per counter; returns NULL from the caller on failure */
 #define STAT(d, s, f)                                              \
 	do {                                                       \
@@ -79,6 +92,7 @@ extern PyTypeObject NodeType, TableType, HandleType, CollType, GroupType, CkptTy
 
 /* module.c */
 PyObject *raise_rc(int rc, const char *what);
+PyObject *self_enter(PyObject *n, PyObject *unused);
 void pyw_put(struct pyw *p);
 int node_check(NodeObject *n);
 struct pyw *node_worker(NodeObject *n);

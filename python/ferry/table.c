@@ -438,16 +438,10 @@ static PyObject *table_c_pull_loop(TableObject *t, PyObject *args)
 static PyObject *table_flush(TableObject *t, PyObject *unused)
 {
 	struct pyw *pw;
-	int rc;
 
 	if (table_check(t) || !(pw = node_worker(t->node)))
 		return NULL;
-	Py_BEGIN_ALLOW_THREADS;
-	rc = ferry_flush(pw->w, t->t);
-	Py_END_ALLOW_THREADS;
-	if (rc)
-		return raise_rc(rc, "ferry_flush");
-	Py_RETURN_NONE;
+	RETURN_CALL("ferry_flush", ferry_flush(pw->w, t->t));
 }
 
 /* ---- checkpoints ------------------------------------------------------ */
@@ -489,21 +483,28 @@ err:
 	return -1;
 }
 
-/* Table.checkpoint(dir): the whole checkpoint, collective */
-static PyObject *table_checkpoint(TableObject *t, PyObject *args, PyObject *kw)
+/* Table.checkpoint(dir) and Table.restore(dir): collective, one C call */
+static PyObject *ckpt_call(TableObject *t, PyObject *args, PyObject *kw, const char *fn,
+			   int (*call)(struct ferry_table *, const char *), const char *cfn)
 {
 	PyObject *path;
 	int rc;
 
-	if (ckpt_args(t, args, kw, "checkpoint", &path))
+	if (ckpt_args(t, args, kw, fn, &path))
 		return NULL;
 	Py_BEGIN_ALLOW_THREADS;
-	rc = ferry_table_checkpoint(t->t, PyBytes_AS_STRING(path));
+	rc = call(t->t, PyBytes_AS_STRING(path));
 	Py_END_ALLOW_THREADS;
 	Py_DECREF(path);
 	if (rc)
-		return raise_rc(rc, "ferry_table_checkpoint");
+		return raise_rc(rc, cfn);
 	Py_RETURN_NONE;
+}
+
+static PyObject *table_checkpoint(TableObject *t, PyObject *args, PyObject *kw)
+{
+	return ckpt_call(t, args, kw, "checkpoint", ferry_table_checkpoint,
+			 "ferry_table_checkpoint");
 }
 
 /* Table.checkpoint_async(dir) -> Checkpoint: the mark; wait() writes it out */
@@ -540,21 +541,9 @@ static PyObject *table_checkpoint_async(TableObject *t, PyObject *args, PyObject
 	return (PyObject *)c;
 }
 
-/* Table.restore(dir): load a checkpoint, collective */
 static PyObject *table_restore(TableObject *t, PyObject *args, PyObject *kw)
 {
-	PyObject *path;
-	int rc;
-
-	if (ckpt_args(t, args, kw, "restore", &path))
-		return NULL;
-	Py_BEGIN_ALLOW_THREADS;
-	rc = ferry_table_restore(t->t, PyBytes_AS_STRING(path));
-	Py_END_ALLOW_THREADS;
-	Py_DECREF(path);
-	if (rc)
-		return raise_rc(rc, "ferry_table_restore");
-	Py_RETURN_NONE;
+	return ckpt_call(t, args, kw, "restore", ferry_table_restore, "ferry_table_restore");
 }
 
 /* the collective end of the checkpoint. Context: GIL held, its thread. */
