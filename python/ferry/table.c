@@ -583,8 +583,10 @@ static PyObject *ckpt_done(CkptObject *c, void *unused)
 
 /*
  * Dropped before its wait(): the wait is a collective the other nodes make,
- * so make it here on its own thread (bounded by the node's timeout); on
- * another thread the handle's memory is left to the node's close.
+ * so make it here on its own thread (bounded by the node's timeout). On
+ * another thread it cannot be finished: the checkpoint and its table are
+ * kept (the table still counts it, so destroy() stays refused and the
+ * table is never destroyed under the shard's writer).
  */
 static void ckpt_dealloc(CkptObject *c)
 {
@@ -596,11 +598,11 @@ static void ckpt_dealloc(CkptObject *c)
 		PyErr_Fetch(&et, &ev, &etb);
 		if (PyErr_WarnEx(PyExc_ResourceWarning,
 				 "ferry: a checkpoint was dropped on another thread before its "
-				 "wait(); it is left unfinished",
+				 "wait(); it is left unfinished, and its table is kept",
 				 1))
 			PyErr_WriteUnraisable((PyObject *)c);
 		PyErr_Restore(et, ev, etb);
-		c->table->pending--;
+		c->table = NULL; /* its reference is kept */
 	}
 	Py_XDECREF(c->table);
 	PyObject_Free(c);
