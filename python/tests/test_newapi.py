@@ -1,10 +1,12 @@
 # SPDX-License-Identifier: MIT
 """The newer C API from Python: the cluster token, etcd membership, groups, checkpoints,
 consistency models and replicas, each with its bad arguments refused clearly."""
+import ctypes
 import errno
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -103,6 +105,12 @@ def free_port():
     return p
 
 
+def die_with_parent():
+    """In the etcd child: SIGKILL when the test process ends (a crash included, which
+    runs no fixture teardown), as test_etcd.c does with prctl(PR_SET_PDEATHSIG)."""
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
 @pytest.fixture(scope="module")
 def etcd():
     """A real etcd (Debian's etcd-server) on loopback, with a temporary data folder."""
@@ -117,7 +125,7 @@ def etcd():
                               "--listen-client-urls", url, "--advertise-client-urls", url,
                               "--listen-peer-urls", purl, "--initial-advertise-peer-urls", purl,
                               "--initial-cluster", "ferrypy=" + purl],
-                             stdout=log, stderr=subprocess.STDOUT)
+                             stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
     try:
         deadline = time.monotonic() + 15
         while True:
