@@ -6,7 +6,9 @@ For each case the same table, keys and output buffer are pulled N times
   py       t.pull(keys, out=out) from a Python loop (the binding: argument parsing, buffer
            checks, GIL release and reacquire)
   py-new   t.pull(keys), a new numpy array each call
-  torch    t.pull(keys_t, out=out_t) with torch tensors (seen through their .numpy() view)
+  torch    t.pull(keys_t, out=out_t) with torch tensors, read each of the binding's ways
+           (TORCH_PATHS: the attributes by interned name, the default; one DLPack export;
+           the attributes by C string, as the first version did)
 and the script prints us per call, the difference (added per call) and the ratio py / c.
 Cases: 1 key and 1000 keys, owned here (the local fast path: the binding's cost stands
 alone) and owned by the other node of a 2-node cluster of threads (over the transport).
@@ -21,6 +23,9 @@ import time
 import numpy as np
 
 import ferry
+
+# how the binding reads a torch tensor (arrays.c, enum tensor_path): the default first
+TORCH_PATHS = ("attrs", "dlpack", "strings")
 
 
 def measure(t, keys, iters, reps, vl):
@@ -44,22 +49,28 @@ def measure(t, keys, iters, reps, vl):
         keys_t = torch.from_numpy(keys.astype(np.int64))
         out_t = torch.from_numpy(out.copy())
 
-        def py_torch():
+        def py_torch(path):
+            ferry._ferry._tensor_path(path)
             t0 = time.perf_counter()
             for _ in range(iters):
                 t.pull(keys_t, out=out_t)
-            return time.perf_counter() - t0
+            dt = time.perf_counter() - t0
+            ferry._ferry._tensor_path("attrs")
+            return dt
     except ImportError:
-        def py_torch():
+        def py_torch(path):
             return float("nan")
 
     # interleaved, so a disturbance from other processes hits all of them alike
-    runs = [(t._c_pull_loop(keys, out, iters), py(), py_new(), py_torch())
-            for _ in range(reps)]
-    c, p, pn, pt = (min(r[i] for r in runs) / iters * 1e6 for i in range(4))
-    return {"c_us": c, "py_us": p, "py_new_us": pn, "torch_us": pt, "added_us": p - c,
-            "added_new_us": pn - c, "added_torch_us": pt - c, "ratio": p / c,
-            "ratio_torch": pt / c}
+    runs = [(t._c_pull_loop(keys, out, iters), py(), py_new()) +
+            tuple(py_torch(p) for p in TORCH_PATHS) for _ in range(reps)]
+    c, p, pn, *pt = (min(r[i] for r in runs) / iters * 1e6 for i in range(3 + len(TORCH_PATHS)))
+    res = {"c_us": c, "py_us": p, "py_new_us": pn, "added_us": p - c, "added_new_us": pn - c,
+           "ratio": p / c}
+    for path, v in zip(TORCH_PATHS, pt):
+        res.update({"torch_%s_us" % path: v, "added_torch_%s_us" % path: v - c,
+                    "ratio_torch_%s" % path: v / c})
+    return res
 
 
 def main():
@@ -68,6 +79,7 @@ def main():
     ap.add_argument("--iters", type=int, default=20000, help="calls per repetition, 1 key")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--json")
+    ap.add_argument("--where", choices=("local", "remote", "both"), default="both")
     args = ap.parse_args()
     vl = args.value_len
     res = {"value_len": vl, "reps": args.reps, "cases": []}
@@ -80,7 +92,7 @@ def main():
     [x.start() for x in ths]
     [x.join() for x in ths]
     t = tabs[0]
-    for where in ("local", "remote"):
+    for where in ("local", "remote") if args.where == "both" else (args.where,):
         for n in (1, 1000):
             # range placement: keys 0..1999 are rank 0's, 2000..3999 rank 1's
             base = 0 if where == "local" else 2000
@@ -91,10 +103,13 @@ def main():
             r.update({"where": where, "keys": n, "iters": iters})
             res["cases"].append(r)
             print("%-6s %4d keys: C %8.3f us  Python %8.3f us (+%.3f, x%.3f)  "
-                  "new array %8.3f us (+%.3f)  torch %8.3f us (+%.3f, x%.3f)"
+                  "new array %8.3f us (+%.3f)"
                   % (where, n, r["c_us"], r["py_us"], r["added_us"], r["ratio"],
-                     r["py_new_us"], r["added_new_us"], r["torch_us"], r["added_torch_us"],
-                     r["ratio_torch"]), flush=True)
+                     r["py_new_us"], r["added_new_us"]), flush=True)
+            for path in TORCH_PATHS:
+                print("              torch %-7s %8.3f us (+%.3f, x%.3f)"
+                      % (path, r["torch_%s_us" % path], r["added_torch_%s_us" % path],
+                         r["ratio_torch_%s" % path]), flush=True)
     done = threading.Event()
 
     def fin(i):

@@ -23,8 +23,10 @@ from ._ferry import (  # noqa: F401
     E_NOJOIN,
     E_PEER,
     E_PROTO,
+    Checkpoint,
     CollHandle,
     Error,
+    Group,
     Handle,
     Node,
     Table,
@@ -37,5 +39,6 @@ from ._ferry import (  # noqa: F401
 __version__ = version
 __all__ = [
     "open", "local_cluster", "strerror", "Error", "Node", "Table", "Handle", "CollHandle",
+    "Group", "Checkpoint",
     "version", "E_BASE", "E_CLOSED", "E_MISMATCH", "E_PROTO", "E_PEER", "E_NOJOIN", "E_NODEV",
 ]

@@ -28,17 +28,13 @@ static int coll_dtype(struct arr *a, enum ferry_dtype *dt_p)
 
 static int coll_op(const char *s, enum ferry_redop *op_p)
 {
-	if (!strcmp(s, "sum"))
-		*op_p = FERRY_SUM;
-	else if (!strcmp(s, "max"))
-		*op_p = FERRY_MAX;
-	else if (!strcmp(s, "min"))
-		*op_p = FERRY_MIN;
-	else {
-		PyErr_Format(PyExc_ValueError, "ferry: op must be 'sum', 'max' or 'min', not '%s'",
-			     s);
+	static const char *const names[] = { "sum", "max", "min", NULL };
+	static const enum ferry_redop ops[] = { FERRY_SUM, FERRY_MAX, FERRY_MIN };
+	int i = name_pick(s, "op", names);
+
+	if (i < 0)
 		return -1;
-	}
+	*op_p = ops[i];
 	return 0;
 }
 
@@ -46,9 +42,17 @@ typedef struct {
 	PyObject_HEAD struct ferry_coll *c;
 	struct arr src, dst;
 	PyObject *result;
-	NodeObject *node;
+	PyObject *owner; /* the Node or the Group: outlives the collective */
 	int rc;
 } CollObject;
+
+/* a group of nodes (Node.group): its handle, until destroy() or the close */
+typedef struct {
+	PyObject_HEAD NodeObject *node;
+	struct ferry_group *g; /* NULL once destroyed */
+	PyObject *ranks;       /* tuple of the member ranks, in order */
+	int index;	       /* this node's among them */
+} GroupObject;
 
 static void coll_finish(CollObject *c, int rc)
 {
@@ -99,7 +103,7 @@ static void coll_dealloc(CollObject *c)
 		coll_finish(c, rc);
 	}
 	Py_XDECREF(c->result);
-	Py_XDECREF(c->node);
+	Py_XDECREF(c->owner);
 	PyObject_Free(c);
 }
 
@@ -109,12 +113,21 @@ enum coll_kind {
 	C_BROADCAST
 };
 
-/* allreduce(src, dst=None, op="sum"), reduce(src, dst=None, op="sum",
- * root=0), broadcast(buf, root=0); dst None: in place, into src */
-static PyObject *node_coll(NodeObject *n, PyObject *args, PyObject *kw, enum coll_kind k, int async)
+/*
+ * allreduce(src, dst=None, op="sum"), reduce(src, dst=None, op="sum",
+ * root=0), broadcast(buf, root=0); dst None: in place, into src. On @g
+ * when not NULL (its members; roots are member indices), else on every node.
+ * @owner (the Node or the Group) is held by an asynchronous handle.
+ */
+static PyObject *coll_run(NodeObject *n, struct ferry_group *g, PyObject *owner, PyObject *args,
+			  PyObject *kw, enum coll_kind k, int async)
 {
 	static char *kw_red[] = { "src", "dst", "op", "root", NULL };
 	static char *kw_bc[] = { "buf", "root", NULL };
+	static const char *const fns[2][3] = {
+		{ "ferry_allreduce", "ferry_reduce", "ferry_broadcast" },
+		{ "ferry_group_allreduce", "ferry_group_reduce", "ferry_group_broadcast" },
+	};
 	PyObject *osrc, *odst = Py_None;
 	const char *ops = "sum";
 	int root = 0, rc, inplace;
@@ -150,23 +163,31 @@ static PyObject *node_coll(NodeObject *n, PyObject *args, PyObject *kw, enum col
 	}
 	{
 		void *s = src.view.buf, *d = inplace ? s : dst.view.buf;
+		struct ferry_coll **cp = async ? &c : NULL;
 
 		Py_BEGIN_ALLOW_THREADS;
-		if (k == C_ALLREDUCE)
-			rc = async ? ferry_allreduce_start(n->fy, s, d, count, dt, op, &c) :
-				     ferry_allreduce(n->fy, s, d, count, dt, op);
+		if (g && k == C_ALLREDUCE)
+			rc = cp ? ferry_group_allreduce_start(g, s, d, count, dt, op, cp) :
+				  ferry_group_allreduce(g, s, d, count, dt, op);
+		else if (g && k == C_REDUCE)
+			rc = cp ? ferry_group_reduce_start(g, s, d, count, dt, op, root, cp) :
+				  ferry_group_reduce(g, s, d, count, dt, op, root);
+		else if (g)
+			rc = cp ? ferry_group_broadcast_start(g, s, count, dt, root, cp) :
+				  ferry_group_broadcast(g, s, count, dt, root);
+		else if (k == C_ALLREDUCE)
+			rc = cp ? ferry_allreduce_start(n->fy, s, d, count, dt, op, cp) :
+				  ferry_allreduce(n->fy, s, d, count, dt, op);
 		else if (k == C_REDUCE)
-			rc = async ? ferry_reduce_start(n->fy, s, d, count, dt, op, root, &c) :
-				     ferry_reduce(n->fy, s, d, count, dt, op, root);
+			rc = cp ? ferry_reduce_start(n->fy, s, d, count, dt, op, root, cp) :
+				  ferry_reduce(n->fy, s, d, count, dt, op, root);
 		else
-			rc = async ? ferry_broadcast_start(n->fy, s, count, dt, root, &c) :
-				     ferry_broadcast(n->fy, s, count, dt, root);
+			rc = cp ? ferry_broadcast_start(n->fy, s, count, dt, root, cp) :
+				  ferry_broadcast(n->fy, s, count, dt, root);
 		Py_END_ALLOW_THREADS;
 	}
 	if (rc) {
-		raise_rc(rc, k == C_ALLREDUCE ? "ferry_allreduce" :
-			     k == C_REDUCE    ? "ferry_reduce" :
-						"ferry_broadcast");
+		raise_rc(rc, fns[g != NULL][k]);
 		goto err;
 	}
 	if (async) {
@@ -184,8 +205,8 @@ static PyObject *node_coll(NodeObject *n, PyObject *args, PyObject *kw, enum col
 		co->rc = 0;
 		co->result = inplace ? osrc : odst;
 		Py_INCREF(co->result);
-		Py_INCREF(n);
-		co->node = n;
+		Py_INCREF(owner);
+		co->owner = owner;
 		return (PyObject *)co;
 	}
 	arr_release(&src);
@@ -199,10 +220,10 @@ err:
 	return NULL;
 }
 
-#define COLLFN(name, k, async)                                      \
-	PyObject *name(NodeObject *n, PyObject *args, PyObject *kw) \
-	{                                                           \
-		return node_coll(n, args, kw, k, async);            \
+#define COLLFN(name, k, async)                                               \
+	PyObject *name(NodeObject *n, PyObject *args, PyObject *kw)          \
+	{                                                                    \
+		return coll_run(n, NULL, (PyObject *)n, args, kw, k, async); \
 	}
 COLLFN(node_allreduce, C_ALLREDUCE, 0)
 COLLFN(node_reduce, C_REDUCE, 0)
@@ -210,6 +231,198 @@ COLLFN(node_broadcast, C_BROADCAST, 0)
 COLLFN(node_allreduce_async, C_ALLREDUCE, 1)
 COLLFN(node_reduce_async, C_REDUCE, 1)
 COLLFN(node_broadcast_async, C_BROADCAST, 1)
+
+/* ---- groups ----------------------------------------------------------- */
+
+static int group_check(GroupObject *gr)
+{
+	if (node_check(gr->node))
+		return -1;
+	if (!gr->g) {
+		PyErr_SetString(PyExc_ValueError, "ferry: the group was destroyed");
+		return -1;
+	}
+	return 0;
+}
+
+#define GROUPFN(name, k, async)                                                       \
+	static PyObject *name(GroupObject *gr, PyObject *args, PyObject *kw)          \
+	{                                                                             \
+		if (group_check(gr))                                                  \
+			return NULL;                                                  \
+		return coll_run(gr->node, gr->g, (PyObject *)gr, args, kw, k, async); \
+	}
+GROUPFN(group_allreduce, C_ALLREDUCE, 0)
+GROUPFN(group_reduce, C_REDUCE, 0)
+GROUPFN(group_broadcast, C_BROADCAST, 0)
+GROUPFN(group_allreduce_async, C_ALLREDUCE, 1)
+GROUPFN(group_reduce_async, C_REDUCE, 1)
+GROUPFN(group_broadcast_async, C_BROADCAST, 1)
+
+/*
+ * Node.group(ranks): the ranks are checked here, each fault its own
+ * message (the C library would say -EINVAL and log the reason).
+ */
+PyObject *node_group(NodeObject *n, PyObject *args, PyObject *kw)
+{
+	static char *kwl[] = { "ranks", NULL };
+	PyObject *oranks, *seq = NULL, *tuple = NULL;
+	uint32_t *ranks = NULL;
+	GroupObject *gr = NULL;
+	struct ferry_group *g;
+	Py_ssize_t nr;
+	int world, me, index = -1, rc;
+
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "O", kwl, &oranks) || node_check(n))
+		return NULL;
+	world = ferry_world(n->fy);
+	me = ferry_rank(n->fy);
+	seq = PySequence_Fast(oranks, "ferry: ranks must be a sequence of ints (a list of ranks)");
+	if (!seq)
+		return NULL;
+	nr = PySequence_Fast_GET_SIZE(seq);
+	if (nr < 1 || nr > world) {
+		PyErr_Format(PyExc_ValueError,
+			     "ferry: a group has 1 to %d (the world) ranks, not %zd", world, nr);
+		goto err;
+	}
+	ranks = PyMem_Calloc((size_t)nr, sizeof(*ranks));
+	tuple = PyTuple_New(nr);
+	if (!ranks || !tuple) {
+		PyErr_NoMemory();
+		goto err;
+	}
+	for (Py_ssize_t i = 0; i < nr; i++) {
+		PyObject *o = PySequence_Fast_GET_ITEM(seq, i);
+		long r = PyLong_Check(o) ? PyLong_AsLong(o) : -2;
+
+		if (r == -1 && PyErr_Occurred())
+			goto err;
+		if (!PyLong_Check(o) || r < 0 || r >= world) {
+			PyErr_Format(PyExc_ValueError,
+				     "ferry: group member %zd is %R: ranks are ints 0 .. %d", i, o,
+				     world - 1);
+			goto err;
+		}
+		for (Py_ssize_t j = 0; j < i; j++)
+			if (ranks[j] == (uint32_t)r) {
+				PyErr_Format(PyExc_ValueError,
+					     "ferry: rank %ld is in the group twice", r);
+				goto err;
+			}
+		ranks[i] = (uint32_t)r;
+		if (r == me)
+			index = (int)i;
+		PyTuple_SET_ITEM(tuple, i, PyLong_FromLong(r));
+		if (!PyTuple_GET_ITEM(tuple, i))
+			goto err;
+	}
+	if (index < 0) {
+		PyErr_Format(PyExc_ValueError,
+			     "ferry: this node (rank %d) is not in the group %R: only members "
+			     "create a group",
+			     me, tuple);
+		goto err;
+	}
+	gr = PyObject_New(GroupObject, &GroupType);
+	if (!gr)
+		goto err;
+	gr->g = NULL;
+	gr->ranks = tuple;
+	tuple = NULL;
+	Py_INCREF(n);
+	gr->node = n;
+	gr->index = index;
+	rc = ferry_group_create(n->fy, ranks, (size_t)nr, &g);
+	if (rc) {
+		raise_rc(rc, rc == -EEXIST ? "ferry_group_create: this node has a group of these "
+					     "ranks already; use it, or destroy() it first" :
+					     "ferry_group_create");
+		goto err;
+	}
+	gr->g = g;
+	PyMem_Free(ranks);
+	Py_DECREF(seq);
+	return (PyObject *)gr;
+err:
+	Py_XDECREF(gr);
+	Py_XDECREF(tuple);
+	PyMem_Free(ranks);
+	Py_DECREF(seq);
+	return NULL;
+}
+
+/* the close frees the groups left: after it, only forget the handle */
+static int group_do_destroy(GroupObject *gr)
+{
+	int rc = 0;
+
+	if (gr->g && !gr->node->closed && gr->node->fy)
+		rc = ferry_group_destroy(gr->g);
+	if (!rc)
+		gr->g = NULL;
+	return rc;
+}
+
+static PyObject *group_destroy(GroupObject *gr, PyObject *unused)
+{
+	int rc = group_do_destroy(gr);
+
+	if (rc)
+		return raise_rc(rc, "ferry_group_destroy: wait() its started collectives first");
+	Py_RETURN_NONE;
+}
+
+static void group_dealloc(GroupObject *gr)
+{
+	/* no handle is left (each holds the group), so this cannot be busy */
+	group_do_destroy(gr);
+	Py_XDECREF(gr->ranks);
+	Py_XDECREF(gr->node);
+	PyObject_Free(gr);
+}
+
+static PyObject *group_exit(GroupObject *gr, PyObject *args)
+{
+	PyObject *r = group_destroy(gr, NULL);
+
+	if (!r)
+		return NULL;
+	Py_DECREF(r);
+	Py_RETURN_FALSE;
+}
+
+static PyMethodDef group_methods[] = {
+	{ "__enter__", (PyCFunction)self_enter, METH_NOARGS, NULL },
+	{ "__exit__", (PyCFunction)group_exit, METH_VARARGS, NULL },
+	KWM("allreduce", group_allreduce, "allreduce(src, dst=None, op='sum') -> dst"),
+	KWM("reduce", group_reduce, "reduce(src, dst=None, op='sum', root=0) -> dst; root: index"),
+	KWM("broadcast", group_broadcast, "broadcast(buf, root=0) -> buf; root: member index"),
+	KWM("allreduce_async", group_allreduce_async, "as allreduce; returns a handle"),
+	KWM("reduce_async", group_reduce_async, "as reduce; returns a handle"),
+	KWM("broadcast_async", group_broadcast_async, "as broadcast; returns a handle"),
+	{ "destroy", (PyCFunction)group_destroy, METH_NOARGS,
+	  "free this node's handle (every member)" },
+	{ NULL }
+};
+
+static PyMemberDef group_members[] = {
+	{ "ranks", T_OBJECT, offsetof(GroupObject, ranks), READONLY, "the member ranks, in order" },
+	{ "rank", T_INT, offsetof(GroupObject, index), READONLY,
+	  "this node's index among them (its rank in the group)" },
+	{ "node", T_OBJECT, offsetof(GroupObject, node), READONLY, "the node" },
+	{ NULL }
+};
+
+PyTypeObject GroupType = {
+	PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ferry._ferry.Group",
+	.tp_basicsize = sizeof(GroupObject),
+	.tp_flags = Py_TPFLAGS_DEFAULT,
+	.tp_doc = "a group of nodes for collectives (Node.group)",
+	.tp_dealloc = (destructor)group_dealloc,
+	.tp_methods = group_methods,
+	.tp_members = group_members,
+};
 
 static PyMethodDef coll_methods[] = {
 	{ "wait", (PyCFunction)coll_wait, METH_NOARGS, "wait; returns the result buffer" },

@@ -4,7 +4,7 @@
  *
  * A hand-written extension module over the public API (include/ferry/ferry.h)
  * and nothing else. Each call checks its arrays through the buffer protocol
- * (numpy arrays; CPU torch tensors through their zero-copy .numpy() view), so
+ * (numpy arrays; CPU torch tensors through their attributes: arrays.c), so
  * the C library reads keys and writes values in the caller's own memory, and
  * drops the GIL for the whole of every call that can wait.
  *
@@ -61,17 +61,33 @@ static void pnode_put(struct pnode *pn)
 }
 
 /*
- * Drops a reference. The last one destroys the worker, which only its own
- * thread may do; a handle freed on another thread after its thread ended
- * leaves the worker behind (its memory only: the node is closed by then or
- * keeps serving without it).
+ * The worker goes when its thread leaves it: at the thread's exit (the key's
+ * destructor) or when the thread closes the node. It must: a worker is
+ * registered with RCU on its thread, and a registration that outlives its
+ * thread makes every later synchronize_rcu() of the process read the dead
+ * thread's memory. Handles that still hold the pyw then find w NULL: the
+ * worker's destruction ended their operations (no buffer is touched after
+ * it), and they report -ECANCELED.
+ * Context: the pyw's own thread, with or without the GIL.
+ */
+static void pyw_leave(struct pyw *p)
+{
+	if (p->w)
+		ferry_worker_destroy(p->w);
+	p->w = NULL;
+	pyw_put(p);
+}
+
+/*
+ * Drops a reference; the last frees the pyw (its worker is gone by then,
+ * unless this is its own thread, which may still destroy it).
  * Context: any thread, with or without the GIL (the key destructor has none).
  */
 void pyw_put(struct pyw *p)
 {
 	if (atomic_fetch_sub(&p->refs, 1) != 1)
 		return;
-	if (pthread_equal(p->tid, pthread_self()))
+	if (p->w && pthread_equal(p->tid, pthread_self()))
 		ferry_worker_destroy(p->w);
 	pnode_put(p->pn);
 	PyMem_RawFree(p);
@@ -80,7 +96,7 @@ void pyw_put(struct pyw *p)
 /* the key's destructor: runs on the exiting thread */
 static void pyw_key_dtor(void *v)
 {
-	pyw_put(v);
+	pyw_leave(v);
 }
 
 /* ---- Node ------------------------------------------------------------- */
@@ -165,7 +181,7 @@ static void node_do_close(NodeObject *n)
 	Py_BEGIN_ALLOW_THREADS;
 	if (p) {
 		pthread_setspecific(n->pn->key, NULL);
-		pyw_put(p);
+		pyw_leave(p);
 	}
 	ferry_close(n->fy);
 	Py_END_ALLOW_THREADS;
@@ -206,16 +222,9 @@ static PyObject *node_closed(NodeObject *n, void *unused)
 
 static PyObject *node_barrier(NodeObject *n, PyObject *unused)
 {
-	int rc;
-
 	if (node_check(n))
 		return NULL;
-	Py_BEGIN_ALLOW_THREADS;
-	rc = ferry_barrier(n->fy);
-	Py_END_ALLOW_THREADS;
-	if (rc)
-		return raise_rc(rc, "ferry_barrier");
-	Py_RETURN_NONE;
+	RETURN_CALL("ferry_barrier", ferry_barrier(n->fy));
 }
 
 static PyObject *node_stats(NodeObject *n, PyObject *unused)
@@ -245,10 +254,79 @@ static PyObject *node_stats(NodeObject *n, PyObject *unused)
 	STAT(d, s, onesided_reads);
 	STAT(d, s, onesided_retries);
 	STAT(d, s, onesided_fallbacks);
+	STAT(d, s, cons_hits);
+	STAT(d, s, cons_misses);
+	STAT(d, s, cons_refreshed);
+	{
+		PyObject *l = PyList_New(FERRY_STALENESS_BUCKETS);
+
+		for (int i = 0; l && i < FERRY_STALENESS_BUCKETS; i++) {
+			PyObject *v = PyLong_FromUnsignedLongLong(s.staleness[i]);
+
+			if (!v)
+				Py_CLEAR(l);
+			else
+				PyList_SET_ITEM(l, i, v);
+		}
+		if (!l || PyDict_SetItemString(d, "staleness", l)) {
+			Py_XDECREF(l);
+			Py_DECREF(d);
+			return NULL;
+		}
+		Py_DECREF(l);
+	}
 	return d;
 }
 
-static PyObject *node_enter(PyObject *n, PyObject *unused)
+static PyObject *node_epoch(NodeObject *n, void *unused)
+{
+	if (node_check(n))
+		return NULL;
+	return PyLong_FromUnsignedLongLong(ferry_epoch(n->fy));
+}
+
+/* Node.clock(): ends this thread's iteration (ferry_clock on its worker) */
+static PyObject *node_clock(NodeObject *n, PyObject *unused)
+{
+	struct pyw *pw;
+
+	if (node_check(n) || !(pw = node_worker(n)))
+		return NULL;
+	RETURN_CALL("ferry_clock", ferry_clock(pw->w));
+}
+
+static PyObject *node_clock_get(NodeObject *n, PyObject *unused)
+{
+	struct pyw *pw;
+
+	if (node_check(n) || !(pw = node_worker(n)))
+		return NULL;
+	return PyLong_FromUnsignedLongLong(ferry_clock_get(pw->w));
+}
+
+/* Node.coll_algo(name): "auto", "doubling" or "ring" (ferry_coll_algo_set) */
+static PyObject *node_coll_algo(NodeObject *n, PyObject *arg)
+{
+	static const char *const names[] = { "auto", "doubling", "ring", NULL };
+	const char *s = PyUnicode_Check(arg) ? PyUnicode_AsUTF8(arg) : NULL;
+	int i, rc;
+
+	if (!s) {
+		if (!PyErr_Occurred())
+			PyErr_Format(PyExc_TypeError, "ferry: the algorithm is a str, not %.80s",
+				     Py_TYPE(arg)->tp_name);
+		return NULL;
+	}
+	if ((i = name_pick(s, "the algorithm", names)) < 0 || node_check(n))
+		return NULL;
+	rc = ferry_coll_algo_set(n->fy, (enum ferry_coll_algo)i);
+	if (rc)
+		return raise_rc(rc, "ferry_coll_algo_set");
+	Py_RETURN_NONE;
+}
+
+/* __enter__ of the context managers (Node, Group): the object itself */
+PyObject *self_enter(PyObject *n, PyObject *unused)
 {
 	Py_INCREF(n);
 	return n;
@@ -261,12 +339,18 @@ static PyObject *node_exit(NodeObject *n, PyObject *args)
 }
 
 static PyMethodDef node_methods[] = {
-	{ "__enter__", (PyCFunction)node_enter, METH_NOARGS, NULL },
+	{ "__enter__", (PyCFunction)self_enter, METH_NOARGS, NULL },
 	{ "__exit__", (PyCFunction)node_exit, METH_VARARGS, NULL },
 	{ "close", (PyCFunction)node_close, METH_NOARGS, "leave the cluster (ferry_close)" },
 	{ "barrier", (PyCFunction)node_barrier, METH_NOARGS, "wait for every node" },
 	{ "stats", (PyCFunction)node_stats, METH_NOARGS, "this node's counters, a dict" },
 	KWM("table", node_table, "create a table (collective)"),
+	KWM("group", node_group, "group(ranks): the group of these ranks, for collectives"),
+	{ "clock", (PyCFunction)node_clock, METH_NOARGS,
+	  "end this thread's iteration (ferry_clock): consistency models" },
+	{ "clock_get", (PyCFunction)node_clock_get, METH_NOARGS, "this thread's clock" },
+	{ "coll_algo", (PyCFunction)node_coll_algo, METH_O,
+	  "coll_algo('auto' | 'doubling' | 'ring'): force the collectives' algorithm" },
 	KWM("allreduce", node_allreduce, "allreduce(src, dst=None, op='sum') -> dst"),
 	KWM("reduce", node_reduce, "reduce(src, dst=None, op='sum', root=0) -> dst"),
 	KWM("broadcast", node_broadcast, "broadcast(buf, root=0) -> buf"),
@@ -280,6 +364,7 @@ static PyGetSetDef node_getset[] = {
 	{ "rank", (getter)node_rank, NULL, "this node's rank", NULL },
 	{ "world", (getter)node_world, NULL, "nodes in the cluster", NULL },
 	{ "closed", (getter)node_closed, NULL, "close() was called", NULL },
+	{ "epoch", (getter)node_epoch, NULL, "the membership epoch seen (etcd revision; 0)", NULL },
 	{ NULL }
 };
 
@@ -298,36 +383,66 @@ PyTypeObject NodeType = {
 /* "auto", "tcp", "rdma", "loop" -> enum ferry_transport_kind */
 static int transport_kind(const char *s, enum ferry_transport_kind *k_p)
 {
-	static const char *const names[] = { "auto", "tcp", "rdma", "loop" };
+	static const char *const names[] = { "auto", "tcp", "rdma", "loop", NULL };
+	int i = name_pick(s, "transport", names);
 
-	for (int i = 0; i < 4; i++)
-		if (s && !strcmp(s, names[i])) {
-			*k_p = (enum ferry_transport_kind)i;
-			return 0;
-		}
-	PyErr_Format(PyExc_ValueError,
-		     "ferry: transport must be 'auto', 'tcp', 'rdma' or 'loop', not '%s'", s);
-	return -1;
+	if (i < 0)
+		return -1;
+	*k_p = (enum ferry_transport_kind)i;
+	return 0;
+}
+
+/*
+ * What the C library would take and then refuse with only a log line, or
+ * read past: said here as the exception. The token and the endpoints are
+ * copied by ferry_open; the Python strings need live only for the call.
+ */
+static int params_check(const struct ferry_params *p)
+{
+	if (p->token && !*p->token) {
+		PyErr_SetString(PyExc_ValueError,
+				"ferry: token is empty; pass the cluster's shared secret, or None "
+				"for FERRY_TOKEN / FERRY_TOKEN_FILE");
+		return -1;
+	}
+	if (p->etcd_ttl < 0) {
+		PyErr_Format(
+			PyExc_ValueError,
+			"ferry: etcd_ttl is seconds, 1 or more (0: FERRY_ETCD_TTL or 5), not %d",
+			p->etcd_ttl);
+		return -1;
+	}
+	if (p->heartbeat_ms < -1) {
+		PyErr_Format(
+			PyExc_ValueError,
+			"ferry: heartbeat_ms is milliseconds (0: FERRY_HEARTBEAT_MS or 5000; -1: "
+			"off), not %d",
+			p->heartbeat_ms);
+		return -1;
+	}
+	return 0;
 }
 
 static PyObject *mod_open(PyObject *self, PyObject *args, PyObject *kw)
 {
-	static char *kwl[] = { "rank",	    "world",	 "rendezvous", "rendezvous_fd",
-			       "bind_addr", "transport", "timeout_ms", "busy_poll",
-			       "mem_limit", NULL };
+	static char *kwl[] = { "rank",	       "world",	    "rendezvous",     "rendezvous_fd",
+			       "bind_addr",    "transport", "timeout_ms",     "busy_poll",
+			       "mem_limit",    "token",	    "etcd_endpoints", "etcd_ttl",
+			       "heartbeat_ms", NULL };
 	const char *tp = "auto";
-	unsigned long long mem = 0;
+	struct uarg mem = { "mem_limit", UINT64_MAX, 0 };
 	struct ferry_params p;
 	struct ferry *fy;
 	int rc;
 
 	ferry_params_init(&p);
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "|$iizizsiiK", kwl, &p.rank, &p.world,
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "|$iizizsiiO&zzii", kwl, &p.rank, &p.world,
 					 &p.rendezvous, &p.rendezvous_fd, &p.bind_addr, &tp,
-					 &p.timeout_ms, &p.busy_poll, &mem) ||
-	    transport_kind(tp, &p.transport))
+					 &p.timeout_ms, &p.busy_poll, uarg_conv, &mem, &p.token,
+					 &p.etcd_endpoints, &p.etcd_ttl, &p.heartbeat_ms) ||
+	    transport_kind(tp, &p.transport) || params_check(&p))
 		return NULL;
-	p.mem_limit = mem;
+	p.mem_limit = mem.v;
 	Py_BEGIN_ALLOW_THREADS;
 	rc = ferry_open(&p, &fy);
 	Py_END_ALLOW_THREADS;
@@ -338,20 +453,22 @@ static PyObject *mod_open(PyObject *self, PyObject *args, PyObject *kw)
 
 static PyObject *mod_local_cluster(PyObject *self, PyObject *args, PyObject *kw)
 {
-	static char *kwl[] = { "n", "transport", "timeout_ms", "busy_poll", "mem_limit", NULL };
+	static char *kwl[] = { "n",	"transport",	  "timeout_ms", "busy_poll",	"mem_limit",
+			       "token", "etcd_endpoints", "etcd_ttl",	"heartbeat_ms", NULL };
 	struct ferry_params p;
-	unsigned long long mem = 0;
+	struct uarg mem = { "mem_limit", UINT64_MAX, 0 };
 	const char *tp = "auto";
 	struct ferry **fys;
 	PyObject *list;
 	int n, rc;
 
 	ferry_params_init(&p);
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "i|$siiK", kwl, &n, &tp, &p.timeout_ms,
-					 &p.busy_poll, &mem) ||
-	    transport_kind(tp, &p.transport))
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "i|$siiO&zzii", kwl, &n, &tp, &p.timeout_ms,
+					 &p.busy_poll, uarg_conv, &mem, &p.token, &p.etcd_endpoints,
+					 &p.etcd_ttl, &p.heartbeat_ms) ||
+	    transport_kind(tp, &p.transport) || params_check(&p))
 		return NULL;
-	p.mem_limit = mem;
+	p.mem_limit = mem.v;
 	if (n < 1 || n > 64) {
 		PyErr_Format(PyExc_ValueError, "ferry: a local cluster has 1 to 64 nodes, not %d",
 			     n);
@@ -399,6 +516,9 @@ static PyMethodDef mod_methods[] = {
 	KWM("open", mod_open, "join the cluster (ferry_open)"),
 	KWM("local_cluster", mod_local_cluster, "n nodes in this process, over loopback"),
 	{ "strerror", (PyCFunction)mod_strerror, METH_O, "describe an error code" },
+	{ "_tensor_path", (PyCFunction)mod_tensor_path, METH_O,
+	  "benchmarks: how torch tensors are read ('attrs', 'dlpack', 'strings'); returns the "
+	  "previous" },
 	{ NULL }
 };
 
@@ -413,11 +533,12 @@ static struct PyModuleDef mod_def = {
 PyMODINIT_FUNC PyInit__ferry(void);
 PyMODINIT_FUNC PyInit__ferry(void)
 {
-	PyTypeObject *types[] = { &NodeType, &TableType, &HandleType, &CollType };
-	const char *names[] = { "Node", "Table", "Handle", "CollHandle" };
+	PyTypeObject *types[] = { &NodeType, &TableType, &HandleType,
+				  &CollType, &GroupType, &CkptType };
+	const char *names[] = { "Node", "Table", "Handle", "CollHandle", "Group", "Checkpoint" };
 	PyObject *m;
 
-	for (size_t i = 0; i < 4; i++)
+	for (size_t i = 0; i < 6; i++)
 		if (PyType_Ready(types[i]))
 			return NULL;
 	m = PyModule_Create(&mod_def);
@@ -430,7 +551,7 @@ PyMODINIT_FUNC PyInit__ferry(void)
 		PyExc_OSError, NULL);
 	if (!ferry_error || PyModule_AddObjectRef(m, "Error", ferry_error))
 		goto err;
-	for (size_t i = 0; i < 4; i++)
+	for (size_t i = 0; i < 6; i++)
 		if (PyModule_AddObjectRef(m, names[i], (PyObject *)types[i]))
 			goto err;
 	if (PyModule_AddIntConstant(m, "E_BASE", FERRY_ERRNO_BASE) ||

@@ -22,7 +22,7 @@ struct pnode {
 };
 
 struct pyw {
-	struct ferry_worker *w;
+	struct ferry_worker *_Atomic w; /* NULL once its thread left it (module.c) */
 	pthread_t tid;
 	atomic_long refs; /* the thread's key slot and every handle */
 	struct pnode *pn;
@@ -48,15 +48,35 @@ typedef struct {
 	uint64_t num_keys;
 	uint32_t value_len; /* 0: per key (value_lens) */
 	int sparse;
-	long pending; /* handles not yet collected (GIL) */
+	int consistency; /* enum ferry_consistency */
+	long pending;	 /* handles and checkpoints not yet collected (GIL) */
 } TableObject;
 
-extern PyTypeObject NodeType, TableType, HandleType, CollType;
+extern PyTypeObject NodeType, TableType, HandleType, CollType, GroupType, CkptType;
 
 #define KWM(name, fn, doc)                                                               \
 	{                                                                                \
 		name, (PyCFunction)(void (*)(void))fn, METH_VARARGS | METH_KEYWORDS, doc \
 	}
+
+/* a method taking (self, args, nargs, kwnames): args_objs() parses it */
+#define KWF(name, fn, doc)                                                                \
+	{                                                                                 \
+		name, (PyCFunction)(void (*)(void))fn, METH_FASTCALL | METH_KEYWORDS, doc \
+	}
+
+/* returns from the caller: None once @call (an int expression, run without
+ * the GIL) gave 0, else ferry.Error naming @what */
+#define RETURN_CALL(what, call)                     \
+	do {                                        \
+		int rc_;                            \
+		Py_BEGIN_ALLOW_THREADS;             \
+		rc_ = (call);                       \
+		Py_END_ALLOW_THREADS;               \
+		if (rc_)                            \
+			return raise_rc(rc_, what); \
+		Py_RETURN_NONE;                     \
+	} while (0)
 
 /* a dict entry per counter; returns NULL from the caller on failure */
 #define STAT(d, s, f)                                              \
@@ -72,18 +92,31 @@ extern PyTypeObject NodeType, TableType, HandleType, CollType;
 
 /* module.c */
 PyObject *raise_rc(int rc, const char *what);
+PyObject *self_enter(PyObject *n, PyObject *unused);
 void pyw_put(struct pyw *p);
 int node_check(NodeObject *n);
 struct pyw *node_worker(NodeObject *n);
 
 /* arrays.c */
+struct uarg {
+	const char *name;
+	unsigned long long max, v; /* v: the default, then the value */
+};
+int uarg_conv(PyObject *o, void *p);
+int name_pick(const char *s, const char *what, const char *const *names);
+int args_objs(const char *fn, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+	      const char *const *names, int req, PyObject **objs);
 void arr_release(struct arr *a);
 char fmt_letter(const Py_buffer *v);
 int arr_get(PyObject *obj, const char *name, int writable, int keys, struct arr *a);
 int keys_get(PyObject *obj, struct arr *a, size_t *n_p);
+PyObject *mod_tensor_path(PyObject *self, PyObject *arg);
 
 /* table.c */
 PyObject *node_table(NodeObject *n, PyObject *args, PyObject *kw);
+
+/* coll.c */
+PyObject *node_group(NodeObject *n, PyObject *args, PyObject *kw);
 
 /* coll.c */
 PyObject *node_allreduce(NodeObject *n, PyObject *args, PyObject *kw);

@@ -153,8 +153,17 @@ static void handle_finish(HandleObject *h, int rc)
 	h->table->pending--;
 }
 
+/*
+ * 0: @h may be collected here, its thread's; 1: it was just collected as
+ * -ECANCELED, its worker being gone (its thread ended or closed the node:
+ * the operation ended with the worker, its outcome unknown); -1: raised.
+ */
 static int handle_mine(HandleObject *h)
 {
+	if (!h->pw->w) {
+		handle_finish(h, -ECANCELED);
+		return 1;
+	}
 	if (pthread_equal(h->pw->tid, pthread_self()))
 		return 0;
 	PyErr_SetString(PyExc_RuntimeError, "ferry: a handle is waited for by the thread that "
@@ -162,10 +171,23 @@ static int handle_mine(HandleObject *h)
 	return -1;
 }
 
+static PyObject *handle_raise(HandleObject *h)
+{
+	char what[128];
+
+	if (h->rc != -ECANCELED)
+		return raise_rc(h->rc, op_names[h->op]);
+	snprintf(what, sizeof(what),
+		 "%s: its worker is gone (the thread that started it ended, or closed the "
+		 "node, before its wait())",
+		 op_names[h->op]);
+	return raise_rc(h->rc, what);
+}
+
 static PyObject *handle_result(HandleObject *h)
 {
 	if (h->rc)
-		return raise_rc(h->rc, op_names[h->op]);
+		return handle_raise(h);
 	Py_INCREF(h->result);
 	return h->result;
 }
@@ -175,8 +197,8 @@ static PyObject *handle_wait(HandleObject *h, PyObject *unused)
 	int rc;
 
 	if (!h->done) {
-		if (handle_mine(h))
-			return NULL;
+		if ((rc = handle_mine(h)))
+			return rc > 0 ? handle_raise(h) : NULL;
 		Py_BEGIN_ALLOW_THREADS;
 		rc = ferry_wait(h->pw->w, h->ticket);
 		Py_END_ALLOW_THREADS;
@@ -190,15 +212,15 @@ static PyObject *handle_test(HandleObject *h, PyObject *unused)
 	int rc;
 
 	if (!h->done) {
-		if (handle_mine(h))
-			return NULL;
+		if ((rc = handle_mine(h)))
+			return rc > 0 ? handle_raise(h) : NULL;
 		rc = ferry_test(h->pw->w, h->ticket);
 		if (rc == -EAGAIN)
 			Py_RETURN_FALSE;
 		handle_finish(h, rc);
 	}
 	if (h->rc)
-		return raise_rc(h->rc, op_names[h->op]);
+		return handle_raise(h);
 	Py_RETURN_TRUE;
 }
 
@@ -211,11 +233,14 @@ static PyObject *handle_done(HandleObject *h, void *unused)
  * A handle dropped before it was collected: its buffers must outlive the
  * operation, so wait for it here (its own thread); on another thread the
  * buffers are kept (leaked) rather than freed under a running operation.
+ * With its worker gone, the operation ended with it: the buffers are free.
  */
 static void handle_dealloc(HandleObject *h)
 {
 	if (!h->done) {
-		if (pthread_equal(h->pw->tid, pthread_self())) {
+		if (!h->pw->w) {
+			handle_finish(h, -ECANCELED);
+		} else if (pthread_equal(h->pw->tid, pthread_self())) {
 			int rc;
 
 			Py_BEGIN_ALLOW_THREADS;
@@ -246,36 +271,30 @@ static void handle_dealloc(HandleObject *h)
 
 /* ---- operations ------------------------------------------------------- */
 
-static PyObject *table_op(TableObject *t, PyObject *args, PyObject *kw, enum op_kind op, int async)
+static PyObject *table_op(TableObject *t, PyObject *const *args, Py_ssize_t nargs,
+			  PyObject *kwnames, enum op_kind op, int async)
 {
-	static char *kw_pull[] = { "keys", "out", NULL };
-	static char *kw_push[] = { "keys", "deltas", NULL };
-	static char *kw_set[] = { "keys", "values", NULL };
-	static char *kw_loc[] = { "keys", NULL };
-	PyObject *okeys, *ovals = Py_None, *result = NULL;
+	static const char *const kw_pull[] = { "keys", "out", NULL };
+	static const char *const kw_push[] = { "keys", "deltas", NULL };
+	static const char *const kw_set[] = { "keys", "values", NULL };
+	static const char *const kw_loc[] = { "keys", NULL };
+	static const char *const *const kws[] = { kw_pull, kw_push, kw_set, kw_loc };
+	static const char *const fns[2][4] = {
+		{ "pull", "push", "set", "localize" },
+		{ "pull_async", "push_async", "set_async", "localize_async" },
+	};
+	PyObject *o[2], *okeys, *ovals, *result = NULL;
 	struct arr keys, vals = { .held = 0 };
 	size_t n, floats = 0;
 	struct pyw *pw;
 	uint64_t ticket = 0;
 	int rc;
 
-	switch (op) {
-	case OP_PULL:
-		if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O", kw_pull, &okeys, &ovals))
-			return NULL;
-		break;
-	case OP_PUSH:
-		if (!PyArg_ParseTupleAndKeywords(args, kw, "OO", kw_push, &okeys, &ovals))
-			return NULL;
-		break;
-	case OP_SET:
-		if (!PyArg_ParseTupleAndKeywords(args, kw, "OO", kw_set, &okeys, &ovals))
-			return NULL;
-		break;
-	default:
-		if (!PyArg_ParseTupleAndKeywords(args, kw, "O", kw_loc, &okeys))
-			return NULL;
-	}
+	if (args_objs(fns[async][op], args, nargs, kwnames, kws[op],
+		      op == OP_PUSH || op == OP_SET ? 2 : 1, o))
+		return NULL;
+	okeys = o[0];
+	ovals = op == OP_LOCALIZE || !o[1] ? Py_None : o[1];
 	if (table_check(t))
 		return NULL;
 	pw = node_worker(t->node);
@@ -362,10 +381,11 @@ err:
 	return NULL;
 }
 
-#define OPFN(name, op, async)                                               \
-	static PyObject *name(TableObject *t, PyObject *args, PyObject *kw) \
-	{                                                                   \
-		return table_op(t, args, kw, op, async);                    \
+#define OPFN(name, op, async)                                                          \
+	static PyObject *name(TableObject *t, PyObject *const *args, Py_ssize_t nargs, \
+			      PyObject *kwnames)                                       \
+	{                                                                              \
+		return table_op(t, args, nargs, kwnames, op, async);                   \
 	}
 OPFN(table_pull, OP_PULL, 0)
 OPFN(table_push, OP_PUSH, 0)
@@ -414,6 +434,180 @@ static PyObject *table_c_pull_loop(TableObject *t, PyObject *args)
 	return PyFloat_FromDouble((double)(b.tv_sec - a.tv_sec) + (b.tv_nsec - a.tv_nsec) * 1e-9);
 }
 
+/* Table.flush(): this node's buffered pushes sent, its copies dropped */
+static PyObject *table_flush(TableObject *t, PyObject *unused)
+{
+	struct pyw *pw;
+
+	if (table_check(t) || !(pw = node_worker(t->node)))
+		return NULL;
+	RETURN_CALL("ferry_flush", ferry_flush(pw->w, t->t));
+}
+
+/* ---- checkpoints ------------------------------------------------------ */
+
+/* a checkpoint started (Table.checkpoint_async) and not yet waited for */
+typedef struct {
+	PyObject_HEAD TableObject *table;
+	struct ferry_checkpoint *ck; /* NULL once waited for */
+	pthread_t tid;
+	int rc;
+} CkptObject;
+
+/*
+ * The folder of a checkpoint (str, bytes or os.PathLike) into @path_p, a
+ * bytes object the caller drops; and the rule every checkpoint and restore
+ * keeps: no operation of this node on the table under way.
+ */
+static int ckpt_args(TableObject *t, PyObject *args, PyObject *kw, const char *fn,
+		     PyObject **path_p)
+{
+	static char *kwl[] = { "dir", NULL };
+
+	*path_p = NULL;
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "O&", kwl, PyUnicode_FSConverter, path_p))
+		return -1;
+	if (table_check(t))
+		goto err;
+	if (t->pending) {
+		PyErr_Format(PyExc_RuntimeError,
+			     "ferry: %s: %ld operations or checkpoints on this table were started "
+			     "and not waited for; wait() them first (a checkpoint holds every "
+			     "operation acknowledged before it, none under way)",
+			     fn, t->pending);
+		goto err;
+	}
+	return 0;
+err:
+	Py_CLEAR(*path_p);
+	return -1;
+}
+
+/* Table.checkpoint(dir) and Table.restore(dir): collective, one C call */
+static PyObject *ckpt_call(TableObject *t, PyObject *args, PyObject *kw, const char *fn,
+			   int (*call)(struct ferry_table *, const char *), const char *cfn)
+{
+	PyObject *path;
+	int rc;
+
+	if (ckpt_args(t, args, kw, fn, &path))
+		return NULL;
+	Py_BEGIN_ALLOW_THREADS;
+	rc = call(t->t, PyBytes_AS_STRING(path));
+	Py_END_ALLOW_THREADS;
+	Py_DECREF(path);
+	if (rc)
+		return raise_rc(rc, cfn);
+	Py_RETURN_NONE;
+}
+
+static PyObject *table_checkpoint(TableObject *t, PyObject *args, PyObject *kw)
+{
+	return ckpt_call(t, args, kw, "checkpoint", ferry_table_checkpoint,
+			 "ferry_table_checkpoint");
+}
+
+/* Table.checkpoint_async(dir) -> Checkpoint: the mark; wait() writes it out */
+static PyObject *table_checkpoint_async(TableObject *t, PyObject *args, PyObject *kw)
+{
+	struct ferry_checkpoint *ck;
+	CkptObject *c;
+	PyObject *path;
+	int rc;
+
+	if (ckpt_args(t, args, kw, "checkpoint_async", &path))
+		return NULL;
+	c = PyObject_New(CkptObject, &CkptType);
+	if (!c) {
+		Py_DECREF(path);
+		return NULL;
+	}
+	Py_BEGIN_ALLOW_THREADS;
+	rc = ferry_table_checkpoint_start(t->t, PyBytes_AS_STRING(path), &ck);
+	Py_END_ALLOW_THREADS;
+	Py_DECREF(path);
+	if (rc) {
+		c->table = NULL;
+		c->ck = NULL;
+		Py_DECREF(c);
+		return raise_rc(rc, "ferry_table_checkpoint_start");
+	}
+	Py_INCREF(t);
+	c->table = t;
+	c->ck = ck;
+	c->tid = pthread_self();
+	c->rc = 0;
+	t->pending++;
+	return (PyObject *)c;
+}
+
+static PyObject *table_restore(TableObject *t, PyObject *args, PyObject *kw)
+{
+	return ckpt_call(t, args, kw, "restore", ferry_table_restore, "ferry_table_restore");
+}
+
+/* the collective end of the checkpoint. Context: GIL held, its thread. */
+static void ckpt_finish(CkptObject *c)
+{
+	struct ferry_checkpoint *ck = c->ck;
+	int rc;
+
+	Py_BEGIN_ALLOW_THREADS;
+	rc = ferry_checkpoint_wait(ck);
+	Py_END_ALLOW_THREADS;
+	c->ck = NULL;
+	c->rc = rc;
+	c->table->pending--;
+}
+
+static PyObject *ckpt_wait(CkptObject *c, PyObject *unused)
+{
+	if (c->ck) {
+		if (!pthread_equal(c->tid, pthread_self())) {
+			PyErr_SetString(PyExc_RuntimeError,
+					"ferry: a checkpoint is waited for by the thread that "
+					"started it (ferry_checkpoint_wait's rule)");
+			return NULL;
+		}
+		ckpt_finish(c);
+	}
+	if (c->rc)
+		return raise_rc(c->rc, "ferry_checkpoint_wait");
+	Py_RETURN_NONE;
+}
+
+static PyObject *ckpt_done(CkptObject *c, void *unused)
+{
+	return PyBool_FromLong(!c->ck);
+}
+
+/*
+ * Dropped before its wait(): the wait is a collective the other nodes make,
+ * so make it here on its own thread (bounded by the node's timeout). On
+ * another thread it cannot be finished: the checkpoint and its table are
+ * kept (the table still counts it, so destroy() stays refused and the
+ * table is never destroyed under the shard's writer).
+ */
+static void ckpt_dealloc(CkptObject *c)
+{
+	if (c->ck && pthread_equal(c->tid, pthread_self())) {
+		ckpt_finish(c);
+	} else if (c->ck) {
+		PyObject *et, *ev, *etb;
+
+		PyErr_Fetch(&et, &ev, &etb);
+		if (PyErr_WarnEx(PyExc_ResourceWarning,
+				 "ferry: a checkpoint was dropped on another thread before its "
+				 "wait(); it is left unfinished, and its table is kept",
+				 1))
+			PyErr_WriteUnraisable((PyObject *)c);
+		PyErr_Restore(et, ev, etb);
+		c->table = NULL; /* its reference is kept */
+	}
+	Py_XDECREF(c->table);
+	PyObject_Free(c);
+}
+
 static PyObject *table_destroy(TableObject *t, PyObject *unused)
 {
 	if (t->pending) {
@@ -457,6 +651,8 @@ static PyObject *table_stats(TableObject *t, PyObject *unused)
 	STAT(d, s, slots);
 	STAT(d, s, slot_bytes);
 	STAT(d, s, registered_bytes);
+	STAT(d, s, backups);
+	STAT(d, s, backup_bytes);
 	return d;
 }
 
@@ -482,34 +678,42 @@ static PyObject *table_vlen(TableObject *t, PyObject *arg)
 	return PyLong_FromUnsignedLong(ferry_table_value_len(t->t, k));
 }
 
-/* the index of @s among the names (up to three), or -1 with ValueError */
-static int name_index(const char *s, const char *what, const char *a, const char *b, const char *c)
-{
-	if (!strcmp(s, a))
-		return 0;
-	if (!strcmp(s, b))
-		return 1;
-	if (c && !strcmp(s, c))
-		return 2;
-	PyErr_Format(PyExc_ValueError, "ferry: %s must be '%s' or '%s'%s%s%s, not '%s'", what, a, b,
-		     c ? " or '" : "", c ? c : "", c ? "'" : "", s);
-	return -1;
-}
-
-/* Node.table(...): every field of struct ferry_table_params, enums as ints
- * (placement, mode and init by name) */
+/* Node.table(...): every field of struct ferry_table_params, enums by name */
 PyObject *node_table(NodeObject *n, PyObject *args, PyObject *kw)
 {
-	static char *kwl[] = {
-		"num_keys",	      "value_len", "value_lens", "placement", "vnodes", "mode",
-		"no_local_fast_path", "capacity",  "sparse",	 "init",      "init_a", "init_b",
-		"init_seed",	      "loc_cache", NULL
-	};
+	static char *kwl[] = { "num_keys",
+			       "value_len",
+			       "value_lens",
+			       "placement",
+			       "vnodes",
+			       "mode",
+			       "no_local_fast_path",
+			       "capacity",
+			       "sparse",
+			       "init",
+			       "init_a",
+			       "init_b",
+			       "init_seed",
+			       "loc_cache",
+			       "consistency",
+			       "staleness",
+			       "cons_bytes",
+			       "replicas",
+			       NULL };
+	static const char *const placements[] = { "range", "hash", NULL };
+	static const char *const modes[] = { "dynamic", "classic", NULL };
+	static const char *const inits[] = { "zero", "uniform", "normal", NULL };
+	static const char *const models[] = { "sequential", "eventual", "ssp", "essp", NULL };
 	struct ferry_table_params tp = { 0 };
-	unsigned long long num_keys = 0, capacity = 0, seed = 0, loc_cache = 0;
-	unsigned int vlen = 0, vnodes = 0;
-	const char *splace = "range", *smode = "dynamic", *sinit = "zero";
-	int placement, mode, init, nlfp = 0, sparse = 0;
+	struct uarg num_keys = { "num_keys", UINT64_MAX, 0 }, vlen = { "value_len", UINT32_MAX, 0 },
+		    vnodes = { "vnodes", UINT32_MAX, 0 }, capacity = { "capacity", UINT64_MAX, 0 },
+		    seed = { "init_seed", UINT64_MAX, 0 },
+		    loc_cache = { "loc_cache", UINT64_MAX, 0 },
+		    staleness = { "staleness", UINT32_MAX, 0 },
+		    cons_bytes = { "cons_bytes", UINT64_MAX, 0 },
+		    replicas = { "replicas", UINT32_MAX, 0 };
+	const char *splace = "range", *smode = "dynamic", *sinit = "zero", *scons = "sequential";
+	int placement, mode, init, cons, nlfp = 0, sparse = 0;
 	float a = 0, b = 0;
 	PyObject *ovl = Py_None;
 	struct arr vl = { .held = 0 };
@@ -517,41 +721,47 @@ PyObject *node_table(NodeObject *n, PyObject *args, PyObject *kw)
 	TableObject *to;
 	int rc;
 
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "|$KIOsIspKpsffKK", kwl, &num_keys, &vlen, &ovl,
-					 &splace, &vnodes, &smode, &nlfp, &capacity, &sparse,
-					 &sinit, &a, &b, &seed, &loc_cache))
+	if (!PyArg_ParseTupleAndKeywords(
+		    args, kw, "|$O&O&OsO&spO&psffO&O&sO&O&O&", kwl, uarg_conv, &num_keys, uarg_conv,
+		    &vlen, &ovl, &splace, uarg_conv, &vnodes, &smode, &nlfp, uarg_conv, &capacity,
+		    &sparse, &sinit, &a, &b, uarg_conv, &seed, uarg_conv, &loc_cache, &scons,
+		    uarg_conv, &staleness, uarg_conv, &cons_bytes, uarg_conv, &replicas))
 		return NULL;
-	placement = name_index(splace, "placement", "range", "hash", NULL);
-	mode = name_index(smode, "mode", "dynamic", "classic", NULL);
-	init = name_index(sinit, "init", "zero", "uniform", "normal");
-	if (placement < 0 || mode < 0 || init < 0)
+	if ((placement = name_pick(splace, "placement", placements)) < 0 ||
+	    (mode = name_pick(smode, "mode", modes)) < 0 ||
+	    (init = name_pick(sinit, "init", inits)) < 0 ||
+	    (cons = name_pick(scons, "consistency", models)) < 0)
 		return NULL;
 	if (node_check(n))
 		return NULL;
-	tp = (struct ferry_table_params){ .num_keys = num_keys,
-					  .value_len = vlen,
+	tp = (struct ferry_table_params){ .num_keys = num_keys.v,
+					  .value_len = (uint32_t)vlen.v,
 					  .placement = placement,
-					  .vnodes = vnodes,
+					  .vnodes = (uint32_t)vnodes.v,
 					  .mode = mode,
 					  .no_local_fast_path = nlfp,
-					  .capacity = capacity,
+					  .capacity = capacity.v,
 					  .sparse = sparse,
 					  .init = init,
 					  .init_a = a,
 					  .init_b = b,
-					  .init_seed = seed,
-					  .loc_cache = loc_cache };
+					  .init_seed = seed.v,
+					  .loc_cache = loc_cache.v,
+					  .consistency = cons,
+					  .staleness = (uint32_t)staleness.v,
+					  .cons_bytes = cons_bytes.v,
+					  .replicas = (uint32_t)replicas.v };
 	if (ovl != Py_None) {
 		if (arr_get(ovl, "value_lens", 0, 0, &vl))
 			return NULL;
 		if (vl.view.itemsize != 4 ||
 		    (fmt_letter(&vl.view) != 'I' && fmt_letter(&vl.view) != 'i') ||
-		    (uint64_t)vl.view.len / 4 != num_keys) {
+		    (uint64_t)vl.view.len / 4 != num_keys.v) {
 			arr_release(&vl);
 			PyErr_Format(
 				PyExc_ValueError,
 				"ferry: value_lens must be uint32 with num_keys (%llu) entries",
-				num_keys);
+				num_keys.v);
 			return NULL;
 		}
 		tp.value_lens = vl.view.buf;
@@ -571,22 +781,29 @@ PyObject *node_table(NodeObject *n, PyObject *args, PyObject *kw)
 	Py_INCREF(n);
 	to->node = n;
 	to->t = t;
-	to->num_keys = num_keys;
-	to->value_len = tp.value_lens ? 0 : vlen;
+	to->num_keys = num_keys.v;
+	to->value_len = tp.value_lens ? 0 : tp.value_len;
 	to->sparse = sparse;
+	to->consistency = cons;
 	to->pending = 0;
 	return (PyObject *)to;
 }
 
 static PyMethodDef table_methods[] = {
-	KWM("pull", table_pull, "pull(keys, out=None) -> values"),
-	KWM("push", table_push, "push(keys, deltas): add"),
-	KWM("set", table_set, "set(keys, values)"),
-	KWM("localize", table_localize, "localize(keys): move the keys to this node"),
-	KWM("pull_async", table_pull_async, "as pull; returns a handle"),
-	KWM("push_async", table_push_async, "as push; returns a handle"),
-	KWM("set_async", table_set_async, "as set; returns a handle"),
-	KWM("localize_async", table_localize_async, "as localize; returns a handle"),
+	KWF("pull", table_pull, "pull(keys, out=None) -> values"),
+	KWF("push", table_push, "push(keys, deltas): add"),
+	KWF("set", table_set, "set(keys, values)"),
+	KWF("localize", table_localize, "localize(keys): move the keys to this node"),
+	KWF("pull_async", table_pull_async, "as pull; returns a handle"),
+	KWF("push_async", table_push_async, "as push; returns a handle"),
+	KWF("set_async", table_set_async, "as set; returns a handle"),
+	KWF("localize_async", table_localize_async, "as localize; returns a handle"),
+	{ "flush", (PyCFunction)table_flush, METH_NOARGS,
+	  "send this node's buffered pushes now, drop its cached values (ferry_flush)" },
+	KWM("checkpoint", table_checkpoint, "checkpoint(dir): write a checkpoint (collective)"),
+	KWM("checkpoint_async", table_checkpoint_async,
+	    "checkpoint_async(dir) -> Checkpoint: mark it; wait() finishes it (collective)"),
+	KWM("restore", table_restore, "restore(dir): load a checkpoint (collective)"),
 	{ "destroy", (PyCFunction)table_destroy, METH_NOARGS, "give up this node's side" },
 	{ "_c_pull_loop", (PyCFunction)table_c_pull_loop, METH_VARARGS,
 	  "benchmarks: (keys, out, iters) -> seconds of ferry_pull called from C" },
@@ -601,6 +818,8 @@ static PyMemberDef table_members[] = {
 	{ "value_len", T_UINT, offsetof(TableObject, value_len), READONLY,
 	  "floats per key (0: per key)" },
 	{ "sparse", T_INT, offsetof(TableObject, sparse), READONLY, "any uint64 key" },
+	{ "consistency", T_INT, offsetof(TableObject, consistency), READONLY,
+	  "0 sequential, 1 eventual, 2 ssp, 3 essp" },
 	{ "node", T_OBJECT, offsetof(TableObject, node), READONLY, "the node" },
 	{ NULL }
 };
@@ -634,4 +853,25 @@ PyTypeObject HandleType = {
 	.tp_dealloc = (destructor)handle_dealloc,
 	.tp_methods = handle_methods,
 	.tp_getset = handle_getset,
+};
+
+static PyMethodDef ckpt_methods[] = {
+	{ "wait", (PyCFunction)ckpt_wait, METH_NOARGS,
+	  "finish the checkpoint (collective; the thread that started it)" },
+	{ NULL }
+};
+
+static PyGetSetDef ckpt_getset[] = {
+	{ "done", (getter)ckpt_done, NULL, "waited for", NULL },
+	{ NULL },
+};
+
+PyTypeObject CkptType = {
+	PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ferry._ferry.Checkpoint",
+	.tp_basicsize = sizeof(CkptObject),
+	.tp_flags = Py_TPFLAGS_DEFAULT,
+	.tp_doc = "a checkpoint marked and being written: wait() finishes it",
+	.tp_dealloc = (destructor)ckpt_dealloc,
+	.tp_methods = ckpt_methods,
+	.tp_getset = ckpt_getset,
 };

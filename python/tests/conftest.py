@@ -30,12 +30,22 @@ def run_nodes(nodes, fn, timeout=60):
     return res
 
 
+def cluster(n):
+    """n nodes of a local cluster, closed after the test (the fixtures below)."""
+    nodes = ferry.local_cluster(n, timeout_ms=20000)
+    yield nodes
+    for nd in nodes:
+        nd.close()
+
+
 @pytest.fixture
 def cluster2():
-    nodes = ferry.local_cluster(2, timeout_ms=20000)
-    yield nodes
-    for n in nodes:
-        n.close()
+    yield from cluster(2)
+
+
+@pytest.fixture
+def cluster3():
+    yield from cluster(3)
 
 
 @pytest.fixture

@@ -130,7 +130,15 @@ def test_zero_copy_numpy_out(node1):
     t.destroy()
 
 
-def test_zero_copy_torch():
+@pytest.fixture(params=["attrs", "dlpack", "strings"])
+def tensor_path(request):
+    """Every way the binding reads a torch tensor (arrays.c); the default is restored."""
+    old = ferry._ferry._tensor_path(request.param)
+    yield request.param
+    ferry._ferry._tensor_path(old)
+
+
+def test_zero_copy_torch(tensor_path):
     torch = pytest.importorskip("torch")
     (n,) = ferry.local_cluster(1)
     t = n.table(num_keys=10, value_len=4)
@@ -159,8 +167,25 @@ def test_zero_copy_torch():
         t.push(keys, torch.zeros(10, 3))
     t.push(keys, torch.ones(10, 4, requires_grad=True))  # only read: allowed
     assert float(t.pull(keys).sum()) == 80.0
+    # a view at an offset into a bigger tensor: only its bytes are written
+    big = torch.zeros(12, 4)
+    t.pull(keys, out=big[1:11])
+    assert float(big[0].sum()) == 0 and float(big[11].sum()) == 0
+    assert float(big[1:11].sum()) == 80.0
+    col = torch.zeros(10, 1)  # a dimension of 1: contiguous whatever its stride
+    t2 = n.table(num_keys=10, value_len=1)
+    t2.set(keys, torch.arange(10, dtype=torch.float32).reshape(10, 1))
+    t2.pull(keys, out=col)
+    assert col.ravel().tolist() == list(range(10))
+    with pytest.raises(ValueError, match="C-contiguous"):
+        t2.pull(keys[::2].contiguous(), out=torch.zeros(5, 2)[:, :1])
+    with pytest.raises(ValueError, match="C-contiguous"):
+        t.pull(torch.arange(20, dtype=torch.int64)[::2])
+    with pytest.raises(TypeError, match="keys must be uint64 or int64"):
+        t.pull(torch.arange(3, dtype=torch.bfloat16))
     g = torch.full((3,), 2.0, dtype=torch.float64)
     assert n.allreduce(g) is g and float(g.sum()) == 6.0  # one node: the sum is itself
+    t2.destroy()
     t.destroy()
     n.close()
 

@@ -54,6 +54,25 @@ def test_value_dtype_shape_layout(table):
     table.push(K, np.zeros(12, np.float32))  # flat is fine
 
 
+def test_operation_arguments(table):
+    with pytest.raises(TypeError, match=r"pull\(\) missing argument 'keys'"):
+        table.pull()
+    with pytest.raises(TypeError, match=r"push\(\) missing argument 'deltas'"):
+        table.push(K)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'outt'"):
+        table.pull(K, outt=np.zeros((3, 4), np.float32))
+    with pytest.raises(TypeError, match="a second keyword argument 'keys'"):
+        table.pull(K, keys=K)
+    with pytest.raises(TypeError, match=r"localize_async\(\) takes at most 1 arguments"):
+        table.localize_async(K, K)
+    out = np.zeros((3, 4), np.float32)
+    assert table.pull(out=out, keys=K) is out  # by keyword, in any order
+    table.set(values=np.ones(12, np.float32), keys=K)
+    assert table.pull(K).sum() == 12
+    with pytest.raises(ValueError, match="tensor path is"):
+        ferry._ferry._tensor_path("numpy")
+
+
 def test_errors_carry_errno_and_message(table):
     with pytest.raises(ferry.Error) as ei:
         table.pull(np.array([10], np.uint64))
