@@ -601,8 +601,8 @@ static json_t *dp_json(const struct dp_opts *o, const char *data, struct dp_run 
 
 static void usage(void)
 {
-	printf("usage: ferry-dp [--scheme allreduce|ps|lbbsp|backup|ssp|all] [--workers N] [--iters N]\n"
-	       "       [--batch GLOBAL] [--lr LR] [--eval-every N] [--target-loss L]\n"
+	printf("usage: ferry-dp [--scheme allreduce|ps|lbbsp|backup|ssp[,...]|all] [--workers N]\n"
+	       "       [--iters N] [--batch GLOBAL] [--lr LR] [--eval-every N] [--target-loss L]\n"
 	       "       [--data DIR | --images F --labels F --test-images F --test-labels F |\n"
 	       "        --synthetic N] [--straggler RANK:FACTOR[:FROM]] [--jitter P:MS]\n"
 	       "       [--ema-alpha A] [--backups B] [--model softmax|mlp] [--hidden N]\n"
@@ -666,11 +666,25 @@ int main(int argc, char **argv)
 
 	while ((opt = getopt_long(argc, argv, "h", lopts, NULL)) != -1) {
 		switch (opt) {
-		case 's':
+		case 's': /* a name, a comma-separated list of names, or all */
 			o.schemes = 0;
-			for (int s = 0; s < DP_NSCHEMES; s++)
-				if (!strcmp(optarg, scheme_names[s]) || !strcmp(optarg, "all"))
-					o.schemes |= 1u << s;
+			for (const char *q = optarg; *q;) {
+				size_t len = strcspn(q, ",");
+				unsigned before = o.schemes;
+
+				for (int s = 0; s < DP_NSCHEMES; s++)
+					if ((strlen(scheme_names[s]) == len &&
+					     !strncmp(q, scheme_names[s], len)) ||
+					    (len == 3 && !strncmp(q, "all", 3)))
+						o.schemes |= 1u << s;
+				if (o.schemes == before) {
+					fprintf(stderr,
+						"ferry-dp: --scheme: unknown scheme '%.*s'\n",
+						(int)len, q);
+					return 2;
+				}
+				q += len + (q[len] == ',');
+			}
 			break;
 		case 'w':
 			o.workers = atoi(optarg);
