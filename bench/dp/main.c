@@ -762,7 +762,12 @@ int main(int argc, char **argv)
 			o.json = optarg;
 			break;
 		case 'T':
-			o.staleness = (uint32_t)atoi(optarg);
+			o.staleness = (uint32_t)strtoul(optarg, NULL, 10);
+			if (o.staleness > 1000000) {
+				fprintf(stderr,
+					"ferry-dp: --staleness wants 0 .. 1000000 clocks\n");
+				return 2;
+			}
 			break;
 		case 'h':
 			usage();
@@ -774,33 +779,34 @@ int main(int argc, char **argv)
 	}
 	if (dp_launched()) {
 		/* one node of a launched world: its rank and size are the launcher's */
-		rc = ferry_open(NULL, &fys[0]);
+		struct ferry *node;
+
+		rc = ferry_open(NULL, &node);
 		if (rc) {
 			fprintf(stderr, "ferry-dp: ferry_open: %s\n", ferry_strerror(rc));
 			return 1;
 		}
-		me = ferry_rank(fys[0]);
-		fys[me] = fys[0];
-		if (me)
-			fys[0] = NULL;
-		if (workers_set && o.workers != ferry_world(fys[me])) {
+		if (ferry_world(node) > DP_MAX_WORKERS ||
+		    (workers_set && o.workers != ferry_world(node))) {
 			fprintf(stderr,
-				"ferry-dp: --workers %d, but the launcher started %d processes; "
-				"leave --workers out under a launcher\n",
-				o.workers, ferry_world(fys[me]));
-			ferry_close(fys[me]);
+				"ferry-dp: the launcher started %d processes; at most %d, and "
+				"leave --workers out under a launcher (it said %d)\n",
+				ferry_world(node), DP_MAX_WORKERS, o.workers);
+			ferry_close(node);
 			return 2;
 		}
-		o.workers = ferry_world(fys[me]);
+		me = ferry_rank(node);
+		fys[me] = node;
+		o.workers = ferry_world(node);
 	}
 	if (o.workers < 1 || o.workers > DP_MAX_WORKERS || o.iters < 1 || o.eval_every < 1 ||
 	    o.batch < (uint32_t)o.workers || !o.schemes || o.strag_factor < 1 ||
 	    o.strag_rank >= o.workers || o.ema_alpha <= 0 || o.ema_alpha > 1 || o.backups < 0 ||
-	    o.backups >= o.workers) {
+	    (o.backups >= o.workers && (o.schemes & (1u << DP_BACKUP)))) {
 		fprintf(stderr,
 			"ferry-dp: bad options: 1 .. %d workers, a global batch of at least "
 			"one sample per worker, a straggler factor >= 1 on a worker that "
-			"exists, an EMA alpha in (0, 1], fewer backups than workers\n",
+			"exists, an EMA alpha in (0, 1], fewer backups than workers (backup)\n",
 			DP_MAX_WORKERS);
 		if (me >= 0)
 			ferry_close(fys[me]);
