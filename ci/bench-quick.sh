@@ -106,7 +106,7 @@ echo "bench-quick: ferry-mf: ok"
 run 120 "$build/bench/ferry-dp" --synthetic 2000 --iters 20 --eval-every 10 --workers 2 \
 	--scheme all --json "$tmp/dp.json" >"$tmp/dp.out" 2>&1 || { tail -n 20 "$tmp/dp.out"; fail "ferry-dp exited $?"; }
 check "$tmp/dp.json" "ferry-dp's JSON is complete" '
-	(.program == "ferry-dp") and (.runs | length == 4) and
+	(.program == "ferry-dp") and (.runs | length == 5) and
 	(.runs | all((.time_to_target_s | '"$numnull"') and (.points | length > 0) and
 		(.points | all(([.iter, .time_s, .test_loss, .test_acc] | all('"$num"')) and
 		               (.batch | length == 2)))))'

@@ -11,6 +11,8 @@
 #   ctest       ctest --test-dir build --output-on-failure (with mpirun_pmix: 3 ranks under mpirun
 #               meeting through PMIx, when libpmix and mpirun are there; coll_mpi_quick:
 #               ferry_allreduce checked against MPI_Allreduce on 2 ranks, a few seconds;
+#               dp_procs: ferry-dp as threads, as FERRY_* processes and under mpirun, the
+#               results compared, about 5 s;
 #               bench_quick: every benchmark in its quick mode, its JSON checked with jq, never
 #               the timing, about 15 s; mf_data_cli: ferry-mf on MovieLens-format files;
 #               deb_package: cpack -G DEB, the package checked unpacked, about 10 s)

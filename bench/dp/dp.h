@@ -3,13 +3,13 @@
  * dp.h - ferry-dp, synchronous data-parallel training (issue 18, items 3
  * and 4): softmax regression on Fashion-MNIST (or any idx files, or a
  * generated set), trained by SGD with all-reduce, by SGD through the
- * parameter store, and by LB-BSP (batch sizes balanced from measured
+ * parameter store (BSP and SSP), and by LB-BSP (batch sizes balanced from measured
  * speed), with a straggler injected on purpose.
  *
  *   model.c   data (idx files, gzip'd or not; a generated set), the model's
  *             gradient and its evaluation, the speed predictors, the LB-BSP
  *             batch split: no Ferry call (tests/unit/test_dp.c uses it)
- *   main.c    options, the schemes, one node per thread, JSON
+ *   main.c    options, the schemes, the nodes as threads or processes, JSON
  */
 #ifndef FERRY_BENCH_DP_H
 #define FERRY_BENCH_DP_H

@@ -1,20 +1,30 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * ferry-dp - synchronous data-parallel SGD on Ferry (issue 18, items 3, 4):
- * softmax regression, one worker per node, the nodes threads of this
- * process (ferry_local_cluster_open), every scheme on the same data, the same
- * global batch and the same straggler:
+ * softmax regression, one worker per node, every scheme on the same data,
+ * the same global batch and the same straggler. The nodes are threads of this
+ * process (ferry_local_cluster_open, --workers N), or, when a launcher gave
+ * this process a rank and a world (mpirun, FERRY_RANK/FERRY_WORLD, torchrun:
+ * dp_launched), this process is one node of that world (ferry_open), and
+ * rank 0 prints and writes the JSON. The cluster is opened once, and the
+ * schemes run on it one after the other.
  *
  *   allreduce  BSP: each worker's summed gradient over global / workers
  *              samples, ferry_allreduce (sum), every worker applies the same
  *              update (the lecture's algorithm)
- *   ps         BSP through the parameter store: push -lr g / global into a
- *              table of the weights, barrier, pull the weights
+ *   ps         BSP through the parameter store: barrier, push -lr g / global
+ *              into a table of the weights, barrier, pull the weights
  *   lbbsp      LB-BSP: as allreduce, but at every iteration boundary each
  *              worker's batch is recomputed from its measured time per sample
  *              (a pluggable predictor, EMA here), the global batch fixed; the
  *              summed gradients divided by the global batch equal the full
  *              batch's mean gradient, whatever the split
+ *
+ *   ssp        SSP through the parameter store: as ps, on a table of
+ *              consistency FERRY_CONS_SSP (--staleness S, 3 by default): the
+ *              push is buffered, ferry_clock sends it and waits while the
+ *              slowest worker is more than S clocks behind, the pull may
+ *              return a copy up to S clocks old; no barrier
  *
  *   backup     BSP with backup workers: each update uses the first workers - B
  *              gradients to arrive (--backups B, 1 by default), through the
@@ -47,9 +57,10 @@ enum dp_scheme {
 	DP_PS,
 	DP_LBBSP,
 	DP_BACKUP,
+	DP_SSP,
 	DP_NSCHEMES
 };
-static const char *const scheme_names[] = { "allreduce", "ps", "lbbsp", "backup" };
+static const char *const scheme_names[] = { "allreduce", "ps", "lbbsp", "backup", "ssp" };
 
 struct dp_opts {
 	int workers, iters, eval_every;
@@ -65,6 +76,7 @@ struct dp_opts {
 	unsigned schemes; /* bits of enum dp_scheme */
 	const char *json;
 	uint64_t seed;
+	uint32_t staleness; /* ssp: the table's bound, in clocks */
 };
 
 struct dp_point {
@@ -78,7 +90,8 @@ struct dp_run {
 	const struct dp_data *train, *test;
 	struct dp_model model;
 	enum dp_scheme scheme;
-	struct ferry *fys[DP_MAX_WORKERS];
+	struct ferry **fys; /* indexed by rank; processes: only this node's */
+	int me;		    /* processes: this node's rank; threads: -1 */
 	struct dp_point *pts;
 	int npts;
 	double time_to_target; /* -1: never */
@@ -170,8 +183,13 @@ static void *dp_worker(void *p)
 	dp_lb_split(NULL, W, o->batch, batch);
 	dp_model_init(&run->model, w, o->seed);
 	nkeys = dp_ps_layout(P, lens, keys, 0);
-	if (run->scheme == DP_PS) {
+	if (run->scheme == DP_PS || run->scheme == DP_SSP) {
 		struct ferry_table_params tp = { .num_keys = nkeys, .value_lens = lens };
+
+		if (run->scheme == DP_SSP) {
+			tp.consistency = FERRY_CONS_SSP;
+			tp.staleness = o->staleness;
+		}
 
 		rc = ferry_table_create(fy, &tp, &t);
 		if (!rc)
@@ -238,15 +256,39 @@ static void *dp_worker(void *p)
 		buf[P + 2 + r] = (float)(step / b);
 
 		if (run->scheme == DP_PS) {
+			/* the first barrier: every node pulled the last iteration's
+			 * weights before anyone adds this one's gradient (without it a
+			 * fast node's push can land before a slow node's pull, which
+			 * then reads a weight from the future); the second: every
+			 * push is applied before anyone pulls */
 			for (size_t i = 0; i < P; i++)
 				buf[i] *= -o->lr / (float)o->batch;
-			rc = ferry_push(wk, t, keys, nkeys, buf);
+			rc = ferry_barrier(fy);
+			if (!rc)
+				rc = ferry_push(wk, t, keys, nkeys, buf);
 			if (!rc)
 				rc = ferry_barrier(fy);
 			if (!rc)
 				rc = ferry_pull(wk, t, keys, nkeys, w);
 			if (rc) {
-				dp_fail(run, r, "push, barrier, pull", rc);
+				dp_fail(run, r, "barrier, push, barrier, pull", rc);
+				goto out;
+			}
+			continue;
+		}
+		if (run->scheme == DP_SSP) {
+			/* buffered; ferry_clock sends it, then waits while the slowest
+			 * worker is more than staleness clocks behind; the pull may be
+			 * a copy that old, plus this node's own pushes */
+			for (size_t i = 0; i < P; i++)
+				buf[i] *= -o->lr / (float)o->batch;
+			rc = ferry_push(wk, t, keys, nkeys, buf);
+			if (!rc)
+				rc = ferry_clock(wk);
+			if (!rc)
+				rc = ferry_pull(wk, t, keys, nkeys, w);
+			if (rc) {
+				dp_fail(run, r, "push, clock, pull", rc);
 				goto out;
 			}
 			continue;
@@ -437,39 +479,62 @@ out:
 	return NULL;
 }
 
+/*
+ * dp_launched - whether a launcher gave this process a rank in a world of
+ * processes (the variables lib/core/config.c reads): then it is one node
+ */
+static int dp_launched(void)
+{
+	static const char *const vars[] = { "FERRY_WORLD", "OMPI_COMM_WORLD_SIZE", "WORLD_SIZE",
+					    "PMI_SIZE" };
+
+	for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++) {
+		const char *v = getenv(vars[i]);
+
+		if (v && *v)
+			return 1;
+	}
+	return 0;
+}
+
+/* run one scheme: every node of this process (threads) or this node alone */
 static int dp_run_scheme(struct dp_run *run)
 {
 	const struct dp_opts *o = run->o;
-	struct ferry_params p;
 	pthread_t th[DP_MAX_WORKERS];
 	struct dp_arg args[DP_MAX_WORKERS];
-	int rc;
+	void *(*fn)(void *) = run->scheme == DP_BACKUP ? dp_backup_worker : dp_worker;
+	int started = 0, rc;
 
-	ferry_params_init(&p);
-	p.transport = FERRY_TRANSPORT_TCP;
-	rc = ferry_local_cluster_open(o->workers, &p, run->fys);
-	if (rc) {
-		fprintf(stderr, "ferry-dp: cluster: %s\n", ferry_strerror(rc));
-		return rc;
-	}
 	run->pts = calloc((size_t)o->iters / (size_t)o->eval_every + 2, sizeof(*run->pts));
 	run->time_to_target = -1;
-	for (int r = 0; r < o->workers; r++) {
-		args[r] = (struct dp_arg){ .run = run, .rank = r };
-		pthread_create(&th[r], NULL,
-			       run->scheme == DP_BACKUP ? dp_backup_worker : dp_worker, &args[r]);
+	if (!run->pts)
+		return dp_fail(run, 0, "memory", -ENOMEM), -ENOMEM;
+	if (run->me >= 0) {
+		args[0] = (struct dp_arg){ .run = run, .rank = run->me };
+		fn(&args[0]);
+	} else {
+		for (int r = 0; r < o->workers; r++) {
+			args[r] = (struct dp_arg){ .run = run, .rank = r };
+			rc = pthread_create(&th[r], NULL, fn, &args[r]);
+			if (rc) {
+				/* the others then fail at their first barrier (the timeout) */
+				dp_fail(run, r, "pthread_create", -rc);
+				break;
+			}
+			started++;
+		}
+		for (int r = 0; r < started; r++)
+			pthread_join(th[r], NULL);
 	}
-	for (int r = 0; r < o->workers; r++)
-		pthread_join(th[r], NULL);
-	for (int r = 0; r < o->workers; r++)
-		ferry_close(run->fys[r]);
 	if (run->failed)
 		fprintf(stderr, "ferry-dp: %s: %s\n", scheme_names[run->scheme], run->why);
 	return run->failed ? -EIO : 0;
 }
 
 /* the document --json writes, through the tools' one writer (bench/common/bjson.h) */
-static json_t *dp_json(const struct dp_opts *o, const char *data, struct dp_run *runs, int nruns)
+static json_t *dp_json(const struct dp_opts *o, const char *data, struct dp_run *runs, int nruns,
+		       int launched)
 {
 	json_t *root = json_object(), *strag = json_object(), *jit = json_object();
 	json_t *jruns = json_array();
@@ -498,6 +563,8 @@ static json_t *dp_json(const struct dp_opts *o, const char *data, struct dp_run 
 	bjson_set_num(jit, "ms", o->jitter_ms);
 	bjson_set_num(root, "target_loss", o->target_loss);
 	bjson_set_num(root, "ema_alpha", o->ema_alpha);
+	bjson_set_int(root, "staleness", o->staleness);
+	bjson_set_str(root, "nodes", launched ? "processes" : "threads");
 	bjson_set(root, "runs", jruns);
 	for (int i = 0; i < nruns; i++) {
 		const struct dp_run *run = &runs[i];
@@ -534,15 +601,17 @@ static json_t *dp_json(const struct dp_opts *o, const char *data, struct dp_run 
 
 static void usage(void)
 {
-	printf("usage: ferry-dp [--scheme allreduce|ps|lbbsp|backup|all] [--workers N] [--iters N]\n"
-	       "       [--batch GLOBAL] [--lr LR] [--eval-every N] [--target-loss L]\n"
+	printf("usage: ferry-dp [--scheme allreduce|ps|lbbsp|backup|ssp[,...]|all] [--workers N]\n"
+	       "       [--iters N] [--batch GLOBAL] [--lr LR] [--eval-every N] [--target-loss L]\n"
 	       "       [--data DIR | --images F --labels F --test-images F --test-labels F |\n"
 	       "        --synthetic N] [--straggler RANK:FACTOR[:FROM]] [--jitter P:MS]\n"
 	       "       [--ema-alpha A] [--backups B] [--model softmax|mlp] [--hidden N]\n"
-	       "       [--seed S] [--json FILE]\n"
+	       "       [--staleness S] [--seed S] [--json FILE]\n"
 	       "Defaults: all schemes, 4 workers, 1500 iterations, global batch 512, lr 0.2,\n"
 	       "Fashion-MNIST from /usr/share/datasets/fashion-mnist (Debian's\n"
-	       "dataset-fashion-mnist), no straggler, target test loss 0.5, evaluation every 50.\n");
+	       "dataset-fashion-mnist), no straggler, target test loss 0.5, evaluation every 50,\n"
+	       "SSP staleness 3. The workers are threads of this process, or, under a launcher\n"
+	       "(mpirun, FERRY_RANK/FERRY_WORLD, torchrun), the launched processes (no --workers).\n");
 }
 
 int main(int argc, char **argv)
@@ -569,6 +638,7 @@ int main(int argc, char **argv)
 		{ "model", required_argument, NULL, 'm' },
 		{ "hidden", required_argument, NULL, 'H' },
 		{ "json", required_argument, NULL, 'o' },
+		{ "staleness", required_argument, NULL, 'T' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -583,25 +653,42 @@ int main(int argc, char **argv)
 			     .ema_alpha = 0.3,
 			     .backups = 1,
 			     .schemes = (1u << DP_NSCHEMES) - 1,
-			     .seed = 1 };
+			     .seed = 1,
+			     .staleness = 3 };
 	const char *dir = "/usr/share/datasets/fashion-mnist";
 	char ti[4096], tl[4096], vi[4096], vl[4096], data_name[4200];
 	const char *images = NULL, *labels = NULL, *timages = NULL, *tlabels = NULL;
 	size_t synthetic = 0;
 	struct dp_data train, test;
 	struct dp_run runs[DP_NSCHEMES];
-	int opt, nruns = 0, bad = 0;
+	struct ferry *fys[DP_MAX_WORKERS] = { 0 };
+	int opt, nruns = 0, bad = 0, me = -1, workers_set = 0, rc;
 
 	while ((opt = getopt_long(argc, argv, "h", lopts, NULL)) != -1) {
 		switch (opt) {
-		case 's':
+		case 's': /* a name, a comma-separated list of names, or all */
 			o.schemes = 0;
-			for (int s = 0; s < DP_NSCHEMES; s++)
-				if (!strcmp(optarg, scheme_names[s]) || !strcmp(optarg, "all"))
-					o.schemes |= 1u << s;
+			for (const char *q = optarg; *q;) {
+				size_t len = strcspn(q, ",");
+				unsigned before = o.schemes;
+
+				for (int s = 0; s < DP_NSCHEMES; s++)
+					if ((strlen(scheme_names[s]) == len &&
+					     !strncmp(q, scheme_names[s], len)) ||
+					    (len == 3 && !strncmp(q, "all", 3)))
+						o.schemes |= 1u << s;
+				if (o.schemes == before) {
+					fprintf(stderr,
+						"ferry-dp: --scheme: unknown scheme '%.*s'\n",
+						(int)len, q);
+					return 2;
+				}
+				q += len + (q[len] == ',');
+			}
 			break;
 		case 'w':
 			o.workers = atoi(optarg);
+			workers_set = 1;
 			break;
 		case 'i':
 			o.iters = atoi(optarg);
@@ -674,6 +761,14 @@ int main(int argc, char **argv)
 		case 'o':
 			o.json = optarg;
 			break;
+		case 'T':
+			o.staleness = (uint32_t)strtoul(optarg, NULL, 10);
+			if (o.staleness > 1000000) {
+				fprintf(stderr,
+					"ferry-dp: --staleness wants 0 .. 1000000 clocks\n");
+				return 2;
+			}
+			break;
 		case 'h':
 			usage();
 			return 0;
@@ -682,23 +777,49 @@ int main(int argc, char **argv)
 			return 2;
 		}
 	}
+	if (dp_launched()) {
+		/* one node of a launched world: its rank and size are the launcher's */
+		struct ferry *node;
+
+		rc = ferry_open(NULL, &node);
+		if (rc) {
+			fprintf(stderr, "ferry-dp: ferry_open: %s\n", ferry_strerror(rc));
+			return 1;
+		}
+		if (ferry_world(node) > DP_MAX_WORKERS ||
+		    (workers_set && o.workers != ferry_world(node))) {
+			fprintf(stderr,
+				"ferry-dp: the launcher started %d processes; at most %d, and "
+				"leave --workers out under a launcher (it said %d)\n",
+				ferry_world(node), DP_MAX_WORKERS, o.workers);
+			ferry_close(node);
+			return 2;
+		}
+		me = ferry_rank(node);
+		fys[me] = node;
+		o.workers = ferry_world(node);
+	}
 	if (o.workers < 1 || o.workers > DP_MAX_WORKERS || o.iters < 1 || o.eval_every < 1 ||
 	    o.batch < (uint32_t)o.workers || !o.schemes || o.strag_factor < 1 ||
 	    o.strag_rank >= o.workers || o.ema_alpha <= 0 || o.ema_alpha > 1 || o.backups < 0 ||
-	    o.backups >= o.workers) {
+	    (o.backups >= o.workers && (o.schemes & (1u << DP_BACKUP)))) {
 		fprintf(stderr,
 			"ferry-dp: bad options: 1 .. %d workers, a global batch of at least "
 			"one sample per worker, a straggler factor >= 1 on a worker that "
-			"exists, an EMA alpha in (0, 1], fewer backups than workers\n",
+			"exists, an EMA alpha in (0, 1], fewer backups than workers (backup)\n",
 			DP_MAX_WORKERS);
+		if (me >= 0)
+			ferry_close(fys[me]);
 		return 2;
 	}
 	if (synthetic) {
 		dp_synthetic(&train, synthetic, 784, o.seed);
 		dp_synthetic(&test, synthetic / 6 + 1, 784, o.seed);
 		snprintf(data_name, sizeof(data_name), "synthetic %zu x 784", synthetic);
-		if (!train.x || !test.x)
-			return 1;
+		if (!train.x || !test.x) {
+			bad = 1;
+			goto close;
+		}
 	} else {
 		if (!images) {
 			snprintf(ti, sizeof(ti), "%s/train-images-idx3-ubyte.gz", dir);
@@ -710,28 +831,48 @@ int main(int argc, char **argv)
 		if (!labels || !timages || !tlabels) {
 			fprintf(stderr, "ferry-dp: --images needs --labels, --test-images and "
 					"--test-labels\n");
-			return 2;
+			bad = 2;
+			goto close;
 		}
 		if (dp_load_idx(images, labels, &train) || dp_load_idx(timages, tlabels, &test)) {
 			fprintf(stderr,
 				"ferry-dp: no data; install Debian's dataset-fashion-mnist, "
 				"give --data DIR or --images ..., or use --synthetic N\n");
-			return 1;
+			bad = 1;
+			goto close;
 		}
 		snprintf(data_name, sizeof(data_name), "%s", images);
 	}
 	if (train.dim != test.dim || train.n < (size_t)o.workers) {
 		fprintf(stderr, "ferry-dp: training and test sets differ in features, or too few "
 				"samples\n");
-		return 1;
+		bad = 1;
+		goto free_data;
 	}
+	if (me < 0) {
+		struct ferry_params p;
+
+		ferry_params_init(&p);
+		p.transport = FERRY_TRANSPORT_TCP;
+		rc = ferry_local_cluster_open(o.workers, &p, fys);
+		if (rc) {
+			fprintf(stderr, "ferry-dp: cluster: %s\n", ferry_strerror(rc));
+			bad = 1;
+			goto free_data;
+		}
+	}
+	if (me > 0) /* rank 0 reports; the others only train */
+		goto run;
 	printf("# ferry-dp: %s, %s, %zu training / %zu test samples, %d workers, global batch %u, "
-	       "lr %g, straggler %d x%g from %d, jitter %g:%gms, LB-BSP EMA alpha %g\n",
+	       "lr %g, straggler %d x%g from %d, jitter %g:%gms, LB-BSP EMA alpha %g, SSP staleness "
+	       "%u, nodes as %s\n",
 	       o.hidden ? "MLP" : "softmax regression", data_name, train.n, test.n, o.workers,
 	       o.batch, (double)o.lr, o.strag_rank, o.strag_factor, o.strag_from, o.jitter_p,
-	       o.jitter_ms, o.ema_alpha);
+	       o.jitter_ms, o.ema_alpha, o.staleness, me >= 0 ? "processes" : "threads");
 	printf("# %-10s %6s %9s %9s %8s  batches\n", "scheme", "iter", "time_s", "test_loss",
 	       "test_acc");
+	fflush(stdout);
+run:
 	for (int s = 0; s < DP_NSCHEMES; s++) {
 		struct dp_run *run = &runs[nruns];
 
@@ -743,11 +884,16 @@ int main(int argc, char **argv)
 		run->model = (struct dp_model){ .dim = train.dim, .hidden = o.hidden };
 		run->test = &test;
 		run->scheme = (enum dp_scheme)s;
+		run->fys = fys;
+		run->me = me;
 		nruns++;
 		if (dp_run_scheme(run)) {
+			/* the nodes are out of step now: the later schemes would fail too */
 			bad = 1;
-			continue;
+			break;
 		}
+		if (me > 0)
+			continue;
 		for (int k = 0; k < run->npts; k++) {
 			const struct dp_point *pt = &run->pts[k];
 
@@ -758,8 +904,9 @@ int main(int argc, char **argv)
 		}
 		printf("# %s: test loss %.3f reached after %.3f s (-1: never)\n", scheme_names[s],
 		       o.target_loss, run->time_to_target);
+		fflush(stdout);
 	}
-	if (nruns > 1) {
+	if (nruns > 1 && me <= 0) {
 		double base = -1;
 
 		for (int i = 0; i < nruns; i++)
@@ -770,8 +917,8 @@ int main(int argc, char **argv)
 				printf("# %s: %.2fx sooner than allreduce (BSP)\n",
 				       scheme_names[runs[i].scheme], base / runs[i].time_to_target);
 	}
-	if (o.json) {
-		json_t *doc = dp_json(&o, data_name, runs, nruns);
+	if (o.json && me <= 0) {
+		json_t *doc = dp_json(&o, data_name, runs, nruns, me >= 0);
 
 		if (bjson_write(doc, o.json, "ferry-dp"))
 			bad = 1;
@@ -779,7 +926,12 @@ int main(int argc, char **argv)
 	}
 	for (int i = 0; i < nruns; i++)
 		free(runs[i].pts);
+free_data:
 	dp_data_free(&train);
 	dp_data_free(&test);
+close:
+	for (int r = 0; r < o.workers; r++)
+		if (fys[r])
+			ferry_close(fys[r]);
 	return bad;
 }
