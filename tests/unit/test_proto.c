@@ -699,6 +699,8 @@ Test(proto, frame_shorter_than_its_fixed_body)
 		{ FERRY_MSG_REPL_SYNC, sizeof(struct ferry_msg_repl_sync) },
 		{ FERRY_MSG_MGR_DEAD, sizeof(struct ferry_msg_mgr) },
 		{ FERRY_MSG_CLOCK, sizeof(struct ferry_msg_clock) },
+		{ FERRY_MSG_CONS_PUSH, sizeof(struct ferry_msg_cons_push) },
+		{ FERRY_MSG_CONS_ACK, sizeof(struct ferry_msg_cons_ack) },
 	};
 
 	/* every type but BYE, which is a bare header (below); the numbers not
