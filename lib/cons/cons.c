@@ -440,8 +440,12 @@ static int cons_push(struct ferry_worker *w, struct ferry_table *t, const uint64
 	}
 	over = ct->m.pend_floats * sizeof(float) > ct->m.limit / 2;
 	pthread_mutex_unlock(&ct->lock);
+	/* early: only ever adds. This call's deltas are buffered whatever the
+	 * flush does (a failed one keeps them, logged, and the next sends
+	 * them): the push succeeded, and an error would invite a retry that
+	 * doubles them */
 	if (!rc && over)
-		rc = cons_table_flush(ct, w, false); /* early: only ever adds */
+		(void)cons_table_flush(ct, w, false);
 	return rc;
 }
 

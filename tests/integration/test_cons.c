@@ -566,10 +566,13 @@ Test(cons, eventual_sums_are_exact_with_nodes_as_processes, .timeout = 180)
 #define FF_PUSHES 24
 
 struct ff_run {
+	int rounds;
+	atomic_int nodes_done; /* processes: nodes whose workers finished */
 	_Atomic uint64_t pushed[FF_KEYS];
-	atomic_int errors;	  /* calls that must not fail */
-	atomic_int flush_failed;  /* flushes that failed (injected faults) */
-	atomic_int never_flushed; /* a worker whose flushes kept failing */
+	atomic_int errors;	   /* calls that must not fail */
+	atomic_int flush_failed;   /* flushes that failed (injected faults) */
+	atomic_int never_flushed;  /* a worker whose flushes kept failing */
+	_Atomic uint64_t replayed; /* processes: keys answered from the record */
 };
 
 static void *ff_worker(void *p)
@@ -585,7 +588,7 @@ static void *ff_worker(void *p)
 		atomic_fetch_add(&run->errors, 1);
 		return NULL;
 	}
-	for (int r = 0; r < FF_ROUNDS; r++) {
+	for (int r = 0; r < run->rounds; r++) {
 		for (int i = 0; i < FF_PUSHES; i++) {
 			uint64_t k = tc_rand(&seed) % FF_KEYS;
 			float d = 1;
@@ -674,6 +677,7 @@ Test(cons, flushes_that_fail_midway_lose_and_double_nothing, .timeout = 180)
 
 	ferry_log_set(FERRY_LOG_WARN, ff_log, NULL);
 	setenv("FERRY_CONS_FAULT_EVERY", "5", 1);
+	run->rounds = FF_ROUNDS;
 	cons_params(&tp, FERRY_CONS_EVENTUAL, 0, FF_KEYS, 1);
 	cr_assert_eq(tc_open(&c, NODES, &tp, 500), 0);
 	unsetenv("FERRY_CONS_FAULT_EVERY");
@@ -701,6 +705,71 @@ Test(cons, flushes_that_fail_midway_lose_and_double_nothing, .timeout = 180)
 		    (unsigned long long)replayed);
 	tc_close(&c);
 	free(run);
+	ferry_log_set(FERRY_LOG_WARN, NULL, NULL);
+}
+
+/* the same with every node a process of its own (5 rounds, 800 ms) */
+Test(cons, flushes_that_fail_midway_lose_and_double_nothing_in_processes, .timeout = 180)
+{
+	struct ff_run *run =
+		mmap(NULL, sizeof(*run), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	struct ferry_params p;
+	pid_t pids[NODES];
+	uint64_t total = 0;
+	int rc;
+
+	cr_assert_neq(run, MAP_FAILED);
+	memset(run, 0, sizeof(*run));
+	run->rounds = 5;
+	ferry_log_set(FERRY_LOG_WARN, ff_log, NULL);
+	ferry_params_init(&p);
+	p.transport = getenv("FERRY_TRANSPORT") && strcmp(getenv("FERRY_TRANSPORT"), "loop") ?
+			      FERRY_TRANSPORT_AUTO :
+			      FERRY_TRANSPORT_TCP;
+	p.timeout_ms = 800;
+	setenv("FERRY_CONS_FAULT_EVERY", "5", 1);
+	rc = ferry_local_cluster_fork(NODES, &p, pids);
+	if (rc >= 0 && rc < NODES) {
+		struct ferry_table_params tp;
+		struct tc c = { .n = NODES };
+		int me = rc;
+
+		cons_params(&tp, FERRY_CONS_EVENTUAL, 0, FF_KEYS, 1);
+		rc = ferry_open(&p, &c.fy[me]);
+		if (!rc)
+			rc = ferry_table_create(c.fy[me], &tp, &c.t[me]);
+		if (!rc)
+			rc = ff_node(&c, me, run);
+		/* the barrier only once every node is done (see ff_barrier) */
+		atomic_fetch_add(&run->nodes_done, 1);
+		for (int i = 0; i < 120000 && atomic_load(&run->nodes_done) < NODES; i++)
+			usleep(1000);
+		if (!rc)
+			rc = ff_barrier(&c, me, NULL);
+		if (!rc)
+			rc = ff_check(&c, me, run);
+		if (c.fy[me])
+			atomic_fetch_add(
+				&run->replayed,
+				atomic_load(&((struct ferry_cons_node *)c.fy[me]->cons)->replayed));
+		ferry_table_destroy(c.t[me]);
+		ferry_close(c.fy[me]);
+		_exit(rc ? 1 : 0);
+	}
+	unsetenv("FERRY_CONS_FAULT_EVERY");
+	cr_assert_eq(rc, FERRY_LOCAL_PARENT, "fork: %s", ferry_strerror(rc));
+	tc_wait_procs(pids, NODES, -1, "a node read other than the exact sum, or failed");
+	cr_assert_eq(atomic_load(&run->errors), 0);
+	cr_assert_eq(atomic_load(&run->never_flushed), 0, "a worker's flushes kept failing");
+	for (int k = 0; k < FF_KEYS; k++)
+		total += atomic_load(&run->pushed[k]);
+	cr_assert_eq(total, (uint64_t)NW * 5 * FF_PUSHES);
+	cr_assert_gt(atomic_load(&run->flush_failed), 0, "no flush failed: no fault injected?");
+	cr_assert_gt(atomic_load(&run->replayed), 0, "no key came again after its answer was lost");
+	cr_log_info("processes: %d flushes failed, %llu keys answered from the record",
+		    atomic_load(&run->flush_failed),
+		    (unsigned long long)atomic_load(&run->replayed));
+	munmap(run, sizeof(*run));
 	ferry_log_set(FERRY_LOG_WARN, NULL, NULL);
 }
 
