@@ -182,6 +182,10 @@ static int proto_parse_cons_push(const uint8_t *p, size_t left,
 
 	if (m->count == 0 || m->total == 0 || m->count > m->total)
 		PROTO_FAIL("cons push: key count out of range");
+	/* the receiver keeps 4 bytes per key of the batch: no more keys than
+	 * the table has, nor than one call may name (2^26, as ops) */
+	if ((lim->num_keys && m->total > lim->num_keys) || m->total > (1u << 26))
+		PROTO_FAIL("cons push: batch larger than the table or 2^26 keys");
 	if (m->seq == 0)
 		PROTO_FAIL("cons push: batch number 0");
 	if (m->count > left / sizeof(*ks))

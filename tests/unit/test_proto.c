@@ -2229,6 +2229,9 @@ Test(proto, cons_push_frames_are_checked_key_by_key)
 	x = cons_push_frame(7, 2, keys, 3);
 	expect_body_bad(&x, &lim_perkey, "count", "more keys than the batch has");
 	fr_free(&x);
+	x = cons_push_frame(7, NKEYS + 1, keys, 3);
+	expect_body_bad(&x, &lim_perkey, "larger", "a batch larger than the table");
+	fr_free(&x);
 	x = cons_push_frame(0, 5, keys, 3);
 	expect_body_bad(&x, &lim_perkey, "number 0", "batch number 0");
 	fr_free(&x);
