@@ -38,20 +38,6 @@
 #define CONS_BYTES_DEFAULT (64ull << 20)
 #define CONS_SMALL 64 /* keys of a pull whose bookkeeping fits on the stack */
 
-struct cons_table {
-	struct ferry_table *t;
-	struct ferry_cons_node *cn;
-	enum ferry_consistency model;
-	uint32_t s;
-	pthread_mutex_t lock; /* m, gen, refreshed */
-	pthread_cond_t cond;  /* gen moved */
-	pthread_mutex_t flush_mu;
-	uint64_t gen;	    /* + 1 when a flush starts and when it ends; + 2 when copies go */
-	uint64_t refreshed; /* ESSP: the global clock of the last eager refresh */
-	struct ferry_cons_map m;
-	bool published; /* in cn->tabs */
-};
-
 static bool cons_ssp(const struct cons_table *ct)
 {
 	return ct->model == FERRY_CONS_SSP || ct->model == FERRY_CONS_ESSP;
@@ -276,20 +262,98 @@ static int cons_pull(struct ferry_worker *w, struct ferry_table *t, const uint64
 	return rc;
 }
 
+/* the old way, for tables with replicas (a CONS_PUSH would bypass the
+ * copies to the backups): one push through ops; on failure its deltas are
+ * dropped, logged, as they may be applied in part (docs/consistency.md) */
+static int cons_flush_ops(struct cons_table *ct, struct ferry_worker *w, uint64_t *keys,
+			  float *deltas, size_t n)
+{
+	int prc = ferry__ops_sync(w, ct->t, FERRY_OP_PUSH, keys, n, deltas, NULL, NULL);
+
+	pthread_mutex_lock(&ct->lock);
+	for (struct ferry_cons_ent *e = ct->m.ihead; e; e = e->inext)
+		e->out = prc ? FERRY_CONS_OUT_UNKNOWN : FERRY_CONS_OUT_APPLIED;
+	pthread_mutex_unlock(&ct->lock);
+	if (prc)
+		ferry_err("cons: table %u (with replicas): sending %zu keys' buffered deltas of "
+			  "this node failed (%s); they may be applied in part and are not sent "
+			  "again",
+			  ct->t->id, n, ferry_strerror(prc));
+	free(keys);
+	free(deltas);
+	return prc;
+}
+
 /*
- * Send the table's unsent deltas as one push batch and wait until the owners
- * applied them; @drop: then forget every copy too. The worker's thread, no
- * lock held. Return: 0 or the push's error (its deltas are dropped, logged).
+ * flush_mu held: send again the keys a failed flush left unanswered
+ * (ct->out), before any newer batch. Keys answered "not applied" go back
+ * to the unsent deltas. Return: 0 when none is left unanswered.
+ */
+static int cons_resolve_out(struct cons_table *ct)
+{
+	struct ferry_cons_batch *b = ct->out;
+	size_t sent = 0;
+	int rc;
+
+	if (!b)
+		return 0;
+	rc = ferry__cons_batch_run(ct, b);
+	pthread_mutex_lock(&ct->lock);
+	for (size_t i = 0; i < b->n; i++) {
+		uint32_t len = (uint32_t)(b->offs[i + 1] - b->offs[i]);
+		struct ferry_cons_ent *e;
+
+		if (b->st[i] == FERRY_CONS_B_SENT) {
+			sent++;
+			continue;
+		}
+		if (b->st[i] == FERRY_CONS_B_DONE)
+			continue;
+		/* not applied: unsent again (never sent twice under this number) */
+		e = ferry__cons_map_get(&ct->m, b->keys[i], len);
+		if (!e || ferry__cons_map_pend_add(&ct->m, e, b->deltas + b->offs[i])) {
+			sent++; /* no memory: it stays with the batch, retried */
+			b->st[i] = FERRY_CONS_B_SENT;
+			continue;
+		}
+		b->st[i] = FERRY_CONS_B_DONE;
+	}
+	b->left = sent;
+	if (!sent)
+		ct->out = NULL;
+	ct->gen += 2; /* copies taken meanwhile may or may not hold these */
+	ferry__cons_map_drop_all_vals(&ct->m);
+	pthread_cond_broadcast(&ct->cond);
+	pthread_mutex_unlock(&ct->lock);
+	if (!sent) {
+		ferry__cons_batch_free(b);
+		return 0;
+	}
+	return rc ? rc : -ETIMEDOUT;
+}
+
+/*
+ * Send the table's unsent deltas as one numbered batch (push.c) and wait
+ * until the owners applied them; @drop: then forget every copy too. The
+ * worker's thread, no lock held. Return: 0, or the error; then no delta
+ * is lost: those not applied stay unsent, those unanswered stay with the
+ * batch and go again, under the same number, at the next flush.
  */
 static int cons_table_flush(struct cons_table *ct, struct ferry_worker *w, bool drop)
 {
 	struct ferry_table *t = ct->t;
+	struct ferry_cons_batch *b = NULL;
 	uint64_t *keys;
 	float *deltas;
 	size_t n;
 	int rc, prc = 0;
 
 	pthread_mutex_lock(&ct->flush_mu);
+	rc = cons_resolve_out(ct);
+	if (rc) {
+		pthread_mutex_unlock(&ct->flush_mu);
+		return rc;
+	}
 	pthread_mutex_lock(&ct->lock);
 	rc = ferry__cons_map_flush_take(&ct->m, &keys, &deltas, &n);
 	if (!rc && n)
@@ -302,12 +366,46 @@ static int cons_table_flush(struct cons_table *ct, struct ferry_worker *w, bool 
 			  t->id);
 		return rc;
 	}
-	if (n)
-		prc = ferry__ops_sync(w, t, FERRY_OP_PUSH, keys, n, deltas, NULL, NULL);
+	if (n && t->params.replicas) {
+		prc = cons_flush_ops(ct, w, keys, deltas, n);
+	} else if (n) {
+		b = ferry__cons_batch_new(t, ct->seq + 1, keys, deltas, n);
+		if (!b) {
+			free(keys);
+			free(deltas);
+			pthread_mutex_lock(&ct->lock);
+			for (struct ferry_cons_ent *e = ct->m.ihead; e; e = e->inext)
+				e->out = FERRY_CONS_OUT_HELD;
+			pthread_mutex_unlock(&ct->lock);
+			ferry_err("cons: table %u: out of memory for a batch of %zu keys; they "
+				  "stay buffered",
+				  t->id, n);
+			prc = -ENOMEM;
+		} else {
+			ct->seq++;
+			prc = ferry__cons_batch_run(ct, b);
+		}
+	}
 	pthread_mutex_lock(&ct->lock);
 	if (n) {
-		ferry__cons_map_flush_done(&ct->m, !prc);
+		ferry__cons_map_flush_done(&ct->m);
 		ct->gen++;
+	}
+	if (b) {
+		size_t sent = 0;
+
+		/* the unanswered keys stay with the batch; the rest is settled */
+		for (size_t i = 0; i < b->n; i++) {
+			if (b->st[i] == FERRY_CONS_B_SENT)
+				sent++;
+			else
+				b->st[i] = FERRY_CONS_B_DONE;
+		}
+		b->left = sent;
+		if (sent)
+			ct->out = b;
+		else
+			ferry__cons_batch_free(b);
 	}
 	if (drop) {
 		ferry__cons_map_drop_all_vals(&ct->m);
@@ -316,12 +414,6 @@ static int cons_table_flush(struct cons_table *ct, struct ferry_worker *w, bool 
 	pthread_cond_broadcast(&ct->cond);
 	pthread_mutex_unlock(&ct->lock);
 	pthread_mutex_unlock(&ct->flush_mu);
-	if (prc)
-		ferry_err("cons: table %u: sending %zu keys' buffered deltas of this node failed "
-			  "(%s); they may be applied in part and are not sent again",
-			  t->id, n, ferry_strerror(prc));
-	free(keys);
-	free(deltas);
 	return prc;
 }
 
@@ -349,8 +441,12 @@ static int cons_push(struct ferry_worker *w, struct ferry_table *t, const uint64
 	}
 	over = ct->m.pend_floats * sizeof(float) > ct->m.limit / 2;
 	pthread_mutex_unlock(&ct->lock);
+	/* early: only ever adds. This call's deltas are buffered whatever the
+	 * flush does (a failed one keeps them, logged, and the next sends
+	 * them): the push succeeded, and an error would invite a retry that
+	 * doubles them */
 	if (!rc && over)
-		rc = cons_table_flush(ct, w, false); /* early: only ever adds */
+		(void)cons_table_flush(ct, w, false);
 	return rc;
 }
 
@@ -490,8 +586,8 @@ static int cons_advance(struct ferry_cons_node *cn, struct ferry_worker *w)
 			if (trc && !rc)
 				rc = trc;
 		}
-		/* announced even after a failed flush: its deltas are gone
-		 * (logged), and the others must not wait for them */
+		/* announced even after a failed flush (its deltas are kept,
+		 * logged): the others must not wait for them */
 		int arc = ferry__cons_announce(cn, target);
 
 		if (arc && !rc)
@@ -613,7 +709,7 @@ static int cons_barrier(struct ferry *fy, int after)
 			continue;
 		}
 		pthread_mutex_lock(&ct->lock);
-		pend = ct->m.npend != 0;
+		pend = ct->m.npend != 0 || ct->out;
 		pthread_mutex_unlock(&ct->lock);
 		if (!pend)
 			continue;
@@ -644,6 +740,7 @@ static void cons_node_free(void *p)
 int ferry__cons_attach(struct ferry *fy)
 {
 	struct ferry_cons_node *cn = calloc(1, sizeof(*cn));
+	int rc;
 
 	if (!cn || !(cn->peer = calloc(fy->world, sizeof(*cn->peer)))) {
 		free(cn);
@@ -657,7 +754,8 @@ int ferry__cons_attach(struct ferry *fy)
 	fy->cons_worker_new = cons_worker_new;
 	fy->cons_worker_gone = cons_worker_gone;
 	fy->cons_barrier = cons_barrier;
-	return ferry__cons_clock_attach(fy, cn);
+	rc = ferry__cons_clock_attach(fy, cn);
+	return rc ? rc : ferry__cons_push_attach(fy);
 }
 
 int ferry__cons_table_init(struct ferry_table *t)
@@ -683,6 +781,15 @@ int ferry__cons_table_init(struct ferry_table *t)
 	pthread_mutex_init(&ct->lock, NULL);
 	pthread_mutex_init(&ct->flush_mu, NULL);
 	ferry__cond_init_monotonic(&ct->cond);
+	rc = ferry__cons_rx_init(ct);
+	if (rc) {
+		ferry__cons_map_fini(&ct->m);
+		pthread_mutex_destroy(&ct->lock);
+		pthread_mutex_destroy(&ct->flush_mu);
+		pthread_cond_destroy(&ct->cond);
+		free(ct);
+		return rc;
+	}
 	t->cons = ct;
 	t->cons_hooks = &cons_hooks;
 	return 0;
@@ -721,6 +828,13 @@ void ferry__cons_table_fini(struct ferry_table *t)
 			   "sent; call ferry_flush() or ferry_barrier() before "
 			   "ferry_table_destroy()",
 			   t->id, (unsigned long long)ct->m.npend);
+	if (ct->out)
+		ferry_warn("cons: table %u destroyed with %zu keys' pushes of this node never "
+			   "answered by their owners (a failed flush; they may or may not be "
+			   "applied)",
+			   t->id, ct->out->left);
+	ferry__cons_batch_free(ct->out);
+	ferry__cons_rx_fini(ct);
 	ferry__cons_map_fini(&ct->m);
 	pthread_mutex_destroy(&ct->lock);
 	pthread_mutex_destroy(&ct->flush_mu);

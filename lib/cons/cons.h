@@ -6,9 +6,11 @@
  *
  *   cons.c  --> clock.c   node clocks: workers' clocks, the node's, every
  *      \                  rank's (CLOCK frames), waits for the slowest
- *       ----> map.c       a table's per-node entries: cached values with the
- *                         clock each is fresh to, unsent deltas, deltas in
- *                         flight
+ *       \---> map.c       a table's per-node entries: cached values with the
+ *        \                clock each is fresh to, unsent deltas, deltas in
+ *         \               flight
+ *          --> push.c     numbered push batches (CONS_PUSH, CONS_ACK): each
+ *                         delta applied once, held until acknowledged
  *
  * docs/consistency.md ("Models") states each model's guarantee and cost.
  */
@@ -48,6 +50,14 @@ struct ferry_cons_ent {
 	struct ferry_cons_ent *fprev, *fnext; /* entries with a copy, oldest first */
 	struct ferry_cons_ent *pnext;	      /* entries with pend */
 	struct ferry_cons_ent *inext;	      /* entries with infl */
+	uint8_t out;			      /* end of a flush: enum ferry_cons_out */
+};
+
+/* what became of a key's in-flight deltas when a flush ended */
+enum ferry_cons_out {
+	FERRY_CONS_OUT_APPLIED = 0, /* applied at the owner, once */
+	FERRY_CONS_OUT_HELD,	    /* not applied: back to the unsent deltas */
+	FERRY_CONS_OUT_UNKNOWN,	    /* sent, unanswered: kept by the batch (push.c) */
 };
 
 /*
@@ -94,10 +104,89 @@ void ferry__cons_map_read(const struct ferry_cons_ent *e, float *out);
  */
 int ferry__cons_map_flush_take(struct ferry_cons_map *m, uint64_t **keys_p, float **deltas_p,
 			       size_t *n_p);
-/* end a flush: @applied, the in-flight deltas are in every copy taken
- * before the flush began (copies taken during it are not kept); else
- * those copies are dropped */
-void ferry__cons_map_flush_done(struct ferry_cons_map *m, bool applied);
+/* end a flush; each in-flight entry's `out` says what became of its deltas:
+ * APPLIED, they are added to the copy taken before the flush began (copies
+ * taken during it are not kept); HELD, they go back to the unsent deltas;
+ * UNKNOWN, they leave the map (the batch keeps them) with the copy */
+void ferry__cons_map_flush_done(struct ferry_cons_map *m);
+
+/* ---- push.c: numbered push batches ---- */
+
+/*
+ * One batch of a table's buffered deltas, sent as CONS_PUSH frames, one or
+ * more per owner. Each key is routed to one rank at a time; only an answer
+ * from that rank ends it: applied, or not live there (it is routed anew,
+ * with attempt + 1), or an error (not applied). Bound: one batch per table
+ * and node runs or waits (cons_table.out) at a time.
+ */
+enum {
+	FERRY_CONS_B_NEW,
+	FERRY_CONS_B_SENT,
+	FERRY_CONS_B_DONE,
+	FERRY_CONS_B_FAIL
+};
+
+struct ferry_cons_batch {
+	uint64_t seq;
+	size_t n, left; /* keys, keys not DONE or FAIL */
+	uint64_t *keys;
+	float *deltas;
+	uint64_t *offs;	   /* n + 1: each key's deltas in deltas */
+	uint32_t *dst;	   /* the rank the key is (or is to be) sent to */
+	uint32_t *attempt; /* routes so far */
+	int32_t *err;	   /* FAIL: why */
+	uint8_t *st;	   /* FERRY_CONS_B_* */
+	uint8_t *again;	   /* this route was sent before: it may be applied */
+	uint64_t reroutes; /* -EAGAIN answers */
+};
+
+/* receiver side: the answers given to one sender's latest batch; 4 bytes
+ * per key of that batch (attempt << 2 | answer) */
+struct ferry_cons_rx {
+	uint64_t seq;
+	uint32_t total;
+	uint32_t *rec;
+};
+
+/* a table with a model on this node (cons.c; push.c reads it) */
+struct cons_table {
+	struct ferry_table *t;
+	struct ferry_cons_node *cn;
+	enum ferry_consistency model;
+	uint32_t s;
+	pthread_mutex_t lock; /* m, gen, refreshed, run */
+	pthread_cond_t cond;  /* gen moved, an answer came */
+	pthread_mutex_t flush_mu;
+	uint64_t gen;	    /* + 1 when a flush starts and when it ends; + 2 when copies go */
+	uint64_t refreshed; /* ESSP: the global clock of the last eager refresh */
+	struct ferry_cons_map m;
+	bool published; /* in cn->tabs */
+	/* push.c: the batch being sent (lock), the one left unresolved by a
+	 * failed flush (flush_mu), the last batch number (flush_mu) */
+	struct ferry_cons_batch *run, *out;
+	uint64_t seq;
+	/* push.c, receiver side: one entry per sender rank (rx_lock) */
+	pthread_mutex_t rx_lock;
+	struct ferry_cons_rx *rx;
+};
+
+/* make a batch of @n keys with their deltas (taken over; freed with it) */
+struct ferry_cons_batch *ferry__cons_batch_new(struct ferry_table *t, uint64_t seq, uint64_t *keys,
+					       float *deltas, size_t n);
+void ferry__cons_batch_free(struct ferry_cons_batch *b);
+/*
+ * Send every unresolved key of @b and wait for the answers, routing keys
+ * anew as owners say they moved, until all are answered or the node's
+ * timeout; then mark each key's map entry (APPLIED, HELD, UNKNOWN).
+ * Return: 0 when every key was applied; else the first error
+ * (-ETIMEDOUT, -FERRY_E_PEER, ...), logged. Context: a worker's thread,
+ * the table's flush_mu held, no other lock.
+ */
+int ferry__cons_batch_run(struct cons_table *ct, struct ferry_cons_batch *b);
+int ferry__cons_push_attach(struct ferry *fy);
+/* the receiver state of a table (cons_table_init / _fini) */
+int ferry__cons_rx_init(struct cons_table *ct);
+void ferry__cons_rx_fini(struct cons_table *ct);
 
 /* ---- clock.c: the node's clocks ---- */
 
@@ -117,6 +206,12 @@ struct ferry_cons_node {
 	/* this node's tables with a model: flushes walk them (flush_lock and
 	 * lock to change; lock to read) */
 	struct ferry_table *tabs[FERRY_MAX_TABLES];
+	/* push.c: keys answered from the record (a batch's key that came
+	 * again and was not applied again); FERRY_CONS_FAULT_EVERY (tests):
+	 * N, and the CONS_PUSH frames received and sent so far */
+	_Atomic uint64_t replayed;
+	uint32_t fault_every;
+	_Atomic uint64_t fault_rx, fault_tx;
 };
 
 struct ferry_cons_node *ferry__cons_node(struct ferry *fy);

@@ -259,18 +259,38 @@ int ferry__cons_map_flush_take(struct ferry_cons_map *m, uint64_t **keys_p, floa
 	return 0;
 }
 
-void ferry__cons_map_flush_done(struct ferry_cons_map *m, bool applied)
+void ferry__cons_map_flush_done(struct ferry_cons_map *m)
 {
 	for (struct ferry_cons_ent *e = m->ihead, *next; e; e = next) {
+		uint8_t out = e->out;
+
 		next = e->inext;
 		e->inext = NULL;
-		if (e->have_val && applied)
+		e->out = FERRY_CONS_OUT_APPLIED;
+		if (out == FERRY_CONS_OUT_HELD) {
+			/* not applied anywhere: unsent again, with what came since */
+			if (e->pend) {
+				for (uint32_t i = 0; i < e->len; i++)
+					e->pend[i] += e->infl[i];
+				free(e->infl);
+				m->bytes -= (uint64_t)e->len * sizeof(float);
+			} else {
+				e->pend = e->infl;
+				e->pnext = m->phead;
+				m->phead = e;
+				m->npend++;
+				m->pend_floats += e->len;
+			}
+			e->infl = NULL;
+			continue;
+		}
+		if (e->have_val && out == FERRY_CONS_OUT_APPLIED)
 			for (uint32_t i = 0; i < e->len; i++)
 				e->val[i] += e->infl[i];
 		free(e->infl);
 		e->infl = NULL;
 		m->bytes -= (uint64_t)e->len * sizeof(float);
-		if (!applied && e->have_val)
+		if (out == FERRY_CONS_OUT_UNKNOWN && e->have_val)
 			ferry__cons_map_drop_val(m, e); /* may free e */
 		else
 			map_maybe_del(m, e);

@@ -46,6 +46,8 @@ const struct ferry_option ferry__options[] = {
 	{ "FERRY_LOG_SUBSYS", "-", "all",
 	  "subsystems whose warn/info/debug lines to keep (bootstrap,tcp) or drop (^tcp)" },
 	{ "FERRY_TCP_FAULT_RESET_MS", "-", "0", "tests: break a tcp connection every N ms" },
+	{ "FERRY_CONS_FAULT_EVERY", "-", "0",
+	  "tests: every Nth push batch frame of a consistency model is lost or fails" },
 	{ "FERRY_COLL_ALGO", "ferry_coll_algo_set()", "auto",
 	  "collectives: auto (by size), doubling (and binomial tree) or ring (and chain)" },
 	{ "FERRY_COLL_CROSSOVER", "-", "262144",

@@ -100,6 +100,10 @@ static size_t proto_body_size(uint8_t type)
 		return sizeof(struct ferry_msg_chunk);
 	case FERRY_MSG_CLOCK:
 		return sizeof(struct ferry_msg_clock);
+	case FERRY_MSG_CONS_PUSH:
+		return sizeof(struct ferry_msg_cons_push);
+	case FERRY_MSG_CONS_ACK:
+		return sizeof(struct ferry_msg_cons_ack);
 	case FERRY_MSG_COLL:
 	case FERRY_MSG_COLL_ACK:
 	case FERRY_MSG_COLL_KICK:
@@ -173,6 +177,46 @@ static int proto_parse_op(const uint8_t *p, size_t left, const struct ferry_prot
 	}
 	if (!proto_pad_ok(left, nvals * sizeof(float)))
 		PROTO_FAIL("op: value bytes differ from the keys' lengths");
+	v->vals = (const float *)p;
+	v->nvals = nvals;
+	return 0;
+}
+
+/* CONS_PUSH: count keys (each idx below total, the table's length), then
+ * their values */
+static int proto_parse_cons_push(const uint8_t *p, size_t left,
+				 const struct ferry_proto_limits *lim, struct ferry_proto_view *v,
+				 const char **why_p)
+{
+	const struct ferry_msg_cons_push *m = v->body;
+	const struct ferry_msg_cons_key *ks = (const struct ferry_msg_cons_key *)p;
+	size_t nvals = 0;
+
+	if (m->count == 0 || m->total == 0 || m->count > m->total)
+		PROTO_FAIL("cons push: key count out of range");
+	/* the receiver keeps 4 bytes per key of the batch: no more keys than
+	 * the table has, nor than one call may name (2^26, as ops) */
+	if ((lim->num_keys && m->total > lim->num_keys) || m->total > (1u << 26))
+		PROTO_FAIL("cons push: batch larger than the table or 2^26 keys");
+	if (m->seq == 0)
+		PROTO_FAIL("cons push: batch number 0");
+	if (m->count > left / sizeof(*ks))
+		PROTO_FAIL("cons push: key count exceeds the frame");
+	for (uint32_t i = 0; i < m->count; i++) {
+		if (ks[i].idx >= m->total)
+			PROTO_FAIL("cons push: index beyond the batch");
+		if (lim->num_keys && ks[i].key >= lim->num_keys)
+			PROTO_FAIL("cons push: key out of range");
+		if (ks[i].len != ferry__proto_value_len(lim, ks[i].key))
+			PROTO_FAIL("cons push: value length differs from the table's");
+		nvals += ks[i].len;
+	}
+	p += (size_t)m->count * sizeof(*ks);
+	left -= (size_t)m->count * sizeof(*ks);
+	if (!proto_pad_ok(left, nvals * sizeof(float)))
+		PROTO_FAIL("cons push: value bytes differ from the keys' lengths");
+	v->count = m->count;
+	v->data = ks;
 	v->vals = (const float *)p;
 	v->nvals = nvals;
 	return 0;
@@ -478,6 +522,32 @@ int ferry__proto_parse(const void *buf, size_t len, const struct ferry_proto_lim
 		if (!lim)
 			PROTO_FAIL("repl: no table");
 		return proto_parse_repl(p, left, lim, view, why_p);
+	case FERRY_MSG_CONS_PUSH:
+		if (!lim)
+			PROTO_FAIL("cons push: no table");
+		return proto_parse_cons_push(p, left, lim, view, why_p);
+	case FERRY_MSG_CONS_ACK: {
+		const struct ferry_msg_cons_ack *m = view->body;
+
+		if (!lim)
+			PROTO_FAIL("cons ack: no table");
+		if (m->count == 0 || m->count > left / sizeof(struct ferry_msg_cons_st))
+			PROTO_FAIL("cons ack: answer count out of range");
+		view->count = m->count;
+		view->data = p;
+		for (uint32_t i = 0; i < m->count; i++) {
+			const struct ferry_msg_cons_st *st =
+				(const struct ferry_msg_cons_st *)p + i;
+
+			if (st->status > 0)
+				PROTO_FAIL("cons ack: positive status");
+			if (st->hint > lim->world)
+				PROTO_FAIL("cons ack: hint rank out of range");
+		}
+		if (!proto_pad_ok(left, (size_t)m->count * sizeof(struct ferry_msg_cons_st)))
+			PROTO_FAIL("cons ack: trailing bytes after the answers");
+		return 0;
+	}
 	case FERRY_MSG_REPL_SYNC: {
 		const struct ferry_msg_repl_sync *m = view->body;
 

@@ -263,6 +263,40 @@ struct ferry_msg_clock {
 	uint64_t clock;
 };
 
+/*
+ * FERRY_MSG_CONS_PUSH (table scope): keys of batch @seq of the sender's
+ * buffered deltas (lib/cons/push.c), @count entries, then their values. A
+ * key is applied at most once per (sender, table, seq, idx): a copy that
+ * comes again (the same @attempt) gets the answer recorded the first time.
+ */
+struct ferry_msg_cons_push {
+	uint64_t seq;	/* the sender's batch number for this table, from 1 */
+	uint32_t total; /* keys in the whole batch: every idx is below it */
+	uint32_t count;
+};
+
+struct ferry_msg_cons_key {
+	uint64_t key;
+	uint32_t idx;	  /* position in the batch */
+	uint32_t len;	  /* floats of the key's value */
+	uint32_t attempt; /* + 1 each time the sender routes the key anew */
+	uint32_t pad;
+};
+
+/* FERRY_MSG_CONS_ACK (table scope): @count answers after the body */
+struct ferry_msg_cons_ack {
+	uint64_t seq;
+	uint32_t count;
+	uint32_t pad;
+};
+
+struct ferry_msg_cons_st {
+	uint32_t idx;
+	uint32_t attempt;
+	int32_t status; /* 0 applied; -EAGAIN not live here (see hint); else not applied */
+	uint32_t hint;	/* -EAGAIN: the rank to try next (world: none) */
+};
+
 /* TABLE_ACK (one-sided transports): world entries after the body, rank order:
  * each rank's arena (remote read) and landing inbox (remote write) */
 struct ferry_msg_arena {

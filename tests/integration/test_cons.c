@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "common/cluster.h"
+#include "lib/cons/cons.h"
 #include "lib/core/core.h"
 
 #define NODES 4
@@ -546,6 +547,230 @@ Test(cons, eventual_sums_are_exact_with_nodes_as_processes, .timeout = 180)
 	cr_assert_eq(atomic_load(&run->errors), 0);
 	cr_assert_eq(atomic_load(&run->own_bad), 0, "a read lacked this node's own pushes");
 	munmap(run, sizeof(*run));
+}
+
+/* ---- flushes that fail midway lose and double nothing ---- */
+
+/*
+ * FERRY_CONS_FAULT_EVERY=5: of the push batch frames each node receives,
+ * every 5th is lost before it is applied, every 5th (shifted) is applied and
+ * its answer lost, and of those each sends, every 5th fails to send. Flushes
+ * fail (-ETIMEDOUT after the 500 ms timeout, -EIO, ...) while workers push
+ * +1 to random keys and localize some; each later flush sends the
+ * unanswered keys again under the same batch number. After every worker's
+ * last flush succeeded, every node must read exactly the pushes made: a
+ * delta dropped or applied twice shows.
+ */
+#define FF_KEYS 48
+#define FF_ROUNDS 8
+#define FF_PUSHES 24
+
+struct ff_run {
+	int rounds;
+	atomic_int nodes_done; /* processes: nodes whose workers finished */
+	_Atomic uint64_t pushed[FF_KEYS];
+	atomic_int errors;	   /* calls that must not fail */
+	atomic_int flush_failed;   /* flushes that failed (injected faults) */
+	atomic_int never_flushed;  /* a worker whose flushes kept failing */
+	_Atomic uint64_t replayed; /* processes: keys answered from the record */
+};
+
+static void *ff_worker(void *p)
+{
+	struct ev_arg *a = p;
+	struct ff_run *run = (struct ff_run *)a->run;
+	struct ferry_table *t = a->c->t[a->rank];
+	struct ferry_worker *w;
+	uint64_t seed = 0x9e3779b97f4a7c15ull * (uint64_t)(a->j + 3);
+	int tries;
+
+	if (ferry_worker_create(a->c->fy[a->rank], &w)) {
+		atomic_fetch_add(&run->errors, 1);
+		return NULL;
+	}
+	for (int r = 0; r < run->rounds; r++) {
+		for (int i = 0; i < FF_PUSHES; i++) {
+			uint64_t k = tc_rand(&seed) % FF_KEYS;
+			float d = 1;
+
+			if (ferry_push(w, t, &k, 1, &d)) {
+				atomic_fetch_add(&run->errors, 1);
+				continue;
+			}
+			atomic_fetch_add(&run->pushed[k], 1);
+			if (tc_rand(&seed) % 8 == 0)
+				(void)ferry_localize(w, t, &k, 1); /* may time out: no matter */
+		}
+		if (ferry_flush(w, t))
+			atomic_fetch_add(&run->flush_failed, 1);
+	}
+	/* until a flush of this node's table sends everything, answered */
+	for (tries = 0; tries < 60 && ferry_flush(w, t); tries++)
+		atomic_fetch_add(&run->flush_failed, 1);
+	if (tries == 60)
+		atomic_fetch_add(&run->never_flushed, 1);
+	ferry_worker_destroy(w);
+	return NULL;
+}
+
+static int ff_node(struct tc *c, int rank, void *arg)
+{
+	struct ev_arg a[WPN];
+	pthread_t th[WPN];
+
+	for (int i = 0; i < WPN; i++) {
+		a[i] = (struct ev_arg){ .c = c, .run = arg, .rank = rank, .j = rank * WPN + i };
+		pthread_create(&th[i], NULL, ff_worker, &a[i]);
+	}
+	for (int i = 0; i < WPN; i++)
+		pthread_join(th[i], NULL);
+	return 0;
+}
+
+/* once every node's workers are done (the faults make some much slower
+ * than others, past the 500 ms a barrier waits) */
+static int ff_barrier(struct tc *c, int rank, void *arg)
+{
+	(void)arg;
+	return ferry_barrier(c->fy[rank]);
+}
+
+static int ff_check(struct tc *c, int rank, void *arg)
+{
+	struct ff_run *run = arg;
+	struct ferry_worker *w;
+	uint64_t keys[FF_KEYS];
+	float vals[FF_KEYS];
+	int rc;
+
+	for (int k = 0; k < FF_KEYS; k++)
+		keys[k] = (uint64_t)k;
+	if (ferry_worker_create(c->fy[rank], &w))
+		return -1;
+	rc = ferry_pull(w, c->t[rank], keys, FF_KEYS, vals);
+	for (int k = 0; k < FF_KEYS && !rc; k++)
+		if (vals[k] != (float)atomic_load(&run->pushed[k])) {
+			fprintf(stderr, "rank %d key %d: %g, pushed %llu\n", rank, k,
+				(double)vals[k], (unsigned long long)atomic_load(&run->pushed[k]));
+			rc = -2;
+		}
+	ferry_worker_destroy(w);
+	return rc ? rc : ferry_barrier(c->fy[rank]);
+}
+
+/* the faults' own lines, and the failed flushes' lines they cause, are
+ * expected: only the others are shown */
+static void ff_log(enum ferry_log_level level, const char *msg, void *arg)
+{
+	(void)arg;
+	if (level <= FERRY_LOG_WARN && !strstr(msg, "fault injection") &&
+	    !strstr(msg, "FERRY_CONS_FAULT_EVERY") && !strstr(msg, "buffered pushes"))
+		fprintf(stderr, "ferry: %s\n", msg);
+}
+
+Test(cons, flushes_that_fail_midway_lose_and_double_nothing, .timeout = 180)
+{
+	struct ferry_table_params tp;
+	struct ff_run *run = calloc(1, sizeof(*run));
+	uint64_t total = 0, replayed = 0, frames = 0;
+	struct tc c;
+
+	ferry_log_set(FERRY_LOG_WARN, ff_log, NULL);
+	setenv("FERRY_CONS_FAULT_EVERY", "5", 1);
+	run->rounds = FF_ROUNDS;
+	cons_params(&tp, FERRY_CONS_EVENTUAL, 0, FF_KEYS, 1);
+	cr_assert_eq(tc_open(&c, NODES, &tp, 500), 0);
+	unsetenv("FERRY_CONS_FAULT_EVERY");
+	cr_assert_eq(tc_run(&c, ff_node, run), 0);
+	cr_assert_eq(tc_run(&c, ff_barrier, NULL), 0);
+	cr_assert_eq(atomic_load(&run->errors), 0);
+	cr_assert_eq(atomic_load(&run->never_flushed), 0, "a worker's flushes kept failing");
+	for (int k = 0; k < FF_KEYS; k++)
+		total += atomic_load(&run->pushed[k]);
+	cr_assert_eq(total, (uint64_t)NW * FF_ROUNDS * FF_PUSHES);
+	cr_assert_eq(tc_run(&c, ff_check, run), 0, "a node read other than the exact sum");
+	for (int r = 0; r < NODES; r++) {
+		struct ferry_cons_node *cn = c.fy[r]->cons;
+
+		replayed += atomic_load(&cn->replayed);
+		frames += atomic_load(&cn->fault_rx);
+	}
+	/* the faults happened, and keys applied whose answer was lost came
+	 * again and were answered from the record, not applied again */
+	cr_assert_gt(atomic_load(&run->flush_failed), 0, "no flush failed: no fault injected?");
+	cr_assert_gt(replayed, 0, "no key came again after its answer was lost");
+	cr_log_info("%llu batch frames received, %d flushes failed, %llu keys answered from "
+		    "the record",
+		    (unsigned long long)frames, atomic_load(&run->flush_failed),
+		    (unsigned long long)replayed);
+	tc_close(&c);
+	free(run);
+	ferry_log_set(FERRY_LOG_WARN, NULL, NULL);
+}
+
+/* the same with every node a process of its own (5 rounds, 800 ms) */
+Test(cons, flushes_that_fail_midway_lose_and_double_nothing_in_processes, .timeout = 180)
+{
+	struct ff_run *run =
+		mmap(NULL, sizeof(*run), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	struct ferry_params p;
+	pid_t pids[NODES];
+	uint64_t total = 0;
+	int rc;
+
+	cr_assert_neq(run, MAP_FAILED);
+	memset(run, 0, sizeof(*run));
+	run->rounds = 5;
+	ferry_log_set(FERRY_LOG_WARN, ff_log, NULL);
+	ferry_params_init(&p);
+	p.transport = getenv("FERRY_TRANSPORT") && strcmp(getenv("FERRY_TRANSPORT"), "loop") ?
+			      FERRY_TRANSPORT_AUTO :
+			      FERRY_TRANSPORT_TCP;
+	p.timeout_ms = 800;
+	setenv("FERRY_CONS_FAULT_EVERY", "5", 1);
+	rc = ferry_local_cluster_fork(NODES, &p, pids);
+	if (rc >= 0 && rc < NODES) {
+		struct ferry_table_params tp;
+		struct tc c = { .n = NODES };
+		int me = rc;
+
+		cons_params(&tp, FERRY_CONS_EVENTUAL, 0, FF_KEYS, 1);
+		rc = ferry_open(&p, &c.fy[me]);
+		if (!rc)
+			rc = ferry_table_create(c.fy[me], &tp, &c.t[me]);
+		if (!rc)
+			rc = ff_node(&c, me, run);
+		/* the barrier only once every node is done (see ff_barrier) */
+		atomic_fetch_add(&run->nodes_done, 1);
+		for (int i = 0; i < 120000 && atomic_load(&run->nodes_done) < NODES; i++)
+			usleep(1000);
+		if (!rc)
+			rc = ff_barrier(&c, me, NULL);
+		if (!rc)
+			rc = ff_check(&c, me, run);
+		if (c.fy[me])
+			atomic_fetch_add(
+				&run->replayed,
+				atomic_load(&((struct ferry_cons_node *)c.fy[me]->cons)->replayed));
+		ferry_table_destroy(c.t[me]);
+		ferry_close(c.fy[me]);
+		_exit(rc ? 1 : 0);
+	}
+	unsetenv("FERRY_CONS_FAULT_EVERY");
+	cr_assert_eq(rc, FERRY_LOCAL_PARENT, "fork: %s", ferry_strerror(rc));
+	tc_wait_procs(pids, NODES, -1, "a node read other than the exact sum, or failed");
+	cr_assert_eq(atomic_load(&run->errors), 0);
+	cr_assert_eq(atomic_load(&run->never_flushed), 0, "a worker's flushes kept failing");
+	for (int k = 0; k < FF_KEYS; k++)
+		total += atomic_load(&run->pushed[k]);
+	cr_assert_eq(total, (uint64_t)NW * 5 * FF_PUSHES);
+	cr_assert_gt(atomic_load(&run->flush_failed), 0, "no flush failed: no fault injected?");
+	cr_assert_gt(atomic_load(&run->replayed), 0, "no key came again after its answer was lost");
+	cr_log_info("processes: %d flushes failed, %llu keys answered from the record",
+		    atomic_load(&run->flush_failed),
+		    (unsigned long long)atomic_load(&run->replayed));
+	munmap(run, sizeof(*run));
+	ferry_log_set(FERRY_LOG_WARN, NULL, NULL);
 }
 
 /* ---- parameters ---- */

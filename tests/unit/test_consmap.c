@@ -78,7 +78,7 @@ Test(consmap, a_flush_adds_its_deltas_to_older_copies_or_drops_them_when_it_fail
 	cr_assert_eq(ferry__cons_map_pend_add(&m, a, d), 0);
 	ferry__cons_map_read(a, out);
 	cr_assert(out[0] == 13 && out[1] == 26);
-	ferry__cons_map_flush_done(&m, true);
+	ferry__cons_map_flush_done(&m); /* out: APPLIED, the default */
 	free(keys);
 	free(deltas);
 	/* applied: the copy holds it now, the later push is still unsent */
@@ -86,17 +86,46 @@ Test(consmap, a_flush_adds_its_deltas_to_older_copies_or_drops_them_when_it_fail
 	ferry__cons_map_read(a, out);
 	cr_assert(out[0] == 13 && out[1] == 26);
 
-	/* a failed flush: the copy may or may not hold the deltas, so it goes;
-	 * a key with deltas only, and no copy, stays for nothing else */
+	/* unanswered (the batch keeps the deltas): the copy may or may not hold
+	 * them, so it goes; a key with deltas only, and no copy, stays for
+	 * nothing else */
 	b = ferry__cons_map_get(&m, 8, 2);
 	cr_assert_eq(ferry__cons_map_pend_add(&m, b, d), 0);
 	cr_assert_eq(ferry__cons_map_flush_take(&m, &keys, &deltas, &n), 0);
 	cr_assert_eq(n, 2);
-	ferry__cons_map_flush_done(&m, false);
+	a->out = FERRY_CONS_OUT_UNKNOWN;
+	b->out = FERRY_CONS_OUT_UNKNOWN;
+	ferry__cons_map_flush_done(&m);
 	free(keys);
 	free(deltas);
 	cr_assert_null(ferry__cons_map_find(&m, 7));
 	cr_assert_null(ferry__cons_map_find(&m, 8));
 	cr_assert_eq(m.n, 0);
+
+	/* not applied (HELD): the deltas are unsent again, summed with a push
+	 * made during the flush; the copy stays and reads do not change */
+	a = ferry__cons_map_get(&m, 9, 2);
+	cr_assert_eq(ferry__cons_map_set_val(&m, a, v, 3), 0);
+	cr_assert_eq(ferry__cons_map_pend_add(&m, a, d), 0);
+	cr_assert_eq(ferry__cons_map_flush_take(&m, &keys, &deltas, &n), 0);
+	cr_assert_eq(ferry__cons_map_pend_add(&m, a, d), 0);
+	a->out = FERRY_CONS_OUT_HELD;
+	ferry__cons_map_flush_done(&m);
+	free(keys);
+	free(deltas);
+	cr_assert_null(a->infl);
+	cr_assert(a->pend && a->pend[0] == 2 && a->pend[1] == 4);
+	cr_assert_eq(m.npend, 1);
+	cr_assert_eq(m.pend_floats, 2);
+	cr_assert_eq(a->val[0], 10.0f);
+	ferry__cons_map_read(a, out);
+	cr_assert(out[0] == 12 && out[1] == 24, "%g %g", (double)out[0], (double)out[1]);
+	/* and go in the next flush */
+	cr_assert_eq(ferry__cons_map_flush_take(&m, &keys, &deltas, &n), 0);
+	cr_assert(n == 1 && keys[0] == 9 && deltas[0] == 2 && deltas[1] == 4);
+	ferry__cons_map_flush_done(&m);
+	free(keys);
+	free(deltas);
+	cr_assert_eq(a->val[0], 12.0f);
 	ferry__cons_map_fini(&m);
 }

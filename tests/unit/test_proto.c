@@ -699,6 +699,8 @@ Test(proto, frame_shorter_than_its_fixed_body)
 		{ FERRY_MSG_REPL_SYNC, sizeof(struct ferry_msg_repl_sync) },
 		{ FERRY_MSG_MGR_DEAD, sizeof(struct ferry_msg_mgr) },
 		{ FERRY_MSG_CLOCK, sizeof(struct ferry_msg_clock) },
+		{ FERRY_MSG_CONS_PUSH, sizeof(struct ferry_msg_cons_push) },
+		{ FERRY_MSG_CONS_ACK, sizeof(struct ferry_msg_cons_ack) },
 	};
 
 	/* every type but BYE, which is a bare header (below); the numbers not
@@ -2214,4 +2216,128 @@ Test(proto, compressed_push_frames_are_checked)
 		}
 		fr_free(&x);
 	}
+}
+
+/* ---- CONS_PUSH and CONS_ACK (lib/cons/push.c) ---- */
+
+/* CONS_PUSH of keys @keys[0 .. n) (per-key lengths of lim_perkey, idx i),
+ * batch @seq of @total keys */
+static struct fr cons_push_frame(uint64_t seq, uint32_t total, const uint64_t *keys, uint32_t n)
+{
+	struct ferry_frame f;
+	struct ferry_msg_cons_push *m;
+
+	ferry__frame_begin(&f);
+	m = ferry__frame_put(&f, sizeof(*m));
+	m->seq = seq;
+	m->total = total;
+	m->count = n;
+	for (uint32_t i = 0; i < n; i++) {
+		struct ferry_msg_cons_key *k = ferry__frame_put(&f, sizeof(*k));
+
+		k->key = keys[i];
+		k->idx = i;
+		k->len = key_lens[keys[i]];
+		k->attempt = 1;
+	}
+	for (uint32_t i = 0; i < n; i++)
+		for (uint32_t j = 0; j < key_lens[keys[i]]; j++)
+			*(float *)ferry__frame_put(&f, sizeof(float)) = val_of(keys[i], j);
+	return fr_take(&f, FERRY_MSG_CONS_PUSH, 1, 0);
+}
+
+static struct ferry_msg_cons_key *cons_key(struct fr *x, uint32_t i)
+{
+	return (struct ferry_msg_cons_key *)((uint8_t *)fr_body(x) +
+					     sizeof(struct ferry_msg_cons_push)) +
+	       i;
+}
+
+Test(proto, cons_push_frames_are_checked_key_by_key)
+{
+	uint64_t keys[3] = { 4, 17, 99 };
+	struct ferry_proto_view v;
+	struct fr x = cons_push_frame(7, 5, keys, 3);
+
+	expect_ok(&x, &lim_perkey, &v, "a good CONS_PUSH");
+	cr_assert_eq(v.count, 3);
+	cr_assert_eq(v.nvals, key_lens[4] + key_lens[17] + key_lens[99]);
+	cr_assert(v.vals[0] == val_of(4, 0));
+	fr_free(&x);
+
+	x = cons_push_frame(7, 5, keys, 3);
+	cons_key(&x, 2)->idx = 5;
+	expect_body_bad(&x, &lim_perkey, "beyond the batch", "an index past the batch's total");
+	fr_free(&x);
+	x = cons_push_frame(7, 2, keys, 3);
+	expect_body_bad(&x, &lim_perkey, "count", "more keys than the batch has");
+	fr_free(&x);
+	x = cons_push_frame(7, NKEYS + 1, keys, 3);
+	expect_body_bad(&x, &lim_perkey, "larger", "a batch larger than the table");
+	fr_free(&x);
+	x = cons_push_frame(0, 5, keys, 3);
+	expect_body_bad(&x, &lim_perkey, "number 0", "batch number 0");
+	fr_free(&x);
+	x = cons_push_frame(7, 5, keys, 3);
+	cons_key(&x, 1)->key = NKEYS;
+	expect_body_bad(&x, &lim_perkey, "out of range", "a key past the table");
+	fr_free(&x);
+	x = cons_push_frame(7, 5, keys, 3);
+	cons_key(&x, 0)->len++;
+	expect_body_bad(&x, &lim_perkey, "length", "a length other than the table's");
+	fr_free(&x);
+	x = cons_push_frame(7, 5, keys, 3);
+	fr_resize(&x, -8);
+	expect_body_bad(&x, &lim_perkey, "value bytes", "values cut short");
+	fr_free(&x);
+	x = cons_push_frame(7, 5, keys, 3);
+	((struct ferry_msg_cons_push *)fr_body(&x))->count = 1000;
+	expect_body_bad(&x, &lim_perkey, "count", "a count past the frame");
+	fr_free(&x);
+}
+
+static struct fr cons_ack_frame(uint32_t n, int32_t status, uint32_t hint)
+{
+	struct ferry_frame f;
+	struct ferry_msg_cons_ack *m;
+
+	ferry__frame_begin(&f);
+	m = ferry__frame_put(&f, sizeof(*m));
+	m->seq = 3;
+	m->count = n;
+	for (uint32_t i = 0; i < n; i++) {
+		struct ferry_msg_cons_st *st = ferry__frame_put(&f, sizeof(*st));
+
+		st->idx = i;
+		st->status = status;
+		st->hint = hint;
+	}
+	return fr_take(&f, FERRY_MSG_CONS_ACK, 2, 0);
+}
+
+Test(proto, cons_ack_frames_are_checked)
+{
+	struct ferry_proto_view v;
+	struct fr x = cons_ack_frame(4, -EAGAIN, 3);
+
+	expect_ok(&x, &lim_fixed, &v, "a good CONS_ACK");
+	cr_assert_eq(v.count, 4);
+	fr_free(&x);
+	x = cons_ack_frame(4, 0, WORLD); /* applied: no hint */
+	expect_ok(&x, &lim_fixed, &v, "a CONS_ACK without hints");
+	fr_free(&x);
+	x = cons_ack_frame(2, 5, WORLD);
+	expect_body_bad(&x, &lim_fixed, "positive", "a positive status");
+	fr_free(&x);
+	x = cons_ack_frame(2, -EAGAIN, WORLD + 1);
+	expect_body_bad(&x, &lim_fixed, "hint", "a hint past the world");
+	fr_free(&x);
+	x = cons_ack_frame(2, 0, WORLD);
+	((struct ferry_msg_cons_ack *)fr_body(&x))->count = 3;
+	expect_body_bad(&x, &lim_fixed, "count", "more answers than the frame holds");
+	fr_free(&x);
+	x = cons_ack_frame(2, 0, WORLD);
+	fr_resize(&x, 16);
+	expect_body_bad(&x, &lim_fixed, "trailing", "bytes after the answers");
+	fr_free(&x);
 }

@@ -72,8 +72,10 @@ enum ferry_msg_type {
 	FERRY_MSG_REPL_SYNC = 25, /* node -> every node: my copies after a failure are sent */
 	FERRY_MSG_MGR_DEAD = 32,  /* to self: the membership manager saw a node leave */
 	/* 36 .. 43: consistency models (lib/cons/) */
-	FERRY_MSG_CLOCK = 36, /* node -> every node: my clock; my pushes of clocks
+	FERRY_MSG_CLOCK = 36,	  /* node -> every node: my clock; my pushes of clocks
 			       * below it are applied at their owners */
+	FERRY_MSG_CONS_PUSH = 37, /* node -> owner: a numbered batch of buffered deltas */
+	FERRY_MSG_CONS_ACK = 38,  /* owner -> node: per key, applied (once) or not here */
 	FERRY_MSG_TYPE_MAX
 };
 
