@@ -27,8 +27,10 @@
  *   request that fails its check is rejected (with a reason in the REJ's
  *   private data), logged once and not counted. Requests that arrive before
  *   connect() was called (the cluster id is not known yet) are held and judged
- *   when it is. Once every peer is up the listener is destroyed, so later
- *   strangers are refused by the kernel.
+ *   when it is. Once every peer is up the listener stays, for the redials
+ *   of lost links (session.c); with FERRY_RECONNECT_MS=0 it is destroyed, so
+ *   later strangers are refused by the kernel. A redial passes the same
+ *   checks, and its HELLO must carry the incarnation the session began with.
  *
  * Token (cfg.auth). rdma_cm carries one message each way before the
  * connection stands (56 bytes of private data in a REQ), so the proof here
