@@ -122,9 +122,7 @@ int ferry__rdma_post_data(struct rdma_tp *t, struct rdma_peer *p, uint64_t seq, 
 		.num_sge = 1,
 		.opcode = IBV_WR_SEND_WITH_IMM,
 		.send_flags = sig ? IBV_SEND_SIGNALED : 0,
-		.imm_data =
-			htonl(RDMA_IMM_TAG << 24 |
-			      (uint32_t)(seq & RDMA_IMM_SEQ_MASK) << RDMA_IMM_SEQ_SHIFT | p->owed),
+		.imm_data = htonl(rdma_imm_data(seq, p->owed)),
 	};
 	struct ibv_send_wr *bad;
 	int ret;

@@ -519,6 +519,37 @@ static inline int64_t rdma_now_ms(void)
 	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+/* the immediate of data chunk @seq that returns @owed credits (the chunk header above) */
+static inline uint32_t rdma_imm_data(uint64_t seq, uint32_t owed)
+{
+	return RDMA_IMM_TAG << 24 | (uint32_t)(seq & RDMA_IMM_SEQ_MASK) << RDMA_IMM_SEQ_SHIFT |
+	       owed;
+}
+
+/* the immediate of a RESUME: @delivered chunks, modulo 2^16 */
+static inline uint32_t rdma_imm_resume(uint64_t delivered)
+{
+	return RDMA_IMM_TAG << 24 | RDMA_IMM_CREDIT_ONLY | RDMA_IMM_RESUME |
+	       (uint32_t)(delivered & 0xffff);
+}
+
+/*
+ * rdma_resume_from - the peer's count of our chunks it delivered, from the
+ * low 16 bits @count16 of its RESUME: the one number in [@acked, @posted]
+ * with those bits (at most RDMA_CREDITS chunks are unacknowledged, so there
+ * is at most one). Return: 0 with *@from_p, or -1 when none is.
+ */
+static inline int rdma_resume_from(uint64_t acked, uint64_t posted, uint32_t count16,
+				   uint64_t *from_p)
+{
+	uint64_t from = acked + ((count16 - acked) & 0xffff);
+
+	if (from > posted)
+		return -1;
+	*from_p = from;
+	return 0;
+}
+
 /* room on the send side of @p; call with p->lock held */
 static inline bool rdma_sq_room(const struct rdma_tp *t, const struct rdma_peer *p)
 {

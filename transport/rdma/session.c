@@ -274,8 +274,7 @@ int ferry__rdma_resume_post(struct rdma_tp *t, struct rdma_peer *p)
 		.wr_id = rdma_wr_id(RDMA_WR_SIG, p->rank, p->gen, 0),
 		.opcode = IBV_WR_SEND_WITH_IMM,
 		.send_flags = IBV_SEND_SIGNALED,
-		.imm_data = htonl(RDMA_IMM_TAG << 24 | RDMA_IMM_CREDIT_ONLY | RDMA_IMM_RESUME |
-				  (uint32_t)(p->rx_seq & 0xffff)),
+		.imm_data = htonl(rdma_imm_resume(p->rx_seq)),
 	};
 	struct ibv_send_wr *bad;
 	uint64_t resent = 0;
@@ -310,10 +309,9 @@ int ferry__rdma_resume_got(struct rdma_tp *t, struct rdma_peer *p, uint32_t coun
 	int ret = 0, go = 0;
 
 	pthread_mutex_lock(&p->lock);
-	from = p->tx_acked + ((count16 - p->tx_acked) & 0xffff);
 	if (p->rsm_got) {
 		*why_p = "it sent a second RESUME on one queue pair";
-	} else if (from > p->s_posted) {
+	} else if (rdma_resume_from(p->tx_acked, p->s_posted, count16, &from)) {
 		*why_p = "its RESUME counts chunks that were never sent to it";
 	} else {
 		p->rsm_from = from;
