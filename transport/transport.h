@@ -92,7 +92,7 @@ struct ferry_tp_handler {
 	void (*on_msg)(void *core, uint32_t src, const void *buf, size_t len);
 	/* @src failed (its process is gone, it left, it stayed unreachable, or it
 	 * sent garbage); called once per peer. A transport that re-establishes
-	 * lost links (tcp: FERRY_RECONNECT_MS) calls it only when that fails:
+	 * lost links (tcp, rdma: FERRY_RECONNECT_MS) calls it only when that fails:
 	 * frames in between are neither lost nor delivered twice */
 	void (*on_peer_failed)(void *core, uint32_t src, int err);
 	/* a one-sided read()/write() finished; @status 0 or a negative errno.

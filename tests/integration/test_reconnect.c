@@ -4,21 +4,27 @@
  * losing and doubling nothing; a process that dies is still failed fast.
  * Every case breaks links for real: FERRY_TCP_FAULT_RESET_MS makes each
  * node's tcp transport break one of its connections every few ms, with a
- * shutdown() or a reset (transport/tcp/session.c).
+ * shutdown() or a reset (transport/tcp/session.c); over rdma,
+ * FERRY_RDMA_FAULT_BREAK_MS has the rdma transport rdma_disconnect() one of
+ * its links, which puts both queue pairs in the error state and drops what
+ * they held (transport/rdma/session.c).
  *
- * - frames_survive_many_resets: three tcp transports in this process stream
+ * - frames_survive_many_resets: three transports in this process stream
  *   numbered frames of many sizes (up to 256 KiB) to each other for 3 s while
- *   their links break every 10 ms; every frame arrives once, in order,
- *   intact, and no peer is reported failed.
+ *   their links break every 10 ms (rdma: 100 ms); every frame arrives once,
+ *   in order, intact, and no peer is reported failed.
  * - a_storm_keeps_every_push_exactly_once: three forked nodes push (+1),
  *   pull and localize keys of every home for 3 s while their links break
- *   every 20 ms; every operation succeeds, every key ends with exactly the
+ *   every 20 ms (rdma: 300 ms); every operation succeeds, every key ends with exactly the
  *   pushes that returned 0, and no peer is declared failed.
  * - a_killed_peer_is_failed_within_2_s: the same, and a node is SIGKILLed:
  *   the others' operations on it end with -FERRY_E_PEER within 2 s.
  *
- * Reconnection is built for tcp only (docs/rdma.md): the cases run over tcp
- * and skip when FERRY_TRANSPORT names another transport.
+ * The cases run over tcp, or over rdma with FERRY_TRANSPORT=rdma (the
+ * SoftRoCE guest: ci/softroce-vm.sh, with FERRY_BIND_ADDR the rxe address);
+ * they skip for the loop transport, whose links cannot break. Over rdma the
+ * links break less often (every 100 ms): a redial resolves an address
+ * and a route and makes a queue pair, which takes milliseconds under TCG.
  */
 #define _GNU_SOURCE
 #include <criterion/criterion.h>
@@ -44,12 +50,50 @@ static int64_t now_ns(void)
 	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-static void require_tcp(void)
+/* 1 over rdma (FERRY_TRANSPORT=rdma), 0 over tcp; skips the loop transport */
+static int use_rdma(void)
 {
 	const char *tp = getenv("FERRY_TRANSPORT");
 
+	if (tp && !strcmp(tp, "rdma")) {
+#ifdef FERRY_HAVE_RDMA
+		return 1;
+#else
+		cr_skip_test("FERRY_TRANSPORT=rdma, but this build has no rdma transport");
+#endif
+	}
 	if (tp && *tp && strcmp(tp, "tcp") && strcmp(tp, "auto"))
-		cr_skip_test("reconnection is built for tcp only; FERRY_TRANSPORT=%s", tp);
+		cr_skip_test("links of the %s transport cannot break", tp);
+	return 0;
+}
+
+static const struct ferry_tp_ops *rc_ops(int rdma)
+{
+#ifdef FERRY_HAVE_RDMA
+	if (rdma)
+		return &ferry__rdma_ops;
+#endif
+	(void)rdma;
+	return &ferry__tcp_ops;
+}
+
+/* break links every @tcp_ms over tcp, every @rdma_ms over rdma */
+static void rc_fault(int tcp_ms, int rdma_ms)
+{
+	char v[16];
+
+	snprintf(v, sizeof(v), "%d", tcp_ms);
+	setenv("FERRY_TCP_FAULT_RESET_MS", v, 1);
+	snprintf(v, sizeof(v), "%d", rdma_ms);
+	setenv("FERRY_RDMA_FAULT_BREAK_MS", v, 1);
+}
+
+/* the nodes' transport: tcp, or rdma chosen through FERRY_TRANSPORT */
+static void rc_params(struct ferry_params *p, int rdma)
+{
+	ferry_params_init(p);
+	p->transport = rdma ? FERRY_TRANSPORT_RDMA : FERRY_TRANSPORT_TCP;
+	p->timeout_ms = 20000;
 }
 
 /* ---- log lines, counted (shared between forked nodes) --------------------- */
@@ -70,7 +114,8 @@ static void log_cb(enum ferry_log_level level, const char *msg, void *arg)
 
 	(void)arg;
 	/* FERRY_TEST_LOG=1 shows every line (info), for a look at the sessions */
-	if ((level <= FERRY_LOG_WARN && !strstr(msg, "FERRY_TCP_FAULT_RESET_MS")) ||
+	if ((level <= FERRY_LOG_WARN && !strstr(msg, "FERRY_TCP_FAULT_RESET_MS") &&
+	     !strstr(msg, "FERRY_RDMA_FAULT_BREAK_MS")) ||
 	    getenv("FERRY_TEST_LOG"))
 		fprintf(stderr, "ferry: %s\n", msg);
 	if (!logc || !__atomic_load_n(&logc->counting, __ATOMIC_ACQUIRE))
@@ -81,7 +126,8 @@ static void log_cb(enum ferry_log_level level, const char *msg, void *arg)
 		unsigned long long n = 0;
 
 		__atomic_fetch_add(&logc->resumed, 1, __ATOMIC_RELAXED);
-		if ((p = strstr(p, "; ")) && sscanf(p, "; %llu frames", &n) == 1)
+		/* tcp counts frames sent again, rdma chunks */
+		if ((p = strstr(p, "; ")) && sscanf(p, "; %llu", &n) == 1)
 			__atomic_fetch_add(&logc->resent, (long)n, __ATOMIC_RELAXED);
 	}
 	if (strstr(msg, "marking it failed"))
@@ -250,12 +296,17 @@ Test(reconnect, frames_survive_many_resets, .timeout = 180)
 	pthread_t th[RN];
 	uint64_t frames = 0, bytes = 0;
 	long resets, resumed, resent, failed;
+	const int rdma = use_rdma();
+	const struct ferry_tp_ops *ops = rc_ops(rdma);
+	const char *bind = !rdma		     ? "127.0.0.1" :
+			   getenv("FERRY_BIND_ADDR") ? getenv("FERRY_BIND_ADDR") :
+						       getenv("FERRY_TEST_RDMA_ADDR");
+	const long least = rdma ? 10 : 50; /* breaks and resumptions at least */
 	int64_t t0;
 
-	require_tcp();
 	cr_assert_not_null(nodes);
 	lc = logcount_shared();
-	setenv("FERRY_TCP_FAULT_RESET_MS", "10", 1);
+	rc_fault(10, 100);
 	setenv("FERRY_RECONNECT_MS", "2000", 0); /* sanitizer builds are slow to redial */
 	for (uint32_t r = 0; r < RN; r++) {
 		struct rnode *n = &nodes[r];
@@ -263,7 +314,7 @@ Test(reconnect, frames_survive_many_resets, .timeout = 180)
 			.rank = r,
 			.world = RN,
 			.cluster_id = cid,
-			.bind_addr = "127.0.0.1",
+			.bind_addr = bind ? bind : "",
 			.timeout_ms = 20000,
 			.handler = &r_handler,
 			.core = n,
@@ -271,12 +322,12 @@ Test(reconnect, frames_survive_many_resets, .timeout = 180)
 
 		n->rank = r;
 		pthread_mutex_init(&n->lock, NULL);
-		n->tp = calloc(1, ferry__tcp_ops.tp_size);
+		n->tp = calloc(1, ops->tp_size);
 		cr_assert_not_null(n->tp);
-		n->tp->ops = &ferry__tcp_ops;
-		cr_assert_eq(ferry__tcp_ops.init(n->tp, &cfg), 0, "init of rank %u", r);
+		n->tp->ops = ops;
+		cr_assert_eq(ops->init(n->tp, &cfg), 0, "init of rank %u (%s)", r, ops->name);
 		n->addr_len = sizeof(n->addr);
-		cr_assert_eq(ferry__tcp_ops.addr_get(n->tp, n->addr, &n->addr_len), 0);
+		cr_assert_eq(ops->addr_get(n->tp, n->addr, &n->addr_len), 0);
 	}
 	for (uint32_t r = 0; r < RN; r++) {
 		for (uint32_t q = 0; q < RN; q++) {
@@ -339,19 +390,17 @@ Test(reconnect, frames_survive_many_resets, .timeout = 180)
 		}
 		pthread_mutex_unlock(&n->lock);
 	}
-	cr_log_info("%llu frames (%.1f MiB) in order through %ld injected breaks, %ld sessions "
-		    "resumed, %ld frames sent again",
-		    (unsigned long long)frames, (double)bytes / (1 << 20), resets, resumed, resent);
 	fprintf(stderr,
-		"frames_survive_many_resets: %llu frames (%.1f MiB) in order through %ld injected "
-		"breaks, %ld sessions resumed, %ld frames sent again\n",
-		(unsigned long long)frames, (double)bytes / (1 << 20), resets, resumed, resent);
+		"frames_survive_many_resets (%s): %llu frames (%.1f MiB) in order through %ld "
+		"injected breaks, %ld sessions resumed, %ld %s sent again\n",
+		ops->name, (unsigned long long)frames, (double)bytes / (1 << 20), resets, resumed,
+		resent, rdma ? "chunks" : "frames");
 	cr_assert_eq(failed, 0, "%ld log lines marked a peer failed", failed);
-	cr_assert_geq(resets, 50, "only %ld breaks were injected", resets);
-	cr_assert_geq(resumed, 50, "only %ld sessions resumed", resumed);
-	cr_assert_gt(resent, 0, "no frame was ever sent again: the resets never cost one");
+	cr_assert_geq(resets, least, "only %ld breaks were injected", resets);
+	cr_assert_geq(resumed, least, "only %ld sessions resumed", resumed);
+	cr_assert_gt(resent, 0, "nothing was ever sent again: the breaks never cost a frame");
 	for (uint32_t r = 0; r < RN; r++) {
-		ferry__tcp_ops.fini(nodes[r].tp);
+		ops->fini(nodes[r].tp);
 		free(nodes[r].tp);
 	}
 	free(nodes);
@@ -481,15 +530,14 @@ Test(reconnect, a_storm_keeps_every_push_exactly_once, .timeout = 180)
 	struct ferry_params p;
 	pid_t pids[NODES];
 	long pushes = 0;
+	const int rdma = use_rdma();
+	const long least = rdma ? 10 : 20;
 	int rc;
 
-	require_tcp();
 	st = storm_map();
-	setenv("FERRY_TCP_FAULT_RESET_MS", "20", 1);
+	rc_fault(20, 300); /* over rdma under TCG a redial takes 50-300 ms */
 	setenv("FERRY_RECONNECT_MS", "2000", 0);
-	ferry_params_init(&p);
-	p.transport = FERRY_TRANSPORT_TCP;
-	p.timeout_ms = 20000;
+	rc_params(&p, rdma);
 	rc = ferry_local_cluster_fork(NODES, &p, pids);
 	if (rc >= 0 && rc < NODES)
 		_exit(storm_child(rc, &p, st));
@@ -499,13 +547,14 @@ Test(reconnect, a_storm_keeps_every_push_exactly_once, .timeout = 180)
 	for (int k = 0; k < KEYS; k++)
 		pushes += st->pushed[k];
 	fprintf(stderr,
-		"a_storm_keeps_every_push_exactly_once: %ld operations (%ld pushes) through %ld "
-		"injected breaks, %ld sessions resumed, %ld frames sent again\n",
-		st->ops, pushes, st->log.resets, st->log.resumed, st->log.resent);
+		"a_storm_keeps_every_push_exactly_once (%s): %ld operations (%ld pushes) through "
+		"%ld injected breaks, %ld sessions resumed, %ld %s sent again\n",
+		rdma ? "rdma" : "tcp", st->ops, pushes, st->log.resets, st->log.resumed,
+		st->log.resent, rdma ? "chunks" : "frames");
 	cr_assert_eq(st->log.failed, 0, "%ld log lines marked a peer failed", st->log.failed);
-	cr_assert_geq(st->log.resets, 20, "only %ld breaks were injected", st->log.resets);
-	cr_assert_geq(st->log.resumed, 20, "only %ld sessions resumed", st->log.resumed);
-	cr_assert_gt(st->ops, 1000, "only %ld operations ran", st->ops);
+	cr_assert_geq(st->log.resets, least, "only %ld breaks were injected", st->log.resets);
+	cr_assert_geq(st->log.resumed, least, "only %ld sessions resumed", st->log.resumed);
+	cr_assert_gt(st->ops, rdma ? 100 : 1000, "only %ld operations ran", st->ops);
 	munmap(st, sizeof(*st));
 }
 
@@ -576,14 +625,12 @@ Test(reconnect, a_killed_peer_is_failed_within_2_s, .timeout = 180)
 	struct storm *st;
 	struct ferry_params p;
 	pid_t pids[NODES];
+	const int rdma = use_rdma();
 	int rc;
 
-	require_tcp();
 	st = storm_map();
-	setenv("FERRY_TCP_FAULT_RESET_MS", "30", 1);
-	ferry_params_init(&p);
-	p.transport = FERRY_TRANSPORT_TCP;
-	p.timeout_ms = 20000;
+	rc_fault(30, 100);
+	rc_params(&p, rdma);
 	rc = ferry_local_cluster_fork(NODES, &p, pids);
 	if (rc >= 0 && rc < NODES)
 		_exit(victim_child(rc, &p, st));

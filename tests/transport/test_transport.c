@@ -1758,9 +1758,13 @@ TP_TEST(registrations_never_repeat_an_rkey)
  * transport/rdma/rdma.h), which its HELLO carries after the 32 bytes of the
  * HELLO frame and checks.
  */
-#define RDMA_EXT_CHUNK (64u << 10)
+#define RDMA_EXT_CHUNK_KIB 64u
 #define RDMA_EXT_CREDITS 32u
-#define RDMA_IMM_DATA (0xf7u << 24) /* a data chunk that returns no credit */
+#define RDMA_EXT_INCARNATION 0x7e57u
+#define RDMA_IMM_DATA (0xf7u << 24)	      /* data chunk 0, returning no credit */
+#define RDMA_IMM_SEQ(n) ((uint32_t)(n) << 16) /* ... and its number, modulo 128 */
+/* the first message on a queue pair: a RESUME, having delivered 0 chunks */
+#define RDMA_IMM_RESUME0 (0xf7u << 24 | 1u << 23 | 1u << 22)
 
 static void tp_require_rdma(const struct ferry_tp_ops *ops)
 {
@@ -1795,7 +1799,7 @@ static int raw_rdma_event(struct raw_rdma *r, int ms)
 /* a HELLO as the rdma transport sends it: the frame, then the buffer geometry */
 static size_t raw_rdma_hello(uint8_t *buf, uint64_t cluster_id, uint32_t rank, uint32_t world)
 {
-	uint32_t ext[2] = { RDMA_EXT_CHUNK, RDMA_EXT_CREDITS };
+	uint32_t ext[2] = { RDMA_EXT_CHUNK_KIB | RDMA_EXT_CREDITS << 16, RDMA_EXT_INCARNATION };
 
 	raw_hello(buf, cluster_id, rank, world);
 	memcpy(buf + HELLO_LEN, ext, sizeof(ext));
@@ -1936,7 +1940,12 @@ TP_TEST(strangers_over_rdma_cm_are_rejected)
 	cr_expect_eq(log_count("rank 1 rejected a connection from", "world size 5"), 1);
 	cr_expect_eq(log_count("rank 1 rejected a connection from", "not a Ferry HELLO"), 2);
 
-	/* after the cluster connected: nobody listens any more */
+	/*
+	 * after the cluster connected: rank 1 still listens, for redials of
+	 * lost links (transport/rdma/session.c), but a stranger that names
+	 * rank 2 carries another incarnation than the rank 2 it knows: refused,
+	 * and their link is left alone (the exchanges below)
+	 */
 	hlen = raw_rdma_hello(hello, cid, 2, 3);
 	raw_rdma_dial(&late, &nodes[1], hello, (uint8_t)hlen);
 	ev = raw_rdma_event(&late, 5000);
@@ -1985,6 +1994,7 @@ TP_TEST(a_peer_sending_bad_chunks_is_dropped_alone)
 		ev = raw_rdma_event(&f[v], 5000);
 		cr_assert_eq(ev, RDMA_CM_EVENT_ESTABLISHED, "rank %u answered the fake with %s", v,
 			     ev < 0 ? "nothing" : rdma_event_str(ev));
+		raw_rdma_send(&f[v], 0, 1, RDMA_IMM_RESUME0); /* the session begins */
 	}
 	for (uint32_t r = 0; r < 3; r++) {
 		connect_join(&args[r], TIMEOUT_MS + 5000);
@@ -2008,7 +2018,7 @@ TP_TEST(a_peer_sending_bad_chunks_is_dropped_alone)
 	tn_frame_fill(f[2].buf, FERRY_MSG_OP, 32, 3, 0);
 	raw_rdma_send(&f[2], 32, 1, RDMA_IMM_DATA);
 	tn_frame_fill(f[2].buf, FERRY_MSG_OP, 32, 1, 1);
-	raw_rdma_send(&f[2], 32, 1, RDMA_IMM_DATA);
+	raw_rdma_send(&f[2], 32, 1, RDMA_IMM_DATA | RDMA_IMM_SEQ(1));
 
 	for (uint32_t v = 0; v < 3; v++) {
 		struct tnode *n = &nodes[v];

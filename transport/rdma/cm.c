@@ -27,8 +27,10 @@
  *   request that fails its check is rejected (with a reason in the REJ's
  *   private data), logged once and not counted. Requests that arrive before
  *   connect() was called (the cluster id is not known yet) are held and judged
- *   when it is. Once every peer is up the listener is destroyed, so later
- *   strangers are refused by the kernel.
+ *   when it is. Once every peer is up the listener stays, for the redials
+ *   of lost links (session.c); with FERRY_RECONNECT_MS=0 it is destroyed, so
+ *   later strangers are refused by the kernel. A redial passes the same
+ *   checks, and its HELLO must carry the incarnation the session began with.
  *
  * Token (cfg.auth). rdma_cm carries one message each way before the
  * connection stands (56 bytes of private data in a REQ), so the proof here
@@ -84,7 +86,11 @@ static void rdma_hello_build(struct rdma_tp *t)
 		.rank = cfg->rank,
 		.world = cfg->world,
 	};
-	struct rdma_hello_ext ext = { .chunk = RDMA_CHUNK, .credits = RDMA_CREDITS };
+	struct rdma_hello_ext ext = {
+		.chunk_kib = RDMA_CHUNK >> 10,
+		.credits = RDMA_CREDITS,
+		.incarnation = t->incarnation,
+	};
 
 	memcpy(t->hello, &hdr, sizeof(hdr));
 	memcpy(t->hello + sizeof(hdr), &hello, sizeof(hello));
@@ -96,10 +102,11 @@ static void rdma_hello_build(struct rdma_tp *t)
  * @dialed: the rank we dialed, or -1 for a request we got
  *
  * Context: progress thread, after connect() published the cluster id.
- * Return: the peer's rank, or -1 with @why saying what is wrong.
+ * Return: the peer's rank (its incarnation in *@inc_p), or -1 with @why
+ * saying what is wrong.
  */
 static int rdma_hello_check(struct rdma_tp *t, const uint8_t *pdata, size_t len, int dialed,
-			    char *why, size_t wlen)
+			    uint32_t *inc_p, char *why, size_t wlen)
 {
 	const struct ferry_tp_config *cfg = &t->base.cfg;
 	struct rdma_hello_ext ext;
@@ -114,13 +121,14 @@ static int rdma_hello_check(struct rdma_tp *t, const uint8_t *pdata, size_t len,
 	if (peer < 0)
 		return -1;
 	memcpy(&ext, pdata + RDMA_HELLO_LEN, sizeof(ext));
-	if (ext.chunk != RDMA_CHUNK || ext.credits != RDMA_CREDITS) {
+	if (ext.chunk_kib != RDMA_CHUNK >> 10 || ext.credits != RDMA_CREDITS || !ext.incarnation) {
 		snprintf(why, wlen,
-			 "its receive buffers (%u x %u bytes) differ from ours (%u x %u): a "
+			 "its receive buffers (%u x %u KiB) differ from ours (%u x %u): a "
 			 "different Ferry build",
-			 ext.credits, ext.chunk, RDMA_CREDITS, RDMA_CHUNK);
+			 ext.credits, ext.chunk_kib, RDMA_CREDITS, RDMA_CHUNK >> 10);
 		return -1;
 	}
+	*inc_p = ext.incarnation;
 	return peer;
 }
 
@@ -198,6 +206,12 @@ static const char *rdma_rej_str(uint32_t reason)
 		return "it holds too many requests";
 	case RDMA_REJ_RESOURCES:
 		return "it could not make a queue pair";
+	case RDMA_REJ_AGAIN:
+		return "it is still closing our last link";
+	case RDMA_REJ_FAILED:
+		return "it marked us failed";
+	case RDMA_REJ_INCARNATION:
+		return "it holds a session with another process of our rank";
 	default:
 		return "an unknown reason";
 	}
@@ -240,6 +254,7 @@ void ferry__rdma_conn_destroy(struct rdma_tp *t, struct rdma_conn *c)
 			p->conn = NULL;
 			p->live = 0;
 			p->rx_ok = 0;
+			p->rx_out = 0; /* its completions are dropped: another generation */
 		}
 		if (c->kind == RDMA_CONN_DIAL && c->rank < t->base.cfg.rank &&
 		    t->dials[c->rank].conn == c)
@@ -306,34 +321,66 @@ static void rdma_conn_param(struct rdma_tp *t, struct rdma_conn *c, struct rdma_
 	cp->rnr_retry_count = 7; /* credits keep buffers posted; never give up on RNR */
 }
 
+/* is @c its rank's connection, or the dial in flight to it (a redial)? */
+static bool rdma_conn_current(const struct rdma_tp *t, const struct rdma_conn *c)
+{
+	if (c->rank >= t->base.cfg.world)
+		return false;
+	return t->peers[c->rank].conn == c ||
+	       (c->rank < t->base.cfg.rank && t->dials[c->rank].conn == c);
+}
+
 /* the progress thread's side of connect(): a peer is up */
 static void rdma_conn_up(struct rdma_tp *t, struct rdma_conn *c)
 {
 	struct rdma_peer *p = &t->peers[c->rank];
-	int done;
 
 	if (p->conn != c) {
 		ferry__rdma_conn_destroy(t, c);
 		return;
 	}
 	c->state = RDMA_CS_UP;
+	if (c->kind == RDMA_CONN_DIAL && t->dials[c->rank].conn == c)
+		t->dials[c->rank].conn = NULL; /* no dial in flight: a lost link redials */
 	if (!p->reported) {
-		/* (a peer that sent garbage before this event is failed: it stays so) */
+		/*
+		 * (a peer that sent garbage before this event is failed: it stays
+		 * so.) Frames wait in the out queue until both RESUMEs passed
+		 * (session.c): then the stream goes on where the peer stopped.
+		 */
 		pthread_mutex_lock(&p->lock);
-		p->state = RDMA_PEER_UP;
+		if (p->state != RDMA_PEER_FAILED)
+			p->state = RDMA_PEER_LOST;
 		pthread_mutex_unlock(&p->lock);
 		p->live = 1;
+		p->ever_up = 1;
+		p->up_ms = rdma_now_ms();
+		ferry_dbg("rdma: rank %u is connected to rank %u (%s, %s)", t->base.cfg.rank,
+			  c->rank, c->kind == RDMA_CONN_DIAL ? "dialed" : "accepted", c->who);
+		if (ferry__rdma_resume_post(t, p))
+			return; /* lost again */
 		/*
 		 * Credits owed for chunks that came before this event go back now:
 		 * no completion may come to return them if the peer used them all.
 		 */
 		ferry__rdma_mark_dirty(t, p);
 		ferry__rdma_flush_dirty(t);
+	} else {
+		ferry__rdma_peer_up(t, p); /* failed already: connect() need not wait for it */
 	}
+}
+
+/*
+ * ferry__rdma_peer_up - both RESUMEs of @p's connection passed: it counts as
+ * connected for connect(). Progress thread (session.c).
+ */
+void ferry__rdma_peer_up(struct rdma_tp *t, struct rdma_peer *p)
+{
+	int done;
 
 	pthread_mutex_lock(&t->setup_lock);
-	if (!t->up[c->rank]) {
-		t->up[c->rank] = 1;
+	if (!t->up[p->rank]) {
+		t->up[p->rank] = 1;
 		t->missing--;
 	}
 	done = !t->missing && t->phase == RDMA_PHASE_CONNECTING;
@@ -341,20 +388,21 @@ static void rdma_conn_up(struct rdma_tp *t, struct rdma_conn *c)
 		t->phase = RDMA_PHASE_DONE;
 	pthread_cond_broadcast(&t->setup_cond);
 	pthread_mutex_unlock(&t->setup_lock);
-	ferry_dbg("rdma: rank %u is connected to rank %u (%s, %s)", t->base.cfg.rank, c->rank,
-		  c->kind == RDMA_CONN_DIAL ? "dialed" : "accepted", c->who);
 	if (done) {
 		struct rdma_conn *x, *next;
 
 		t->seen_phase = RDMA_PHASE_DONE;
-		/* later strangers are refused by the kernel; leftovers go */
-		if (t->listen) {
+		/*
+		 * without reconnection, later strangers are refused by the kernel;
+		 * with it, the listener takes the redials. Leftovers go.
+		 */
+		if (t->listen && !t->reconnect_ms) {
 			ferry__rdma_conn_destroy(t, t->listen);
 			t->listen = NULL;
 		}
 		for (x = t->conns; x; x = next) {
 			next = x->next;
-			if (x->state != RDMA_CS_UP)
+			if (x->state != RDMA_CS_UP && !rdma_conn_current(t, x))
 				ferry__rdma_conn_destroy(t, x);
 		}
 	}
@@ -365,12 +413,18 @@ static void rdma_conn_lost(struct rdma_tp *t, struct rdma_conn *c, const char *h
 {
 	struct rdma_peer *p = &t->peers[c->rank];
 
+	char why[128];
+
 	c->disconnected = 1;
 	if (p->conn != c || !p->live)
 		return;
-	if (p->bye)
+	if (p->bye) {
 		ferry_info("rdma: rank %u left (it %s rank %u)", c->rank, how, t->base.cfg.rank);
-	else if (__atomic_load_n(&t->closing, __ATOMIC_ACQUIRE))
+	} else if (t->reconnect_ms && !p->reported) {
+		snprintf(why, sizeof(why), "rank %u %s rank %u", c->rank, how, t->base.cfg.rank);
+		ferry__rdma_peer_lost(t, p, why);
+		return;
+	} else if (__atomic_load_n(&t->closing, __ATOMIC_ACQUIRE))
 		ferry_info("rdma: rank %u %s rank %u; marking it failed", c->rank, how,
 			   t->base.cfg.rank);
 	else
@@ -385,33 +439,62 @@ static void rdma_accept_request(struct rdma_tp *t, struct rdma_conn *c)
 	uint32_t me = t->base.cfg.rank;
 	struct rdma_conn_param cp;
 	enum rdma_rej_reason reason = RDMA_REJ_HELLO;
+	struct rdma_peer *p;
+	uint32_t inc = 0;
 	char why[192];
 	int rank;
 
-	rank = rdma_hello_check(t, c->pdata, c->plen, -1, why, sizeof(why));
+	rank = rdma_hello_check(t, c->pdata, c->plen, -1, &inc, why, sizeof(why));
 	if (rank >= 0 && t->base.cfg.auth &&
 	    rdma_auth_check(t, c->pdata, c->plen, 0, (uint32_t)rank, me,
 			    &t->peers[rank].auth_attempt, why, sizeof(why))) {
 		reason = RDMA_REJ_AUTH;
 		rank = -1;
 	}
-	if (rank >= 0 && (t->peers[rank].reported ||
-			  (t->peers[rank].conn && t->peers[rank].conn->state == RDMA_CS_UP))) {
-		snprintf(why, sizeof(why), "rank %d is already connected%s", rank,
-			 t->peers[rank].reported ? " (and failed)" : "");
-		reason = RDMA_REJ_DUP;
+	p = rank >= 0 ? &t->peers[rank] : NULL;
+	if (p && p->reported) {
+		snprintf(why, sizeof(why), "rank %d was marked failed: it stays so", rank);
+		reason = RDMA_REJ_FAILED;
 		rank = -1;
+	} else if (p && p->inc && inc != p->inc) {
+		/* the process we had a session with is gone: this is another */
+		snprintf(why, sizeof(why),
+			 "it is another process of rank %d (incarnation %08x, not %08x): the "
+			 "one we knew is gone",
+			 rank, inc, p->inc);
+		reason = RDMA_REJ_INCARNATION;
+		rank = -1;
+	} else if (p && p->conn && p->conn->state == RDMA_CS_UP &&
+		   (p->live || !ferry__rdma_peer_drained(t, p))) {
+		/* a redial: it lost the link. Take ours for lost, and let it dial again */
+		if (p->live) {
+			snprintf(why, sizeof(why),
+				 "rank %d dialed rank %u again (it lost their link)", rank, me);
+			ferry__rdma_peer_lost(t, p, why);
+		}
+		ferry_dbg("rdma: rank %u: rank %d redials while its last link drains: dial again",
+			  me, rank);
+		rdma_conn_reject(t, c, RDMA_REJ_AGAIN);
+		return;
 	}
 	if (rank < 0) {
 		ferry_warn("rdma: rank %u rejected a connection from %s: %s", me, c->who, why);
 		rdma_conn_reject(t, c, reason);
+		/*
+		 * (another incarnation is not taken for proof that ours died: a
+		 * stranger could send it. If it did, the link is lost and stays so.)
+		 */
 		return;
 	}
-	/* a pending accept of the same rank is a dead attempt: the dialer retried */
+	/*
+	 * a pending accept of the same rank is a dead attempt: the dialer
+	 * retried; a lost link's drained queue pair goes too
+	 */
 	if (ferry__rdma_conn_attach(t, c, (uint32_t)rank)) {
 		rdma_conn_reject(t, c, RDMA_REJ_RESOURCES);
 		return;
 	}
+	p->inc = inc;
 	c->attempt = t->peers[rank].auth_attempt;
 	rdma_conn_param(t, c, &cp, c->initiator_depth, c->responder_resources, 1);
 	if (rdma_accept(c->id, &cp)) {
@@ -468,6 +551,12 @@ static void rdma_on_request(struct rdma_tp *t, const struct rdma_cm_ev *ev)
 	case RDMA_PHASE_CONNECTING:
 		rdma_accept_request(t, c);
 		return;
+	case RDMA_PHASE_DONE:
+		if (t->reconnect_ms) {
+			rdma_accept_request(t, c); /* a redial (session.c) */
+			return;
+		}
+		/* fall through */
 	default:
 		ferry_info("rdma: rank %u rejected a connection from %s: the cluster is %s", me,
 			   c->who, t->seen_phase == RDMA_PHASE_DONE ? "connected" : "closed");
@@ -524,9 +613,11 @@ err_destroy:
 /* an event on a connection we dialed */
 static void rdma_dial_event(struct rdma_tp *t, struct rdma_conn *c, const struct rdma_cm_ev *ev)
 {
-	uint32_t me = t->base.cfg.rank, j = c->rank;
+	uint32_t me = t->base.cfg.rank, j = c->rank, inc = 0;
 	struct rdma_dial *d = &t->dials[j];
+	struct rdma_peer *p = &t->peers[j];
 	struct rdma_conn_param cp;
+	int gone = 0;
 	char why[192];
 
 	switch (ev->type) {
@@ -551,9 +642,14 @@ static void rdma_dial_event(struct rdma_tp *t, struct rdma_conn *c, const struct
 		c->state = RDMA_CS_CONNECTING;
 		return;
 	case RDMA_CM_EVENT_ESTABLISHED:
-		if (rdma_hello_check(t, ev->pdata, ev->plen, (int)j, why, sizeof(why)) < 0 ||
+		if (rdma_hello_check(t, ev->pdata, ev->plen, (int)j, &inc, why, sizeof(why)) < 0 ||
 		    (t->base.cfg.auth && rdma_auth_check(t, ev->pdata, ev->plen, 1, me, j,
-							 &c->attempt, why, sizeof(why)))) {
+							 &c->attempt, why, sizeof(why))) ||
+		    (p->inc && inc != p->inc &&
+		     (gone = snprintf(why, sizeof(why),
+				      "it is another process (incarnation %08x, not %08x): the "
+				      "one we knew is gone",
+				      inc, p->inc)))) {
 			if (!d->logged++)
 				ferry_warn("rdma: rank %u: the node at %s, dialed as rank %u, is "
 					   "refused: %s",
@@ -562,6 +658,7 @@ static void rdma_dial_event(struct rdma_tp *t, struct rdma_conn *c, const struct
 			rdma_disconnect(c->id);
 			break;
 		}
+		p->inc = inc;
 		rdma_conn_up(t, c);
 		return;
 	case RDMA_CM_EVENT_REJECTED: {
@@ -574,6 +671,9 @@ static void rdma_dial_event(struct rdma_tp *t, struct rdma_conn *c, const struct
 		else
 			snprintf(why, sizeof(why), "rejected (status %d): nothing listens there",
 				 ev->status);
+		/* a lost link's peer whose listener is gone, or that failed us, is gone */
+		gone = rej.magic != RDMA_REJ_MAGIC || rej.reason == RDMA_REJ_FAILED ||
+		       rej.reason == RDMA_REJ_INCARNATION;
 		break;
 	}
 	case RDMA_CM_EVENT_DISCONNECTED:
@@ -605,7 +705,15 @@ static void rdma_dial_event(struct rdma_tp *t, struct rdma_conn *c, const struct
 		return;
 	ferry_dbg("rdma: rank %u: dialing rank %u at %s: %s", me, j, d->where, why);
 	ferry__rdma_conn_destroy(t, c);
-	if (t->seen_phase == RDMA_PHASE_CONNECTING)
+	if (p->lost && !p->reported && gone) {
+		ferry_warn("rdma: rank %u: redialing rank %u at %s after a lost link: %s; marking "
+			   "it failed",
+			   me, j, d->where, why);
+		p->lost = 0;
+		ferry__rdma_peer_fail(t, p, -FERRY_E_PEER);
+		return;
+	}
+	if (t->seen_phase == RDMA_PHASE_CONNECTING || p->lost)
 		rdma_dial_retry(t, j, why);
 }
 
@@ -669,30 +777,46 @@ void ferry__rdma_setup_sync(struct rdma_tp *t)
 		return;
 	}
 	if (phase == RDMA_PHASE_ABANDONED || phase == RDMA_PHASE_DONE) {
-		if (t->listen) {
+		if (t->listen && (phase == RDMA_PHASE_ABANDONED || !t->reconnect_ms)) {
 			ferry__rdma_conn_destroy(t, t->listen);
 			t->listen = NULL;
 		}
 		for (c = t->conns; c; c = next) {
 			next = c->next;
-			if (c->state != RDMA_CS_UP)
+			if (c->state != RDMA_CS_UP &&
+			    (phase == RDMA_PHASE_ABANDONED || !rdma_conn_current(t, c)))
 				ferry__rdma_conn_destroy(t, c);
 		}
 	}
 }
 
-/* start due dials; Return: the next time one is due, or -1. Progress thread. */
+/*
+ * start due dials: at setup, and redials of lost links once the old queue
+ * pair drained (session.c). Return: the next time one is due, or -1.
+ * Progress thread.
+ */
 int64_t ferry__rdma_setup_tick(struct rdma_tp *t)
 {
 	int64_t now, next = -1;
 
-	if (t->seen_phase != RDMA_PHASE_CONNECTING)
+	if (t->seen_phase != RDMA_PHASE_CONNECTING && t->seen_phase != RDMA_PHASE_DONE)
 		return -1;
 	now = rdma_now_ms();
 	for (uint32_t j = 0; j < t->base.cfg.rank; j++) {
 		struct rdma_dial *d = &t->dials[j];
+		struct rdma_peer *p = &t->peers[j];
 
-		if (t->peers[j].live || t->peers[j].reported || d->conn)
+		if (p->live || p->reported || d->conn)
+			continue;
+		if (p->lost && !ferry__rdma_peer_drained(t, p)) {
+			/* its completions wake us when it drains, or the grace ends */
+			int64_t due = p->err_ms + RDMA_DRAIN_GRACE_MS;
+
+			if (next < 0 || due < next)
+				next = due > now ? due : now + 1;
+			continue;
+		}
+		if (!p->lost && t->seen_phase != RDMA_PHASE_CONNECTING)
 			continue;
 		if (now >= d->next_ms)
 			rdma_dial_start(t, j);

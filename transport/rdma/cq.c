@@ -13,6 +13,7 @@
  */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -158,13 +159,17 @@ void ferry__rdma_mark_dirty(struct rdma_tp *t, struct rdma_peer *p)
 	}
 }
 
-/* one chunk arrived in receive buffer @idx of @p */
+/*
+ * one chunk arrived in receive buffer @idx of @p. While the link is lost
+ * (the old queue pair drains) its frames are still delivered, but the
+ * buffer is not reposted and no credit owed: a new queue pair starts afresh.
+ */
 static void rdma_rx_chunk(struct rdma_tp *t, struct rdma_peer *p, uint32_t idx,
 			  const struct ibv_wc *wc)
 {
 	const char *why = NULL;
-	uint32_t imm = 0, credits = 0, len = wc->byte_len;
-	bool credit_only = false;
+	uint32_t imm = 0, credits = 0, len = wc->byte_len, seq = 0;
+	bool credit_only = false, resume = false;
 	int ret;
 
 	if (!(wc->wc_flags & IBV_WC_WITH_IMM)) {
@@ -173,7 +178,10 @@ static void rdma_rx_chunk(struct rdma_tp *t, struct rdma_peer *p, uint32_t idx,
 		imm = ntohl(wc->imm_data);
 		credits = imm & 0xffff;
 		credit_only = imm & RDMA_IMM_CREDIT_ONLY;
-		if (imm >> 24 != RDMA_IMM_TAG || (imm & 0x7f0000))
+		resume = credit_only && (imm & RDMA_IMM_RESUME);
+		seq = imm >> RDMA_IMM_SEQ_SHIFT & RDMA_IMM_SEQ_MASK;
+		if (imm >> 24 != RDMA_IMM_TAG ||
+		    (credit_only && (imm & 0x7f0000 & ~RDMA_IMM_RESUME)))
 			why = "its immediate header is not ours";
 		else if (credit_only && len)
 			why = "a credit-only chunk carries data";
@@ -181,14 +189,26 @@ static void rdma_rx_chunk(struct rdma_tp *t, struct rdma_peer *p, uint32_t idx,
 			why = "a data chunk is empty";
 		else if (len % FERRY_MSG_ALIGN)
 			why = "its length is not a multiple of 8";
+		else if (!credit_only && seq != (p->rx_seq & RDMA_IMM_SEQ_MASK))
+			why = "its number is not the next one (a chunk lost or repeated)";
+	}
+	if (!why && resume) {
+		if (ferry__rdma_resume_got(t, p, credits, &why) < 0)
+			return; /* the peer failed or was lost */
+		if (!why)
+			goto repost;
 	}
 	pthread_mutex_lock(&p->lock);
-	if (!why && p->credits + credits > RDMA_CREDITS)
+	if (!why && !p->rsm_got)
+		why = "it sent a chunk before its RESUME";
+	else if (!why && p->credits + credits > RDMA_CREDITS)
 		why = "it returns more credits than it was given";
 	else if (!why && !credit_only && p->owed >= RDMA_CREDITS)
 		why = "it sent more chunks than it had credits";
-	if (!why)
+	if (!why) {
 		p->credits += credits;
+		p->tx_acked += credits; /* a credit comes back only for a delivered chunk */
+	}
 	pthread_mutex_unlock(&p->lock);
 	if (why) {
 		ferry_warn(
@@ -200,16 +220,25 @@ static void rdma_rx_chunk(struct rdma_tp *t, struct rdma_peer *p, uint32_t idx,
 	}
 	if (credits)
 		ferry__rdma_mark_dirty(t, p);
-	if (!credit_only && rdma_rx_stream(t, p, p->rbuf + (size_t)idx * RDMA_CHUNK, len))
-		return;
+	if (!credit_only) {
+		if (rdma_rx_stream(t, p, p->rbuf + (size_t)idx * RDMA_CHUNK, len))
+			return;
+		p->rx_seq++;
+	}
+repost:
+	if (p->draining)
+		return; /* the old queue pair of a lost link */
 	ret = ferry__rdma_post_recv(t, p, idx);
 	if (ret) {
-		ferry_warn("rdma: rank %u: reposting a receive buffer for rank %u failed (%s); "
-			   "marking it failed",
-			   t->base.cfg.rank, p->rank, strerror(-ret));
-		ferry__rdma_peer_fail(t, p, -FERRY_E_PEER);
+		char msg[160];
+
+		snprintf(msg, sizeof(msg),
+			 "rank %u: reposting a receive buffer for rank %u failed (%s)",
+			 t->base.cfg.rank, p->rank, strerror(-ret));
+		ferry__rdma_peer_lost(t, p, msg);
 		return;
 	}
+	p->rx_out++;
 	if (!credit_only) {
 		pthread_mutex_lock(&p->lock);
 		p->owed++;
@@ -242,25 +271,28 @@ static void rdma_recv_done(struct rdma_tp *t, const struct ibv_wc *wc)
 	 */
 	if (!p || !p->rx_ok)
 		return;
+	if (p->rx_out)
+		p->rx_out--;
 	if (wc->status != IBV_WC_SUCCESS && !p->live)
-		return; /* an attempt that fails before it stood: the cm events tell */
+		return; /* an attempt that fails before it stood (the cm events tell), or
+			 * the flushed receives of a lost link's queue pair */
 	if (wc->status == IBV_WC_WR_FLUSH_ERR) {
 		/* the queue pair went to the error state for a cause seen elsewhere, if at all */
-		if (p->bye)
-			ferry_info("rdma: rank %u left (its queue pair to rank %u closed)", p->rank,
-				   t->base.cfg.rank);
-		else
-			ferry_warn(
-				"rdma: rank %u: the queue pair to rank %u went to the error state "
-				"(its receives were flushed); marking it failed",
-				t->base.cfg.rank, p->rank);
-		ferry__rdma_peer_fail(t, p, -FERRY_E_PEER);
+		char why[160];
+
+		snprintf(why, sizeof(why),
+			 "rank %u: the queue pair to rank %u went to the error state (its "
+			 "receives were flushed)",
+			 t->base.cfg.rank, p->rank);
+		ferry__rdma_peer_lost(t, p, why);
 		return;
 	}
 	if (wc->status != IBV_WC_SUCCESS) {
-		ferry_warn("rdma: rank %u: a receive from rank %u failed (%s); marking it failed",
-			   t->base.cfg.rank, p->rank, ibv_wc_status_str(wc->status));
-		ferry__rdma_peer_fail(t, p, -FERRY_E_PEER);
+		char why[160];
+
+		snprintf(why, sizeof(why), "rank %u: a receive from rank %u failed (%s)",
+			 t->base.cfg.rank, p->rank, ibv_wc_status_str(wc->status));
+		ferry__rdma_peer_lost(t, p, why);
 		return;
 	}
 	if (wc->opcode != IBV_WC_RECV) {
@@ -330,8 +362,9 @@ static void rdma_send_done(struct rdma_tp *t, const struct ibv_wc *wc, int worke
 	}
 	if (worker && p->state == RDMA_PEER_UP) {
 		if (wc->status != IBV_WC_SUCCESS) {
-			report = 1;
-			p->break_logged = 1;
+			/* with reconnection the progress thread logs the lost link */
+			report = !t->reconnect_ms;
+			p->break_logged = report;
 			ferry__rdma_peer_break(t, p, EIO);
 		} else if (p->q_head || p->owed >= RDMA_CREDIT_BATCH) {
 			ret = ferry__rdma_flush_locked(t, p);
@@ -357,9 +390,16 @@ static void rdma_send_done(struct rdma_tp *t, const struct ibv_wc *wc, int worke
 		return;
 	}
 	if (p->live) {
-		ferry_warn("rdma: rank %u: %s to rank %u failed (%s); marking it failed",
-			   t->base.cfg.rank, what, p->rank, ibv_wc_status_str(wc->status));
-		ferry__rdma_peer_fail(t, p, -FERRY_E_PEER);
+		char why[160];
+
+		snprintf(why, sizeof(why), "rank %u: %s to rank %u failed (%s)", t->base.cfg.rank,
+			 what, p->rank, ibv_wc_status_str(wc->status));
+		/*
+		 * the queue pair is in the error state, whatever the cause (an
+		 * access error too: the op has its status); the session goes on
+		 * over a new one (session.c)
+		 */
+		ferry__rdma_peer_lost(t, p, why);
 	}
 }
 
@@ -378,10 +418,11 @@ void ferry__rdma_flush_dirty(struct rdma_tp *t)
 			ret = ferry__rdma_flush_locked(t, p);
 		pthread_mutex_unlock(&p->lock);
 		if (ret) {
-			ferry_warn(
-				"rdma: rank %u: posting to rank %u failed (%s); marking it failed",
-				t->base.cfg.rank, p->rank, strerror(-ret));
-			ferry__rdma_peer_fail(t, p, -FERRY_E_PEER);
+			char why[160];
+
+			snprintf(why, sizeof(why), "rank %u: posting to rank %u failed (%s)",
+				 t->base.cfg.rank, p->rank, strerror(-ret));
+			ferry__rdma_peer_lost(t, p, why);
 		}
 	}
 	t->ndirty = 0;

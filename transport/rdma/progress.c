@@ -16,6 +16,7 @@
 #include <errno.h>
 #include <sched.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
@@ -116,6 +117,17 @@ static void rdma_async_input(struct rdma_tp *t)
 		case IBV_EVENT_DEVICE_FATAL:
 			all = 1;
 			break;
+		case IBV_EVENT_COMM_EST:
+			/*
+			 * data came on a queue pair whose connection rdma_cm has not
+			 * seen stand (the RTU was lost): tell it, so that ESTABLISHED
+			 * comes (rdma_notify(3))
+			 */
+			for (struct rdma_conn *c = t->conns; c; c = c->next)
+				if (c->id && c->id->qp == ae.element.qp &&
+				    c->state == RDMA_CS_CONNECTING)
+					rdma_notify(c->id, IBV_EVENT_COMM_EST);
+			break;
 		case IBV_EVENT_PORT_ERR:
 			ferry_warn("rdma: rank %u: port %u of %s went down", me,
 				   ae.element.port_num, t->dev_name);
@@ -133,12 +145,13 @@ static void rdma_async_input(struct rdma_tp *t)
 		for (uint32_t r = 0; (qp || all) && r < t->base.cfg.world; r++) {
 			struct rdma_peer *p = &t->peers[r];
 
+			char why[128];
+
 			if (!p->live || (!all && p->qp != qp))
 				continue;
-			ferry_warn(
-				"rdma: rank %u: %s on the queue pair to rank %u; marking it failed",
-				me, ibv_event_type_str(type), r);
-			ferry__rdma_peer_fail(t, p, -FERRY_E_PEER);
+			snprintf(why, sizeof(why), "rank %u: %s on the queue pair to rank %u", me,
+				 ibv_event_type_str(type), r);
+			ferry__rdma_peer_lost(t, p, why);
 		}
 	}
 }
@@ -181,6 +194,9 @@ static int rdma_drained(struct rdma_tp *t)
 			    rdma_sq_room(t, p) && ferry__rdma_post_credit(t, p))
 				p->s_done = p->s_posted; /* cannot post: the peer is failing */
 			busy |= p->q_head || p->sig_n || p->s_done != p->s_posted;
+		} else if (p->state == RDMA_PEER_LOST) {
+			/* a lost link may come back while we drain: what it holds goes then */
+			busy |= p->q_head || p->tx_acked != p->s_posted;
 		}
 		pthread_mutex_unlock(&p->lock);
 	}
@@ -199,7 +215,8 @@ static void rdma_progress_cancel(struct rdma_tp *t)
 		if (r == t->base.cfg.rank)
 			continue;
 		pthread_mutex_lock(&p->lock);
-		if (p->state == RDMA_PEER_UP || p->state == RDMA_PEER_BROKEN)
+		if (p->state == RDMA_PEER_UP || p->state == RDMA_PEER_BROKEN ||
+		    p->state == RDMA_PEER_LOST)
 			p->state = RDMA_PEER_FAILED;
 		q = p->q_head;
 		p->q_head = p->q_tail = NULL;
@@ -244,9 +261,11 @@ static void *rdma_progress(void *arg)
 		h->on_thread_start(t->base.cfg.core);
 
 	for (;;) {
-		int64_t next = ferry__rdma_setup_tick(t), now;
+		int64_t next = ferry__rdma_setup_tick(t), lost = ferry__rdma_session_tick(t), now;
 		int timeout = -1, n, did = 0;
 
+		if (lost >= 0 && (next < 0 || lost < next))
+			next = lost;
 		if (busy) {
 			timeout = 0;
 		} else if (drain_end >= 0) {

@@ -14,6 +14,7 @@
  */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -102,12 +103,16 @@ void ferry__rdma_sig_push(struct rdma_tp *t, struct rdma_peer *p, struct rdma_op
 	p->sig_n++;
 }
 
-/* post the @n bytes in the next send buffer */
-int ferry__rdma_post_chunk(struct rdma_tp *t, struct rdma_peer *p, size_t n)
+/*
+ * ferry__rdma_post_data - post data chunk @seq of the stream, whose @n bytes
+ * are in its send buffer: a new chunk, or one sent again after a lost link
+ * (session.c). Its immediate carries its number modulo 128 and the credits
+ * owed. Call with p->lock held. Return: 0 or the negative errno of the post.
+ */
+int ferry__rdma_post_data(struct rdma_tp *t, struct rdma_peer *p, uint64_t seq, size_t n, bool sig)
 {
-	bool sig = p->s_posted % RDMA_SIGNAL_EVERY == RDMA_SIGNAL_EVERY - 1;
 	struct ibv_sge sge = {
-		.addr = (uintptr_t)rdma_sbuf(p, p->s_posted),
+		.addr = (uintptr_t)rdma_sbuf(p, seq),
 		.length = (uint32_t)n,
 		.lkey = t->region_mr->lkey,
 	};
@@ -117,7 +122,7 @@ int ferry__rdma_post_chunk(struct rdma_tp *t, struct rdma_peer *p, size_t n)
 		.num_sge = 1,
 		.opcode = IBV_WR_SEND_WITH_IMM,
 		.send_flags = sig ? IBV_SEND_SIGNALED : 0,
-		.imm_data = htonl(RDMA_IMM_TAG << 24 | p->owed),
+		.imm_data = htonl(rdma_imm_data(seq, p->owed)),
 	};
 	struct ibv_send_wr *bad;
 	int ret;
@@ -126,12 +131,33 @@ int ferry__rdma_post_chunk(struct rdma_tp *t, struct rdma_peer *p, size_t n)
 	if (ret)
 		return -ret;
 	p->owed = 0;
+	p->sq_posted++;
+	if (sig) {
+		uint32_t i = (p->sig_head + p->sig_n) % t->sq_depth;
+
+		p->sig[i] = (struct rdma_sig){ .sq_after = p->sq_posted, .s_after = seq + 1 };
+		p->sig_n++;
+	}
+	return 0;
+}
+
+/*
+ * post the @n bytes in the next send buffer. When the post fails and lost
+ * links are re-established, the chunk still counts as sent: it is kept in
+ * its buffer and goes again once the link is back (session.c).
+ */
+int ferry__rdma_post_chunk(struct rdma_tp *t, struct rdma_peer *p, size_t n)
+{
+	bool sig = p->s_posted % RDMA_SIGNAL_EVERY == RDMA_SIGNAL_EVERY - 1;
+	int ret;
+
+	p->slen[p->s_posted % RDMA_SBUFS] = (uint32_t)n;
+	ret = ferry__rdma_post_data(t, p, p->s_posted, n, sig);
+	if (ret && !t->reconnect_ms)
+		return ret;
 	p->credits--;
 	p->s_posted++;
-	p->sq_posted++;
-	if (sig)
-		ferry__rdma_sig_push(t, p, NULL);
-	return 0;
+	return ret;
 }
 
 /* a credit-only message: no data, no credit of its own, always signaled */
@@ -201,7 +227,8 @@ int ferry__rdma_wait_room(struct rdma_tp *t, struct rdma_peer *p)
 	struct timespec ts;
 	int timeout_ms = ferry__tp_deadline(&t->base, &ts);
 
-	while (p->state == RDMA_PEER_UP && p->q_bytes > FERRY_TP_SENDQ_MAX / 2)
+	while ((p->state == RDMA_PEER_UP || p->state == RDMA_PEER_LOST) &&
+	       p->q_bytes > FERRY_TP_SENDQ_MAX / 2)
 		if (pthread_cond_timedwait(&p->q_drained, &p->lock, &ts) == ETIMEDOUT &&
 		    p->q_bytes > FERRY_TP_SENDQ_MAX / 2) {
 			ferry_err("rdma: rank %u: rank %u has not taken the %zu bytes queued for "
@@ -210,7 +237,7 @@ int ferry__rdma_wait_room(struct rdma_tp *t, struct rdma_peer *p)
 				  t->base.cfg.rank, p->rank, p->q_bytes, timeout_ms);
 			return -EAGAIN;
 		}
-	return p->state == RDMA_PEER_UP ? 0 : -FERRY_E_PEER;
+	return p->state == RDMA_PEER_UP || p->state == RDMA_PEER_LOST ? 0 : -FERRY_E_PEER;
 }
 
 int ferry__rdma_flush_locked(struct rdma_tp *t, struct rdma_peer *p)
@@ -314,13 +341,23 @@ int ferry__rdma_conn_attach(struct rdma_tp *t, struct rdma_conn *c, uint32_t r)
 	pthread_mutex_lock(&p->lock);
 	p->qp = c->id->qp;
 	p->gen++;
-	p->credits = RDMA_CREDITS;
+	/*
+	 * The stream (s_posted, tx_acked, the kept chunks) goes on from the
+	 * last queue pair: nothing is sent on this one before the RESUMEs
+	 * (session.c), which set the credits.
+	 */
+	p->credits = 0;
 	p->owed = 0;
-	p->s_posted = p->s_done = p->sq_posted = p->sq_done = 0;
+	p->s_done = p->s_posted;
+	p->sq_posted = p->sq_done = 0;
 	p->sig_head = p->sig_n = 0;
+	p->rsm_sent = p->rsm_got = 0;
 	pthread_mutex_unlock(&p->lock);
 	p->conn = c;
-	p->asm_have = p->asm_need = 0;
+	p->draining = 0;
+	if (!p->ever_up)
+		p->asm_have = p->asm_need = 0;
+	p->rx_out = 0;
 	for (uint32_t i = 0; i < RDMA_RECVS; i++) {
 		ret = ferry__rdma_post_recv(t, p, i);
 		if (ret) {
@@ -328,6 +365,7 @@ int ferry__rdma_conn_attach(struct rdma_tp *t, struct rdma_conn *c, uint32_t r)
 				  t->base.cfg.rank, r, strerror(-ret));
 			return ret;
 		}
+		p->rx_out++;
 	}
 	p->rx_ok = 1;
 	return 0;
@@ -431,6 +469,15 @@ void ferry__rdma_fail_broken(struct rdma_tp *t)
 		pthread_mutex_unlock(&p->lock);
 		if (!err)
 			continue;
+		if (t->reconnect_ms && !p->reported && err != ENOMEM && err != ECONNABORTED) {
+			char why[160];
+
+			snprintf(why, sizeof(why), "rank %u: %s to rank %u failed (%s)",
+				 t->base.cfg.rank, err == EIO ? "a work request" : "posting", r,
+				 strerror(err));
+			ferry__rdma_peer_lost(t, p, why);
+			continue;
+		}
 		if (!p->break_logged)
 			ferry_warn(
 				"rdma: rank %u: posting to rank %u failed (%s); marking it failed",
@@ -439,10 +486,13 @@ void ferry__rdma_fail_broken(struct rdma_tp *t)
 	}
 }
 
-/* a sender could not post: the progress thread fails the peer. Call with p->lock held. */
+/*
+ * a sender could not post: the progress thread fails the peer, or takes the
+ * link for lost (session.c). Call with p->lock held.
+ */
 void ferry__rdma_peer_break(struct rdma_tp *t, struct rdma_peer *p, int err)
 {
-	if (p->state != RDMA_PEER_UP)
+	if (p->state != RDMA_PEER_UP && !(p->state == RDMA_PEER_LOST && err == ECONNABORTED))
 		return;
 	p->state = RDMA_PEER_BROKEN;
 	p->send_err = err > 0 ? err : EIO;

@@ -78,6 +78,9 @@ static int rdma_init(struct ferry_tp *tp, const struct ferry_tp_config *cfg)
 			   "starts, or do not fork after ferry_open)",
 			   cfg->rank, strerror(ret));
 
+	ret = ferry__rdma_session_init(t);
+	if (ret)
+		return ret;
 	ret = ferry__rdma_pick_device(t->dev_name, &t->port_num, &why);
 	if (ret) {
 		ferry_err("rdma: rank %u: %s", cfg->rank, why);
@@ -257,7 +260,8 @@ static int rdma_send(struct ferry_tp *tp, uint32_t dst, const struct iovec *iov,
 	p = &t->peers[dst];
 	rem = total;
 	pthread_mutex_lock(&p->lock);
-	if (p->state != RDMA_PEER_UP) {
+	if (p->state != RDMA_PEER_UP && p->state != RDMA_PEER_LOST &&
+	    !(p->state == RDMA_PEER_BROKEN && t->reconnect_ms && !p->reported)) {
 		ret = p->state == RDMA_PEER_IDLE ? -ENOTCONN : -FERRY_E_PEER;
 		goto out_unlock;
 	}
@@ -270,7 +274,7 @@ static int rdma_send(struct ferry_tp *tp, uint32_t dst, const struct iovec *iov,
 	 * corked: a small frame waits for the sends in flight and leaves with
 	 * others, once a signaled completion (sig_n) comes to flush the queue
 	 */
-	if (!p->q_head &&
+	if (p->state == RDMA_PEER_UP && !p->q_head &&
 	    (total > RDMA_CORK_MAX || !p->sig_n || p->s_posted - p->s_done < RDMA_CORK_INFLIGHT)) {
 		while (rem && rdma_can_post_data(t, p)) {
 			size_t n = rem < RDMA_CHUNK ? rem : RDMA_CHUNK;
@@ -282,7 +286,11 @@ static int rdma_send(struct ferry_tp *tp, uint32_t dst, const struct iovec *iov,
 				ferry__rdma_peer_break(t, p, -ret);
 				wake = 1;
 				ret = -FERRY_E_PEER;
-				goto out_unlock;
+				if (!t->reconnect_ms)
+					goto out_unlock;
+				/* the chunk is kept and goes again on the new link (session.c) */
+				ret = 0;
+				break;
 			}
 		}
 	}

@@ -40,10 +40,27 @@
  *   reassembled, in order (RC keeps order), into a malloc'd buffer. The
  *   immediate is the chunk's header:
  *
- *     31      24 23 22        16 15                0
- *     +---------+--+------------+------------------+
- *     | 0xf7    |C | 0          | credits returned |   C: credit-only, no data
- *     +---------+--+------------+------------------+
+ *     31      24 23 22 21     16 15                0
+ *     +---------+--+--+--------+------------------+
+ *     | 0xf7    |C |  number   | credits returned |   data chunk (C = 0)
+ *     | 0xf7    |1 |0 | 0      | credits returned |   credit-only, no data
+ *     | 0xf7    |1 |1 | 0      | delivered % 2^16 |   RESUME, no data
+ *     +---------+--+--+--------+------------------+
+ *
+ *   Numbering (session.c): the data chunks to a peer are numbered 0, 1, ...
+ *   for the transport's life (s_posted), across its queue pairs; a chunk
+ *   carries its number modulo 128 and the receiver checks it against its
+ *   count of chunks delivered (rx_seq). A returned credit is a cumulative
+ *   acknowledgement: the receiver returns one only once the chunk's frames
+ *   were delivered, so tx_acked (credits returned, summed) counts the
+ *   chunks the peer has for good, and a send buffer is reused only for the
+ *   chunk RDMA_SBUFS after one acknowledged. The first message on every
+ *   queue pair, each way, is a RESUME with the sender's rx_seq; each side
+ *   then sends again, from its send buffers, the chunks after the peer's
+ *   count, and only then anything new. So frames are delivered exactly
+ *   once, in order, across a lost link; the chunks kept for that are the
+ *   send buffers themselves (RDMA_SBUFS = RDMA_CREDITS per peer: no memory
+ *   beyond them).
  *
  *   Flow control: a sender may have RDMA_CREDITS data chunks unreturned per
  *   peer. The receiver reposts a buffer once its frames were delivered and
@@ -79,11 +96,14 @@
  *   Frames to our own rank, and one-sided operations on our own memory, go
  *   through the self queue and the wake eventfd.
  *
- * Failures: a work completion in error, RDMA_CM_EVENT_DISCONNECTED, a fatal
- * async event on the peer's queue pair, a chunk with a bad header or a frame
- * with a bad header: one log line that names the rank and the cause, the peer
- * is marked failed, its queued and posted one-sided operations complete with
- * -FERRY_E_PEER, on_peer_failed() runs once, and the other peers go on.
+ * Failures: a work completion in error, RDMA_CM_EVENT_DISCONNECTED or a
+ * fatal async event on the peer's queue pair lose the link, not the peer:
+ * the session goes on over a new queue pair (session.c), and the peer is
+ * failed only when that does not happen within FERRY_RECONNECT_MS, or when
+ * it said BYE, or was dropped. A chunk or a frame with a bad header fails it
+ * at once. Failing a peer: one log line that names the rank and the cause,
+ * its queued and posted one-sided operations complete with -FERRY_E_PEER,
+ * on_peer_failed() runs once, and the other peers go on.
  */
 #ifndef FERRY_TRANSPORT_RDMA_RDMA_H
 #define FERRY_TRANSPORT_RDMA_RDMA_H
@@ -112,10 +132,11 @@
 #define RDMA_CHUNK (64u << 10) /* bytes of a receive or send buffer */
 #define RDMA_CREDITS 32u       /* data chunks a sender may have unreturned per peer */
 #define RDMA_CREDIT_BATCH 8u   /* least credits a credit-only message returns */
-#define RDMA_RECV_EXTRA (RDMA_CREDITS / RDMA_CREDIT_BATCH + 1) /* for credit-only messages */
-#define RDMA_RECVS (RDMA_CREDITS + RDMA_RECV_EXTRA)	       /* receive buffers per peer */
-#define RDMA_SBUFS 32u					       /* send buffers per peer */
-#define RDMA_SIGNAL_EVERY 8u				       /* selective signaling of sends */
+/* for credit-only messages: at most CREDITS / BATCH, fini's last one and the RESUME */
+#define RDMA_RECV_EXTRA (RDMA_CREDITS / RDMA_CREDIT_BATCH + 2)
+#define RDMA_RECVS (RDMA_CREDITS + RDMA_RECV_EXTRA) /* receive buffers per peer */
+#define RDMA_SBUFS 32u				    /* send buffers per peer */
+#define RDMA_SIGNAL_EVERY 8u			    /* selective signaling of sends */
 #define RDMA_SQ_DEPTH 256u	  /* work requests in flight per queue pair, at most */
 #define RDMA_SQ_MIN 64u		  /* ... and at least, or init fails */
 #define RDMA_MAX_RD 16u		  /* RDMA READs in flight per queue pair, each way */
@@ -136,6 +157,13 @@
 #define RDMA_GID_SCAN 16     /* GID table entries looked at (ibv_query_gid_ex) */
 #define RDMA_IMM_TAG 0xf7u
 #define RDMA_IMM_CREDIT_ONLY (1u << 23)
+#define RDMA_IMM_RESUME (1u << 22) /* with CREDIT_ONLY: the low 16 bits are a count */
+#define RDMA_IMM_SEQ_SHIFT 16	   /* a data chunk's number, modulo 128 */
+#define RDMA_IMM_SEQ_MASK 0x7fu
+#define RDMA_RECONNECT_MS 1000 /* FERRY_RECONNECT_MS default: grace of a lost link */
+#define RDMA_DRAIN_GRACE_MS 20 /* a lost qp's completions not flushed by then never will be */
+#define RDMA_RESUME_MIN_MS 100 /* a new link resumes within max(this, FERRY_RECONNECT_MS / 4) */
+
 #define RDMA_REJ_MAGIC 0x4a525946u /* "FYRJ" */
 #define RDMA_CM_PDATA_MAX 96	   /* private data bytes we look at */
 #define RDMA_RKEY_HIST 4096	   /* rkeys remembered, so none is handed out twice */
@@ -147,11 +175,15 @@ _Static_assert(RDMA_SBUFS >= RDMA_SIGNAL_EVERY, "every window of sends holds a s
 _Static_assert(RDMA_CREDITS < (1u << 16), "credits fit the immediate");
 _Static_assert(RDMA_RECVS < (1u << 16), "a buffer index fits the wr_id");
 _Static_assert(RDMA_SQ_MIN > RDMA_SBUFS + 2, "the send queue holds every send buffer");
+_Static_assert(RDMA_SBUFS == RDMA_CREDITS,
+	       "a send buffer is kept until its credit acknowledges it");
+_Static_assert(RDMA_CREDITS < 128, "a chunk's number modulo 128 tells the unacknowledged apart");
 
 /* the transport's part of the connection private data, after the HELLO frame */
 struct rdma_hello_ext {
-	uint32_t chunk;	  /* RDMA_CHUNK */
-	uint32_t credits; /* RDMA_CREDITS */
+	uint16_t chunk_kib;   /* RDMA_CHUNK >> 10 */
+	uint16_t credits;     /* RDMA_CREDITS */
+	uint32_t incarnation; /* random, per transport instance: a redial must repeat it */
 };
 
 #define RDMA_PDATA_LEN (RDMA_HELLO_LEN + sizeof(struct rdma_hello_ext))
@@ -180,12 +212,15 @@ _Static_assert(RDMA_REP_PDATA_LEN <= 196, "a REP carries 196 bytes of private da
 
 /* why a connection request was rejected: the REJ's private data */
 enum rdma_rej_reason {
-	RDMA_REJ_HELLO = 1, /* not a HELLO of this cluster */
-	RDMA_REJ_DUP,	    /* that rank is connected already */
-	RDMA_REJ_CLOSED,    /* the cluster is connected, or gave up */
-	RDMA_REJ_BUSY,	    /* too many requests held */
-	RDMA_REJ_RESOURCES, /* no queue pair could be made */
-	RDMA_REJ_AUTH,	    /* no valid proof of the cluster token */
+	RDMA_REJ_HELLO = 1,   /* not a HELLO of this cluster */
+	RDMA_REJ_DUP,	      /* that rank is connected already */
+	RDMA_REJ_CLOSED,      /* the cluster is connected, or gave up */
+	RDMA_REJ_BUSY,	      /* too many requests held */
+	RDMA_REJ_RESOURCES,   /* no queue pair could be made */
+	RDMA_REJ_AUTH,	      /* no valid proof of the cluster token */
+	RDMA_REJ_AGAIN,	      /* a redial: the last link is still being closed; dial again */
+	RDMA_REJ_FAILED,      /* a redial of a rank marked failed (or dropped by the core) */
+	RDMA_REJ_INCARNATION, /* a redial from another process than the session's */
 };
 
 struct rdma_rej {
@@ -270,6 +305,7 @@ struct rdma_conn {
 enum rdma_peer_state {
 	RDMA_PEER_IDLE, /* not connected yet */
 	RDMA_PEER_UP,
+	RDMA_PEER_LOST,	  /* the link was lost, or is resuming: frames wait in the out queue */
 	RDMA_PEER_BROKEN, /* a sender's post failed; the progress thread fails it */
 	RDMA_PEER_FAILED, /* on_peer_failed() was called (or fini ran) */
 };
@@ -296,6 +332,11 @@ struct rdma_peer {
 	pthread_cond_t q_drained; /* q_bytes fell below FERRY_TP_SENDQ_MAX / 2 */
 	int send_err;
 	int break_logged; /* a worker logged why it broke the peer */
+	/* the session (lock; session.c): the stream of data chunks across queue pairs */
+	uint64_t tx_acked;	   /* chunks the peer acknowledged (credits returned, summed) */
+	uint32_t slen[RDMA_SBUFS]; /* bytes of the chunk in each send buffer, kept until acked */
+	int rsm_sent, rsm_got;	   /* this queue pair: our RESUME posted, the peer's received */
+	uint64_t rsm_from;	   /* the peer's RESUME: the chunks it has */
 
 	/* set in init, read-only afterwards */
 	uint32_t rank;
@@ -309,6 +350,16 @@ struct rdma_peer {
 	int bye;		/* it sent FERRY_MSG_BYE: its disconnect is a departure */
 	uint32_t auth_attempt;	/* the last dial attempt of its whose token proof passed */
 	int reported;		/* on_peer_failed() was called */
+	uint64_t rx_seq;	/* data chunks delivered from it (the session's count) */
+	uint32_t rx_out;	/* receives posted on qp and not completed */
+	uint32_t inc;		/* its incarnation (from its HELLO), 0 before it connected */
+	int ever_up;		/* it connected once: a new queue pair resumes the stream */
+	int lost;		/* the link is lost: waiting for the old qp to drain and a redial */
+	int draining;		/* qp is the lost link's: its completions are taken, not reposted */
+	int64_t lost_ms;	/* when it was lost (FERRY_RECONNECT_MS counts from here) */
+	int64_t err_ms;		/* when its queue pair was moved to the error state */
+	int64_t up_ms;		/* when the last connection stood (the RESUMEs are due) */
+
 	int dirty;		/* flush after this batch of completions */
 	unsigned char *asm_buf; /* reassembly of a frame that spans chunks */
 	size_t asm_cap, asm_have, asm_need;
@@ -411,6 +462,11 @@ struct rdma_tp {
 	uint32_t rkey_hist_n;
 
 	int closing;	  /* atomic: fini() asked the progress thread to stop */
+	int reconnect_ms; /* FERRY_RECONNECT_MS: grace of a lost link; 0: none (session.c) */
+	int fault_ms;	  /* FERRY_RDMA_FAULT_BREAK_MS: tests; 0: off */
+	int64_t fault_next_ms;
+	uint32_t fault_rr; /* the next rank fault injection looks at */
+	uint32_t incarnation;
 	int fail_pending; /* atomic: some peer is BROKEN */
 
 	/* shared by connect() and the progress thread, under setup_lock */
@@ -463,6 +519,37 @@ static inline int64_t rdma_now_ms(void)
 	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+/* the immediate of data chunk @seq that returns @owed credits (the chunk header above) */
+static inline uint32_t rdma_imm_data(uint64_t seq, uint32_t owed)
+{
+	return RDMA_IMM_TAG << 24 | (uint32_t)(seq & RDMA_IMM_SEQ_MASK) << RDMA_IMM_SEQ_SHIFT |
+	       owed;
+}
+
+/* the immediate of a RESUME: @delivered chunks, modulo 2^16 */
+static inline uint32_t rdma_imm_resume(uint64_t delivered)
+{
+	return RDMA_IMM_TAG << 24 | RDMA_IMM_CREDIT_ONLY | RDMA_IMM_RESUME |
+	       (uint32_t)(delivered & 0xffff);
+}
+
+/*
+ * rdma_resume_from - the peer's count of our chunks it delivered, from the
+ * low 16 bits @count16 of its RESUME: the one number in [@acked, @posted]
+ * with those bits (at most RDMA_CREDITS chunks are unacknowledged, so there
+ * is at most one). Return: 0 with *@from_p, or -1 when none is.
+ */
+static inline int rdma_resume_from(uint64_t acked, uint64_t posted, uint32_t count16,
+				   uint64_t *from_p)
+{
+	uint64_t from = acked + ((count16 - acked) & 0xffff);
+
+	if (from > posted)
+		return -1;
+	*from_p = from;
+	return 0;
+}
+
 /* room on the send side of @p; call with p->lock held */
 static inline bool rdma_sq_room(const struct rdma_tp *t, const struct rdma_peer *p)
 {
@@ -506,6 +593,7 @@ void ferry__rdma_setup_sync(struct rdma_tp *t);
 int64_t ferry__rdma_setup_tick(struct rdma_tp *t);
 void ferry__rdma_cm_input(struct rdma_tp *t);
 int ferry__rdma_tp_connect(struct ferry_tp *tp, const void *const *addrs, const size_t *lens);
+void ferry__rdma_peer_up(struct rdma_tp *t, struct rdma_peer *p);
 
 /* qp.c: any thread; the out queue and posting with p->lock held */
 void ferry__rdma_cursor_copy(struct rdma_cursor *c, unsigned char *dst, size_t n);
@@ -542,6 +630,18 @@ void ferry__rdma_wake(struct rdma_tp *t);
 void ferry__rdma_self_push(struct rdma_tp *t, struct rdma_selfmsg *m);
 int ferry__rdma_self_send(struct rdma_tp *t, const struct iovec *iov, int iovcnt, size_t total);
 int ferry__rdma_start_thread(struct rdma_tp *t);
+
+/* session.c: progress thread (ferry__rdma_session_init: init) */
+int ferry__rdma_session_init(struct rdma_tp *t);
+void ferry__rdma_peer_lost(struct rdma_tp *t, struct rdma_peer *p, const char *why);
+bool ferry__rdma_peer_drained(struct rdma_tp *t, struct rdma_peer *p);
+int ferry__rdma_resume_post(struct rdma_tp *t, struct rdma_peer *p);
+int ferry__rdma_resume_got(struct rdma_tp *t, struct rdma_peer *p, uint32_t count16,
+			   const char **why_p);
+int ferry__rdma_resume_go(struct rdma_tp *t, struct rdma_peer *p);
+int64_t ferry__rdma_session_tick(struct rdma_tp *t);
+/* qp.c, with p->lock held: post data chunk @seq (its bytes in its send buffer) */
+int ferry__rdma_post_data(struct rdma_tp *t, struct rdma_peer *p, uint64_t seq, size_t n, bool sig);
 
 /* rma.c: ops, any thread */
 int ferry__rdma_read(struct ferry_tp *tp, uint32_t dst, void *local, struct ferry_tp_mr *lmr,
