@@ -8,11 +8,13 @@
 #   ferry-bench --quick                        all scenarios, nodes as threads, blocking
 #   ferry-bench --quick --procs --pin --wait both -s remote --sizes 8
 #                                              processes, pinned, both wait modes
+#   ferry-bench --quick -s move --timeline     the step medians, nodes as threads and
+#                                              processes (--sizes 8)
 #   ferry-mf --synthetic ...                   2 epochs, both modes
 #   ferry-dp --synthetic ...                   20 iterations, every scheme
 #   bench/plot.sh, bench/dp/plot.sh            when gnuplot is there (bash ci/deps.sh bench)
 #
-# ctest runs it as `bench_quick` (about 15 s on 2 cores; ferry-coll-mpi has its own,
+# ctest runs it as `bench_quick` (about 20 s on 2 cores; ferry-coll-mpi has its own,
 # coll_mpi_quick). Needs jq (bash ci/deps.sh build).
 set -euo pipefail
 
@@ -87,6 +89,24 @@ check "$tmp/fbp.json" "both wait modes have rows" \
 	'(.context.wait == "both") and (.context.pin == true) and
 	 ([.results[].wait] | unique == ["blocking", "busy-poll"])'
 echo "bench-quick: ferry-bench --procs --pin --wait both: ok"
+
+# 2b. ferry-bench --timeline: every table's steps and its derived line, threads and processes
+for how in threads procs; do
+	extra=()
+	[[ $how == procs ]] && extra=(--procs)
+	run 120 "$build/bench/ferry-bench" --quick -s move --sizes 8 --iters 20 --timeline \
+		"${extra[@]}" >"$tmp/fbt.out" 2>&1 ||
+		{ tail -n 20 "$tmp/fbt.out"; fail "ferry-bench --timeline ($how) exited $?"; }
+	for t in 'push, one key of rank 1' 'localize, owner = home' 'localize, owner != home'; do
+		grep -q "^# timeline: $t" "$tmp/fbt.out" || fail "--timeline ($how) printed no '$t' table"
+	done
+	[[ $(grep -c '^#   derived: round trip' "$tmp/fbt.out") -eq 3 ]] ||
+		fail "--timeline ($how) printed no derived line for every table"
+	grep -qE '^#   1 +home +LOCALIZE received' "$tmp/fbt.out" ||
+		fail "--timeline ($how) has no step of the home (rank 1)"
+	! grep -q 'stamps dropped' "$tmp/fbt.out" || fail "--timeline ($how) dropped stamps"
+done
+echo "bench-quick: ferry-bench --timeline (threads, procs): ok"
 
 # 3. ferry-mf
 run 120 "$build/bench/ferry-mf" --synthetic 3000x300:60000:4 --rank 8 --epochs 2 --mode both \

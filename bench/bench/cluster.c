@@ -217,6 +217,8 @@ static int node_setup(struct fb_node *n)
 		fb_fail(n, "worker", rc);
 		return -1;
 	}
+	if (n->o->timeline && fb_tl_enable(n))
+		return -1;
 	if (fb_table_create(n, (uint64_t)n->world, XCHG_FLOATS * 4, &n->xchg))
 		return -1;
 	if (n->rank == 1) {

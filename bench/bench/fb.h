@@ -31,6 +31,8 @@
 
 #define FB_MAX_LIST 16
 #define FB_MAX_RESULTS 1024
+#define FB_TL_MAX_PAIRS 24
+#define FB_TL_MAX_NODES 4
 
 enum fb_scenario {
 	FB_SCEN_LOCAL = 1u << 0,
@@ -68,6 +70,7 @@ struct fb_opts {
 	int busy_poll; /* this pass: 1 busy-poll, 0 blocking */
 	int wait_both; /* --wait both: every scenario in both modes */
 	int pin;       /* --pin: each node process on a CPU of its own */
+	int timeline;  /* --timeline: step stamps on every node (timeline.c) */
 	int quick;
 	int verbose;
 	uint32_t sizes[FB_MAX_LIST]; /* value sizes in bytes, multiples of 4 */
@@ -135,6 +138,13 @@ struct fb_shared {
 	atomic_int skipped;
 	struct fb_result results[FB_MAX_RESULTS];
 	char failure_msg[8][160];
+	/* --timeline: each node's per-step medians of the run just ended */
+	struct fb_tl_node {
+		int set;
+		double p50_us[FB_TL_MAX_PAIRS];
+		long n[FB_TL_MAX_PAIRS];
+		unsigned long long dropped;
+	} tl[FB_TL_MAX_NODES];
 };
 
 /* What a scenario function gets on every node. */
@@ -264,6 +274,31 @@ int fb_remote(const struct fb_opts *o, struct fb_shared *sh);
 /* @parts: FB_SCEN_MOVE, FB_SCEN_LBATCH, FB_SCEN_HOT */
 int fb_localize(const struct fb_opts *o, struct fb_shared *sh, unsigned parts);
 int fb_memory(const struct fb_opts *o, struct fb_shared *sh);
+
+/* ---- timeline.c: --timeline ---------------------------------------------- */
+
+enum fb_tl_kind {
+	FB_TL_LOCALIZE,
+	FB_TL_PUSH
+};
+/* node_setup's: this node stamps from now on; Return: 0 or -1 (said) */
+int fb_tl_enable(struct fb_node *n);
+/* every node: after the table's creation, forget the stamps; then a barrier */
+int fb_tl_begin(struct fb_node *n);
+/*
+ * fb_tl_end - every node, once the measured phase ended on all: its
+ * per-step medians into the shared region; rank 0 prints the table of
+ * @kind under @title. Return: 0 or -1
+ */
+int fb_tl_end(struct fb_node *n, enum fb_tl_kind kind, const char *title);
+/* the bench's own stamps around a call (timeline.h's *_CALL and *_RETURN) */
+enum fb_tl_mark {
+	FB_TL_LOC_CALL,
+	FB_TL_LOC_RETURN,
+	FB_TL_PUSH_CALL,
+	FB_TL_PUSH_RETURN
+};
+void fb_tl_mark(struct fb_node *n, enum fb_tl_mark m, uint64_t key);
 
 /*
  * The baseline of a latency row, shared by remote and localize: perftest

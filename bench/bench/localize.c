@@ -50,10 +50,16 @@ static long loc_iters(const struct fb_opts *o)
 static int loc_move(struct fb_node *n, struct ferry_table *t, const uint64_t *keys, size_t nk,
 		    int64_t *dt)
 {
-	int64_t t0 = fb_now_ns();
-	int rc = ferry_localize(n->w, t, keys, nk);
+	int64_t t0;
+	int rc;
 
+	if (n->o->timeline && nk == 1)
+		fb_tl_mark(n, FB_TL_LOC_CALL, keys[0]);
+	t0 = fb_now_ns();
+	rc = ferry_localize(n->w, t, keys, nk);
 	*dt = fb_now_ns() - t0;
+	if (n->o->timeline && nk == 1)
+		fb_tl_mark(n, FB_TL_LOC_RETURN, keys[0]);
 	return rc;
 }
 
@@ -123,6 +129,52 @@ static int loc_single(struct fb_node *n, struct ferry_table *t, uint32_t bytes,
 	return 0;
 }
 
+static int loc_tl_end(struct fb_node *n, enum fb_tl_kind kind, const char *what, uint32_t bytes)
+{
+	char title[96];
+
+	snprintf(title, sizeof(title), "%s, %u-byte values, %s", what, bytes,
+		 n->sh->busy_poll ? "busy-poll" : "blocking");
+	return fb_tl_end(n, kind, title);
+}
+
+/*
+ * --timeline: rank 0 pushes once into each of @keys (owned by rank 1, before
+ * they move), so the push's steps are stamped like the moves'; the rows
+ * themselves are the remote scenario's
+ */
+static int loc_tl_push(struct fb_node *n, struct ferry_table *t, uint32_t bytes,
+		       const uint64_t *keys, long count)
+{
+	float *d = calloc(bytes / 4 ? bytes / 4 : 1, sizeof(float));
+	int rc = d ? 0 : -ENOMEM;
+
+	for (long i = 0; i < count && !rc; i++) {
+		fb_tl_mark(n, FB_TL_PUSH_CALL, keys[i]);
+		rc = ferry_push(n->w, t, &keys[i], 1, d);
+		fb_tl_mark(n, FB_TL_PUSH_RETURN, keys[i]);
+	}
+	free(d);
+	if (rc)
+		fb_fail(n, "timeline push", rc);
+	return rc ? -1 : 0;
+}
+
+/* --timeline, every node: the push phase, its table, then a clean slate for the moves */
+static int loc_tl_run(struct fb_node *n, struct ferry_table *t, uint32_t bytes,
+		      const uint64_t *keys, long iters)
+{
+	int bad = fb_tl_begin(n);
+
+	if (n->rank == 0 && !bad)
+		bad = loc_tl_push(n, t, bytes, keys, iters + 1);
+	if (fb_phase_end(n, 0))
+		bad = 1;
+	if (loc_tl_end(n, FB_TL_PUSH, "push, one key of rank 1", bytes))
+		bad = 1;
+	return bad || fb_tl_begin(n) ? -1 : 0;
+}
+
 /* owner = home: a 2-node run over every size */
 static int loc_home_node(struct fb_node *n)
 {
@@ -144,11 +196,16 @@ static int loc_home_node(struct fb_node *n)
 			    (size_t)iters + 1) {
 				fb_failf(n->sh, "localize: too few keys homed at rank 1");
 				bad = 1;
-			} else {
-				bad = loc_single(n, t, o->sizes[si], keys, iters, "move-home");
 			}
 		}
+		if (o->timeline && loc_tl_run(n, t, o->sizes[si], keys, iters))
+			bad = 1;
+		if (n->rank == 0 && !bad)
+			bad = loc_single(n, t, o->sizes[si], keys, iters, "move-home");
 		if (fb_phase_end(n, 0))
+			bad = 1;
+		if (o->timeline &&
+		    loc_tl_end(n, FB_TL_LOCALIZE, "localize, owner = home", o->sizes[si]))
 			bad = 1;
 		ferry_table_destroy(t);
 	}
@@ -192,9 +249,14 @@ static int loc_third_node(struct fb_node *n)
 		}
 		if (fb_phase_end(n, 2))
 			bad = 1;
+		if (o->timeline && fb_tl_begin(n))
+			bad = 1;
 		if (n->rank == 0 && !bad)
 			bad = loc_single(n, t, o->sizes[si], keys, iters, "move-third");
 		if (fb_phase_end(n, 0))
+			bad = 1;
+		if (o->timeline &&
+		    loc_tl_end(n, FB_TL_LOCALIZE, "localize, owner != home", o->sizes[si]))
 			bad = 1;
 		ferry_table_destroy(t);
 	}

@@ -46,6 +46,9 @@ static const char usage_text[] =
 	"                          allowed CPUs), with all its threads: the raw\n"
 	"                          baseline's client and server too (--procs or\n"
 	"                          --external)\n"
+	"      --timeline          localize (move rows) and push: the median time of\n"
+	"                          each step on each node (lib/core/timeline.h;\n"
+	"                          threads or --procs)\n"
 	"      --bind ADDR         address the nodes (and the raw baseline) use\n"
 	"      --link NAME         what the link is, for the record (default\n"
 	"                          loopback, or external)\n"
@@ -118,6 +121,7 @@ enum {
 	OPT_BASE_CMD,
 	OPT_BASE_US,
 	OPT_BASE_CYCLES,
+	OPT_TIMELINE,
 };
 
 static const struct option long_opts[] = {
@@ -130,6 +134,7 @@ static const struct option long_opts[] = {
 	{ "busy-poll", no_argument, NULL, OPT_BUSY_POLL },
 	{ "wait", required_argument, NULL, OPT_WAIT },
 	{ "pin", no_argument, NULL, OPT_PIN },
+	{ "timeline", no_argument, NULL, OPT_TIMELINE },
 	{ "bind", required_argument, NULL, OPT_BIND },
 	{ "link", required_argument, NULL, OPT_LINK },
 	{ "timeout-ms", required_argument, NULL, OPT_TIMEOUT },
@@ -322,6 +327,9 @@ static int parse_opts(int argc, char **argv, struct fb_opts *o)
 				return bad_option(
 					"--wait '%s': expected blocking, busy-poll or both",
 					optarg);
+			break;
+		case OPT_TIMELINE:
+			o->timeline = 1;
 			break;
 		case OPT_PIN:
 			o->pin = 1;

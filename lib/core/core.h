@@ -325,6 +325,9 @@ struct ferry {
 	 * when no move of @key is waiting. Progress thread. */
 	int (*move_fill)(struct ferry_table *t, uint64_t key, const float *val, uint32_t len,
 			 bool keep);
+	/* the step stamps of ferry-bench --timeline (timeline.h); NULL: off.
+	 * Set once by ferry__tl_enable, freed with the node */
+	_Atomic(struct ferry_tl *) tl;
 };
 
 /* node.c: the bottom of the core; modules call it, it calls none of them */

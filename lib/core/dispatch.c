@@ -28,6 +28,7 @@
 #include <errno.h>
 
 #include "lib/core/core.h"
+#include "lib/core/timeline.h"
 
 int ferry__dispatch_register(struct ferry *fy, uint8_t type, enum ferry_dispatch_scope scope,
 			     ferry_msg_fn fn)
@@ -119,12 +120,14 @@ static void dispatch_on_msg(void *core, uint32_t src, const void *buf, size_t le
 		}
 		if (!t)
 			why = "unknown table";
-		else if (!ferry__proto_parse(buf, len, &t->lim, &v, &why))
-			h->fn(fy, t, src, &v);
-		else
+		else if (ferry__proto_parse(buf, len, &t->lim, &v, &why))
 			t = NULL;
-		if (!t)
+		if (t) {
+			ferry__tl_frame(fy, &v); /* timeline.h: the receive steps */
+			h->fn(fy, t, src, &v);
+		} else {
 			dispatch_proto_error(fy, src, type, why);
+		}
 	} else if (!ferry__proto_parse(buf, len, &node_lim, &v, &why)) {
 		h->fn(fy, NULL, src, &v);
 	} else {

@@ -22,6 +22,7 @@
 #include "lib/core/bootstrap.h"
 #include "lib/core/config.h"
 #include "lib/core/core.h"
+#include "lib/core/timeline.h"
 
 /* pthread_cond_timedwait on a CLOCK_MONOTONIC condvar; 0 or ETIMEDOUT */
 int ferry__cond_wait_until(pthread_cond_t *c, pthread_mutex_t *m, const struct timespec *ts)
@@ -102,6 +103,7 @@ static void node_free(struct ferry *fy)
 		fy->hb_free(fy->hb);
 	free(fy->barrier_arrived);
 	free(fy->fastrd);
+	ferry__tl_free(fy);
 	for (int i = 0; i < FERRY_MAX_TABLES; i++) {
 		free(fy->table_seen[i]);
 		free(fy->table_arenas[i]);

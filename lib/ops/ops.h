@@ -7,6 +7,7 @@
 #ifndef FERRY_LIB_OPS_H
 #define FERRY_LIB_OPS_H
 
+#include "lib/core/timeline.h" /* the step stamps of ferry-bench --timeline */
 #include "lib/core/core.h"
 
 /* register the OP and REPLY handlers (serve.c); before the node starts */

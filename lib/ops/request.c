@@ -121,6 +121,10 @@ static void ops_send_remote(struct ferry_worker *w, struct ferry_req *r, uint64_
 	ferry__ops_count(&w->remote_ops, nremote);
 	/* completions may start now: the loop above no longer reads r->done */
 	ferry__ops_rd_post_all(fy, reads, nreads);
+	/* before the send: the reply may come before this thread returns */
+	if (r->op != FERRY_OP_PULL && ferry__tl_of(fy))
+		for (size_t i = 0; i < r->n; i++)
+			ferry__tl_stamp(fy, FERRY_TL_PUSH_POST, r->keys[i]);
 	if (outs == &one) {
 		ferry__ops_out_flush(fy, t, &one);
 		return;

@@ -141,6 +141,10 @@ static void ops_on_reply(struct ferry *fy, struct ferry_table *t, uint32_t src,
 	pthread_mutex_lock(&w->lock);
 	r = ferry__ops_req_find(w, rep->req);
 	/* a stale ticket (timed out, collected) is dropped, not an error */
+	if (r && r->t == t && r->op == rep->op && ferry__tl_of(fy))
+		for (uint32_t i = 0; i < v->count; i++)
+			if (v->idx[i] < r->n)
+				ferry__tl_stamp(fy, FERRY_TL_REPLY_RECV, r->keys[v->idx[i]]);
 	if (r && r->t == t && r->op == rep->op)
 		rc = ops_complete_locked(t, w, r, v->idx, v->count, rep->status,
 					 rep->op == FERRY_OP_PULL ? v->vals : NULL, v->nvals,
@@ -555,6 +559,7 @@ static void ops_on_op(struct ferry *fy, struct ferry_table *t, uint32_t src,
 			continue;
 		}
 		if (!ferry__ops_apply_slot(t, op->op, k->key, kin, out, &hint)) {
+			ferry__tl_stamp(fy, FERRY_TL_OP_APPLIED, k->key);
 			if (rb.with_slots && rb.slots.len != SIZE_MAX)
 				((uint64_t *)rb.slots.buf)[rb.count - 1] = hint;
 			if (rb.repl)
@@ -598,6 +603,10 @@ static void ops_on_op(struct ferry *fy, struct ferry_table *t, uint32_t src,
 	}
 	if (nserved)
 		atomic_fetch_add_explicit(&fy->served_ops, nserved, memory_order_relaxed);
+	/* before the send: the origin may run before this thread returns */
+	if (ferry__tl_of(fy))
+		for (uint32_t i = 0; i < v->count; i++)
+			ferry__tl_stamp(fy, FERRY_TL_REPLY_SENT, v->keys[i].key);
 	ops_reply_flush(fy, t, &rb);
 	ferry__repl_batch_free(t, rb.repl);
 	for (uint32_t r = 0; r < fy->world; r++)

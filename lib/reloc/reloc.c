@@ -126,6 +126,8 @@ static int reloc_batch_flush(struct ferry *fy, struct ferry_table *t, struct rel
 	if (!rc) {
 		m = (struct ferry_msg_move *)(b->f.buf + sizeof(struct ferry_msg_hdr));
 		m->count = b->count;
+		ferry__tl_stamp_keys(fy, ferry__tl_send_step(b->type), &b->items[0].key,
+				     sizeof(*b->items), b->nitems);
 		rc = ferry__send(fy, b->dst, b->f.buf, b->f.len);
 	}
 	for (uint32_t i = 0; i < b->nitems; i++) {
@@ -579,6 +581,8 @@ static void reloc_on_write_done(struct ferry *fy, void *ctx, int status)
 {
 	struct reloc_wbatch *wb = ctx;
 
+	ferry__tl_stamp_keys(fy, FERRY_TL_LOC_WRITE_DONE, &wb->e[0].mv.key, sizeof(wb->e[0]),
+			     wb->n);
 	if (status)
 		__atomic_store_n(&wb->failed, 1, __ATOMIC_RELAXED);
 	reloc_wbatch_put(fy, wb);
@@ -596,6 +600,7 @@ static void reloc_wbatch_post(struct ferry *fy, struct reloc_wbatch *wb)
 		int rc;
 
 		/* every write completes with the batch as its context */
+		ferry__tl_stamp(fy, FERRY_TL_LOC_WRITE_POST, e->mv.key);
 		rc = fy->tp->ops->write(fy->tp, wb->requester, e->s->val,
 					ferry__ops_chunk_mr(t, ferry__arena_idx(&t->arena, e->s)),
 					ar->inbox_addr + (uint64_t)e->mv.landing * ar->inbox_stride,
@@ -891,6 +896,7 @@ static void reloc_on_handover(struct ferry *fy, struct ferry_table *t, uint32_t 
 		ferry__inbox_put(t, e->landing);
 		e->landing = FERRY_LANDING_NONE;
 		pthread_mutex_unlock(&t->pend.lock);
+		ferry__tl_stamp(fy, FERRY_TL_LOC_WAKE, mv->key);
 		reloc_wake(fy, e, 0);
 		ferry__pend_free(e);
 		val += mv->len;

@@ -510,11 +510,32 @@ void ferry__rdma_cq_input(struct rdma_tp *t)
 		if (cq == t->scq && rdma_workers_poll(t)) {
 			__atomic_store_n(&t->scq_off, 1, __ATOMIC_RELAXED);
 			t->scq_check_ms = rdma_now_ms() + RDMA_SCQ_CHECK_MS;
+		} else if (t->spin_ns) {
+			/* armed again when the spin ends (ferry__rdma_cq_arm) */
+			*(cq == t->scq ? &t->scq_unarmed : &t->rcq_unarmed) = 1;
 		} else {
 			ibv_req_notify_cq(cq, 0);
 		}
 	}
 	ferry__rdma_poll_cqs(t);
+}
+
+/*
+ * ferry__rdma_cq_arm - the spin ended: arm the CQs whose event was taken,
+ * then poll once, so that a completion that came before the arm is not left
+ * without an event. Return: completions seen (then the caller spins on).
+ * Progress thread.
+ */
+int ferry__rdma_cq_arm(struct rdma_tp *t)
+{
+	if (!t->scq_unarmed && !t->rcq_unarmed)
+		return 0;
+	if (t->scq_unarmed)
+		ibv_req_notify_cq(t->scq, 0);
+	if (t->rcq_unarmed)
+		ibv_req_notify_cq(t->rcq, 0);
+	t->scq_unarmed = t->rcq_unarmed = 0;
+	return ferry__rdma_poll_cqs(t);
 }
 
 /* the send CQ is not armed: arm it again once no worker polled for a while */

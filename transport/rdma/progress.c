@@ -9,6 +9,19 @@
  * through the self queue and the wake eventfd; so does the completion of a
  * WRITE that a worker found in poll().
  *
+ * In blocking mode the thread polls for the completions it waits for
+ * itself: while a one-sided op that a handler posted (a hand-over's WRITE)
+ * is in flight, for at most spin_ns after the post, it polls the CQs (and
+ * the epoll set, without waiting) instead of sleeping, so the completion
+ * costs no event, no re-arm and no wake-up (each a system call on rxe, and
+ * a scheduler round trip). A CQ whose event it took stays unarmed until it
+ * is about to sleep: then it arms it, polls once more, and sleeps. It does
+ * not spin after waking a worker or after a frame: measured in the 2-vCPU
+ * guest, a progress thread that spins after any activity takes the CPU the
+ * woken worker needs (docs/benchmarks.md). An idle node never spins.
+ * FERRY_RDMA_SPIN_US sets the bound (default RDMA_SPIN_US; 0: off, every
+ * event re-arms at once). --busy-poll never sleeps at all.
+ *
  * Context: the progress thread; ferry__rdma_wake(), ferry__rdma_self_push() and
  * ferry__rdma_self_send() on any thread; ferry__rdma_start_thread() in init().
  */
@@ -23,6 +36,8 @@
 #include <unistd.h>
 
 #include "transport/rdma/rdma.h"
+
+#define RDMA_SPIN_US 100 /* the spin after activity (FERRY_RDMA_SPIN_US) */
 
 /* Context: any thread. Wakes the progress thread out of epoll_wait(). */
 void ferry__rdma_wake(struct rdma_tp *t)
@@ -50,8 +65,13 @@ void ferry__rdma_self_push(struct rdma_tp *t, struct rdma_selfmsg *m)
 		t->self_head = m;
 	t->self_tail = m;
 	pthread_mutex_unlock(&t->self_lock);
-	/* a non-empty queue has a wake pending already (see rdma_self_deliver) */
-	if (was_empty)
+	/*
+	 * a non-empty queue has a wake pending already (see rdma_self_deliver);
+	 * the progress thread itself (a handler sending to its own rank, as a
+	 * home that is the key's owner does) needs none: its loop delivers the
+	 * queue before it waits again, with no eventfd round trip
+	 */
+	if (was_empty && !pthread_equal(pthread_self(), t->thread))
 		ferry__rdma_wake(t);
 }
 
@@ -70,8 +90,11 @@ int ferry__rdma_self_send(struct rdma_tp *t, const struct iovec *iov, int iovcnt
 	return 0;
 }
 
-/* Context: progress thread. @deliver 0 at shutdown: frames are dropped. */
-static void rdma_self_deliver(struct rdma_tp *t, int deliver)
+/*
+ * Context: progress thread. @deliver 0 at shutdown: frames are dropped.
+ * Return: 1 when the queue held something (handlers may have queued more).
+ */
+static int rdma_self_deliver(struct rdma_tp *t, int deliver)
 {
 	const struct ferry_tp_handler *h = t->base.cfg.handler;
 	struct rdma_selfmsg *m, *next;
@@ -80,7 +103,8 @@ static void rdma_self_deliver(struct rdma_tp *t, int deliver)
 	m = t->self_head;
 	t->self_head = t->self_tail = NULL;
 	pthread_mutex_unlock(&t->self_lock);
-
+	if (!m)
+		return 0;
 	for (; m; m = next) {
 		next = m->next;
 		if (m->done) {
@@ -91,6 +115,7 @@ static void rdma_self_deliver(struct rdma_tp *t, int deliver)
 		}
 		free(m);
 	}
+	return 1;
 }
 
 /* ---- async events -------------------------------------------------------- */
@@ -256,6 +281,7 @@ static void *rdma_progress(void *arg)
 	struct epoll_event evs[RDMA_EVENTS];
 	int busy = t->base.cfg.busy_poll;
 	int64_t drain_end = -1;
+	int spinning = 0, again = 0;
 
 	if (h->on_thread_start)
 		h->on_thread_start(t->base.cfg.core);
@@ -266,7 +292,7 @@ static void *rdma_progress(void *arg)
 
 		if (lost >= 0 && (next < 0 || lost < next))
 			next = lost;
-		if (busy) {
+		if (busy || spinning || again) {
 			timeout = 0;
 		} else if (drain_end >= 0) {
 			timeout = 10;
@@ -301,11 +327,22 @@ static void *rdma_progress(void *arg)
 				break;
 			}
 		}
+		/* what this thread sent to itself in the handlers above */
+		again = rdma_self_deliver(t, 1);
+		did = again;
 		ferry__rdma_scq_check(t);
-		if (busy) {
-			did = ferry__rdma_poll_cqs(t);
+		if (busy || spinning) {
+			did |= ferry__rdma_poll_cqs(t);
 			if (!did && n <= 0)
 				sched_yield();
+		}
+		if (!busy && t->spin_ns) {
+			spinning = __atomic_load_n(&t->spin_ops, __ATOMIC_RELAXED) > 0 &&
+				   rdma_now_ns() < t->spin_until;
+			/* about to sleep: arm; what the poll after it finds is
+			 * handled in the next round, without a wait */
+			if (!spinning && ferry__rdma_cq_arm(t))
+				again = 1;
 		}
 		if (!__atomic_load_n(&t->closing, __ATOMIC_ACQUIRE))
 			continue;
@@ -329,6 +366,25 @@ static void *rdma_progress(void *arg)
 	return NULL;
 }
 
+/* FERRY_RDMA_SPIN_US: 0 to 100000, else RDMA_SPIN_US (said once) */
+static int rdma_spin_us(void)
+{
+	const char *s = getenv("FERRY_RDMA_SPIN_US");
+	char *end;
+	long v;
+
+	if (!s || !*s)
+		return RDMA_SPIN_US;
+	v = strtol(s, &end, 10);
+	if (*end || v < 0 || v > 100000) {
+		ferry_warn("rdma: FERRY_RDMA_SPIN_US='%s' is not 0 to 100000 microseconds; using "
+			   "%d",
+			   s, RDMA_SPIN_US);
+		return RDMA_SPIN_US;
+	}
+	return (int)v;
+}
+
 int ferry__rdma_start_thread(struct rdma_tp *t)
 {
 	sigset_t all, old;
@@ -337,6 +393,7 @@ int ferry__rdma_start_thread(struct rdma_tp *t)
 	/* the progress thread takes no process signals */
 	sigfillset(&all);
 	pthread_sigmask(SIG_SETMASK, &all, &old);
+	t->spin_ns = (int64_t)rdma_spin_us() * 1000;
 	ret = -pthread_create(&t->thread, NULL, rdma_progress, t);
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
 	if (ret) {

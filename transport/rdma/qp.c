@@ -387,6 +387,8 @@ void ferry__rdma_op_done(struct rdma_tp *t, struct rdma_op *op, int status, int 
 
 	for (; op; op = next) {
 		next = op->next;
+		if (op->spin)
+			__atomic_sub_fetch(&t->spin_ops, 1, __ATOMIC_RELAXED);
 		if (worker && op->write) {
 			struct rdma_selfmsg *m = calloc(1, sizeof(*m));
 

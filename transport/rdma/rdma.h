@@ -250,6 +250,7 @@ struct rdma_op {
 	uint64_t raddr;
 	uint32_t len;
 	int write;
+	int spin; /* posted by the progress thread, which spins for its completion */
 };
 
 /* an entry of a peer's out queue: frame bytes [off, len) of data, or one op */
@@ -483,6 +484,17 @@ struct rdma_tp {
 	int scq_off;	      /* send CQ not armed: workers poll it (atomic writes) */
 	int scq_rearm;	      /* atomic: a worker stopped polling; arm it now */
 	int64_t scq_check_ms; /* when to look again whether they still do */
+	/*
+	 * the spin for its own one-sided ops (progress.c): the thread polls the
+	 * CQs while an op it posted is in flight (spin_ops, atomic: completions
+	 * may be taken by a worker), for at most spin_ns after its last post
+	 * (spin_until); a CQ whose event was taken stays unarmed (*_unarmed)
+	 * until the thread is about to sleep. spin_ns 0: off
+	 */
+	int64_t spin_ns;
+	int64_t spin_until; /* CLOCK_MONOTONIC ns */
+	int spin_ops;
+	uint8_t scq_unarmed, rcq_unarmed;
 	enum rdma_phase seen_phase;
 	struct rdma_conn *conns; /* every cm_id but the listener */
 	uint32_t nheld;
@@ -510,6 +522,14 @@ struct rdma_cursor {
 
 /* bytes this process registered through this transport (RLIMIT_MEMLOCK check; device.c) */
 extern uint64_t ferry__rdma_pinned;
+
+static inline int64_t rdma_now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
 
 static inline int64_t rdma_now_ms(void)
 {
@@ -624,6 +644,7 @@ int ferry__rdma_scq_drain(struct rdma_tp *t, int worker);
 int ferry__rdma_poll_cqs(struct rdma_tp *t);
 void ferry__rdma_cq_input(struct rdma_tp *t);
 void ferry__rdma_scq_check(struct rdma_tp *t);
+int ferry__rdma_cq_arm(struct rdma_tp *t);
 
 /* progress.c: any thread (ferry__rdma_start_thread: init) */
 void ferry__rdma_wake(struct rdma_tp *t);

@@ -115,6 +115,12 @@ static int rdma_rw(struct ferry_tp *tp, int write, uint32_t dst, void *local,
 	op = rdma_op_new(t, write, dst, local, lmr, raddr, rkey, len, ctx, &ret);
 	if (!op)
 		return ret;
+	if (t->spin_ns && pthread_equal(pthread_self(), t->thread)) {
+		/* a handler's op (a hand-over WRITE): the thread spins for it */
+		op->spin = 1;
+		__atomic_add_fetch(&t->spin_ops, 1, __ATOMIC_RELAXED);
+		t->spin_until = rdma_now_ns() + t->spin_ns;
+	}
 	p = &t->peers[dst];
 	pthread_mutex_lock(&p->lock);
 	if (p->state != RDMA_PEER_UP) {
@@ -131,6 +137,8 @@ static int rdma_rw(struct ferry_tp *tp, int write, uint32_t dst, void *local,
 		ret = rdma_op_queue(p, op);
 	}
 	pthread_mutex_unlock(&p->lock);
+	if (ret && op->spin)
+		__atomic_sub_fetch(&t->spin_ops, 1, __ATOMIC_RELAXED);
 	if (ret)
 		free(op);
 	if (wake)
