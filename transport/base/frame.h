@@ -36,8 +36,10 @@
  * link (RESUME after the HELLO, ACK), sparse tables (any 64-bit key) and
  * initial values in TABLE, CHUNK (arenas registered a chunk at a time),
  * collectives (COLL, COLL_ACK, COLL_KICK); 5: COLL's group (collectives of
- * node groups); older peers are refused */
-#define FERRY_PROTO_VERSION 5
+ * node groups); 6: OP's flags (compressed pushes), CONS_PUSH and CONS_ACK,
+ * rdma's sessions (numbered chunks, RESUME, the HELLO's incarnation); older
+ * peers are refused */
+#define FERRY_PROTO_VERSION 6
 #define FERRY_MSG_MAX (64u << 20) /* largest frame, header included */
 #define FERRY_MSG_ALIGN 8u	  /* every frame's len is a multiple: frames stay aligned */
 
