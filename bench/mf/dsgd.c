@@ -818,6 +818,13 @@ static void *mf_worker_main(void *arg)
 			}
 			if (!rc && !atomic_load(&node->abort))
 				mf_cell_sgd(wk, b, lr);
+			if (cfg->push_codec && !atomic_load(&node->abort)) {
+				/* what the codec rounded away, exactly, before the
+				 * block goes to the next worker */
+				rc = ferry_flush(wk->fw, node->tab);
+				if (rc)
+					mf_fail(wk, rc, "ferry_flush");
+			}
 			if (cfg->consistency != FERRY_CONS_SEQUENTIAL) {
 				/* a clock per block: no meeting, staleness bounded by the
 				 * table's model; a failure stops the node at the epoch's
@@ -874,6 +881,7 @@ static int mf_node_run(struct ferry *fy, const struct mf_config *cfg, const stru
 		.mode = cfg->mode == MF_MODE_CLASSIC ? FERRY_MODE_CLASSIC : FERRY_MODE_DYNAMIC,
 		.consistency = cfg->consistency,
 		.staleness = cfg->staleness,
+		.push_codec = cfg->push_codec,
 	};
 	struct ferry_table_params sp = {
 		.num_keys = (uint64_t)cfg->epochs,

@@ -84,6 +84,9 @@ static void usage(FILE *f)
 		"  --consistency C    seq (default), eventual, ssp:S or essp:S: the factor table's\n"
 		"                     model; other than seq, a worker ends each block with\n"
 		"                     ferry_clock() instead of a barrier (docs/consistency.md)\n"
+		"  --push-codec C     none (default), bf16 or fp16: pushes travel as 16-bit values\n"
+		"                     with error feedback; residuals flushed per block\n"
+		"                     (docs/compression.md)\n"
 		"training:\n"
 		"  --rank R           factor rank (default 16)\n"
 		"  --lr X             learning rate of the first epoch (default 0.05)\n"
@@ -183,6 +186,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		OPT_TRANSPORT,
 		OPT_MODE,
 		OPT_CONSISTENCY,
+		OPT_PUSH_CODEC,
 		OPT_SEED,
 		OPT_PROCS,
 		OPT_INPUT,
@@ -210,6 +214,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		{ "transport", required_argument, NULL, OPT_TRANSPORT },
 		{ "mode", required_argument, NULL, OPT_MODE },
 		{ "consistency", required_argument, NULL, OPT_CONSISTENCY },
+		{ "push-codec", required_argument, NULL, OPT_PUSH_CODEC },
 		{ "seed", required_argument, NULL, OPT_SEED },
 		{ "procs", no_argument, NULL, OPT_PROCS },
 		{ "input", required_argument, NULL, OPT_INPUT },
@@ -300,6 +305,17 @@ static int parse_args(int argc, char **argv, struct opts *o)
 			if (parse_consistency(optarg, cfg))
 				return bad("--consistency '%s': expected seq, eventual, ssp:S or "
 					   "essp:S (S: the staleness bound in clocks, 0 .. 1000)",
+					   optarg);
+			break;
+		case OPT_PUSH_CODEC:
+			if (!strcmp(optarg, "none"))
+				cfg->push_codec = FERRY_CODEC_NONE;
+			else if (!strcmp(optarg, "bf16"))
+				cfg->push_codec = FERRY_CODEC_BF16;
+			else if (!strcmp(optarg, "fp16"))
+				cfg->push_codec = FERRY_CODEC_FP16;
+			else
+				return bad("--push-codec '%s': expected none, bf16 or fp16",
 					   optarg);
 			break;
 		case OPT_SEED:
@@ -564,6 +580,7 @@ static int load_data(struct opts *o, struct mf_matrix *train, struct mf_matrix *
 }
 
 static const char *const cons_names[] = { "seq", "eventual", "ssp", "essp" };
+static const char *const codec_names[] = { "none", "bf16", "fp16" };
 
 static json_t *json_run(const struct mf_result *r)
 {
@@ -663,6 +680,7 @@ static int write_json(const struct opts *o, const struct mf_matrix *train,
 	bjson_set(root, "runs", runs);
 	bjson_set_str(root, "consistency", cons_names[cfg->consistency]);
 	bjson_set_int(root, "staleness", cfg->staleness);
+	bjson_set_str(root, "push_codec", codec_names[cfg->push_codec]);
 	if (o->modes & MODE_DYNAMIC)
 		bjson_set(runs, "dynamic", json_run(&res[0]));
 	if (o->modes & MODE_CLASSIC)

@@ -304,6 +304,10 @@ struct mf_config {
 	 * instead of meeting at a barrier */
 	enum ferry_consistency consistency;
 	uint32_t staleness; /* SSP, ESSP: the bound s */
+	/* how pushes travel (docs/compression.md); with a codec every worker
+	 * flushes its residuals at the end of each block, so a block's
+	 * updates are whole when the next worker takes it */
+	enum ferry_push_codec push_codec;
 };
 
 /** mf_config_init - the defaults (2 nodes x 1 thread, dynamic, rank 16, ...) */
