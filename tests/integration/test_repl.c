@@ -266,7 +266,7 @@ Test(repl, a_node_killed_in_a_push_storm_loses_no_acknowledged_push, .timeout = 
 
 /* the kill lands inside a batch of 16 moves of the dead node, and in the
  * survivors' batches: chains of moves cut in several places at once. Not yet
- * in CI: about 1 run in 17 still leaves a move waiting (docs/faults.md, "Not
+ * in CI: about 1 run in 20 still leaves a move waiting (docs/faults.md, "Not
  * yet"); FERRY_TEST_REPL_MOVES=1 runs it */
 Test(repl, a_node_killed_during_relocations_loses_no_acknowledged_push, .timeout = 120)
 {
