@@ -384,14 +384,7 @@ static void reloc_unstart(struct ferry *fy, struct ferry_table *t, uint64_t key,
 		pthread_mutex_unlock(&t->pend.lock);
 		return;
 	}
-	if (t->repl && status == -FERRY_E_PEER) {
-		/*
-		 * replicas: the home failed. The entry stays: the failure
-		 * marks it stuck (lib/reloc/stuck.c fails its waiters), and
-		 * the key's new home, told of the move (WANT), ends it with
-		 * the backup or drops it (lib/ops/failover.c); deleted here,
-		 * a backup sent to it would find nothing, and the key no owner
-		 */
+	if (t->repl && status == -FERRY_E_PEER) { /* its home failed: lib/reloc/stuck.c */
 		pthread_mutex_unlock(&t->pend.lock);
 		return;
 	}
@@ -408,23 +401,6 @@ static void reloc_unstart(struct ferry *fy, struct ferry_table *t, uint64_t key,
 }
 
 /* ---- home: record the new owner, ask the old one ------------------------ */
-
-/*
- * Replicas: this home records itself as @key's owner (no record) and holds
- * no value; the key is not on its way to this home either (a move of
- * it here would be in pend: requests queue behind it), or @src is this home.
- * Only a failed home's key, before its takeover or in a move the failure
- * cut, looks like this. Progress thread.
- */
-static bool reloc_home_lacks(struct ferry_table *t, uint64_t key, uint32_t src)
-{
-	bool lacks;
-
-	pthread_mutex_lock(&t->pend.lock);
-	lacks = !ferry__own(t, key) && (src == t->fy->rank || !ferry__pend_find(&t->pend, key));
-	pthread_mutex_unlock(&t->pend.lock);
-	return lacks;
-}
 
 static void reloc_on_localize(struct ferry *fy, struct ferry_table *t, uint32_t src,
 			      const struct ferry_proto_view *v)
@@ -458,24 +434,8 @@ static void reloc_on_localize(struct ferry *fy, struct ferry_table *t, uint32_t 
 			continue;
 		}
 		cur = ferry__owner(t, mv->key);
-		if (cur == fy->rank && t->repl && reloc_home_lacks(t, mv->key, src)) {
-			/*
-			 * replicas: a failed home's key, which this new home has
-			 * neither a record nor a value of (the takeover is to
-			 * come, or the key was on its way): the takeover ends the
-			 * move, or, over, ends it now from the backup
-			 */
-			if (src != fy->rank && ferry__dir_owner_set(&t->dir, mv->key, src))
-				ferry_err("localize: out of memory recording rank %u as owner of "
-					  "key %llu of table %u",
-					  src, (unsigned long long)mv->key, t->id);
-			else if (ferry__repl_want(t, mv->key, src))
-				ferry_err("reloc: key %llu of table %u, asked of its new home "
-					  "rank %u for rank %u, is nowhere to be found; the move "
-					  "is lost",
-					  (unsigned long long)mv->key, t->id, fy->rank, src);
-			continue;
-		}
+		if (cur == fy->rank && t->repl && ferry__reloc_failed_home_move(t, mv->key, src))
+			continue; /* a failed home's key: lib/reloc/stuck.c */
 		if (cur == src) {
 			reloc_batch_add(fy, t, &ack, mv->key, mv->slot, mv->landing, mv->ticket,
 					NULL, 0);
@@ -742,10 +702,7 @@ static void reloc_on_handover_req(struct ferry *fy, struct ferry_table *t, uint3
 				it->ticket = mv->ticket;
 				ferry__pend_append(e, it);
 			} else if (!e && src == fy->rank && t->repl) {
-				/* replicas: a failed home's key, asked of its new home:
-				 * the takeover ends the move (outside the lock: it may
-				 * end a move to here) */
-				want = true;
+				want = true; /* a failed home's key: lib/reloc/stuck.c */
 			} else {
 				ferry_err(
 					"reloc: rank %u asked rank %u to hand key %llu over, but it "
@@ -753,12 +710,8 @@ static void reloc_on_handover_req(struct ferry *fy, struct ferry_table *t, uint3
 					src, fy->rank, (unsigned long long)mv->key);
 			}
 			pthread_mutex_unlock(&t->pend.lock);
-			if (want && ferry__repl_want(t, mv->key, m->requester))
-				ferry_err("reloc: key %llu of table %u, asked of its new home "
-					  "rank %u for rank %u, is nowhere to be found; the move "
-					  "is lost",
-					  (unsigned long long)mv->key, t->id, fy->rank,
-					  m->requester);
+			if (want) /* outside the lock: it may end a move to here */
+				ferry__reloc_failed_home_want(t, mv->key, m->requester);
 		}
 	}
 	reloc_batch_end(fy, t, &b);
