@@ -15,7 +15,7 @@
  *               scenario shares (exchange table, raw baseline server)
  *   raw.c       the raw TCP ping-pong and stream baselines; perftest output
  *   stats.c     clock, percentiles, random numbers, result records
- *   local.c remote.c localize.c memory.c   the scenarios
+ *   local.c remote.c localize.c memory.c faults.c   the scenarios
  *
  * It never passes or fails on speed: it exits 1 only when something broke
  * (an operation failed, a lost update in the hot-key scenario).
@@ -37,10 +37,12 @@
 enum fb_scenario {
 	FB_SCEN_LOCAL = 1u << 0,
 	FB_SCEN_REMOTE = 1u << 1,
-	FB_SCEN_MOVE = 1u << 2,	  /* localize: one key, owner = home and != home */
-	FB_SCEN_LBATCH = 1u << 3, /* localize: batches */
-	FB_SCEN_HOT = 1u << 4,	  /* localize: the hot key */
-	FB_SCEN_MEMORY = 1u << 5, /* bytes per node against bytes held (not in all) */
+	FB_SCEN_MOVE = 1u << 2,	    /* localize: one key, owner = home and != home */
+	FB_SCEN_LBATCH = 1u << 3,   /* localize: batches */
+	FB_SCEN_HOT = 1u << 4,	    /* localize: the hot key */
+	FB_SCEN_MEMORY = 1u << 5,   /* bytes per node against bytes held (not in all) */
+	FB_SCEN_REPL = 1u << 6,	    /* push with replicas = 1 against 0 (not in all) */
+	FB_SCEN_FAILOVER = 1u << 7, /* kill to first success, 20 kills (not in all) */
 	FB_SCEN_LOCALIZE = FB_SCEN_MOVE | FB_SCEN_LBATCH | FB_SCEN_HOT,
 	FB_SCEN_ALL = FB_SCEN_LOCAL | FB_SCEN_REMOTE | FB_SCEN_LOCALIZE,
 };
@@ -274,6 +276,9 @@ int fb_remote(const struct fb_opts *o, struct fb_shared *sh);
 /* @parts: FB_SCEN_MOVE, FB_SCEN_LBATCH, FB_SCEN_HOT */
 int fb_localize(const struct fb_opts *o, struct fb_shared *sh, unsigned parts);
 int fb_memory(const struct fb_opts *o, struct fb_shared *sh);
+/* faults.c */
+int fb_replicas(const struct fb_opts *o, struct fb_shared *sh);
+int fb_failover(const struct fb_opts *o, struct fb_shared *sh);
 
 /* ---- timeline.c: --timeline ---------------------------------------------- */
 

@@ -29,6 +29,10 @@ static const char usage_text[] =
 	"                          localize = move,batch-localize,hot-key;\n"
 	"                          memory (not in all): 4 processes, bytes per node\n"
 	"                          against the bytes of values each holds\n"
+	"                          replicas (not in all): push with replicas = 1\n"
+	"                          against 0, same run; failover (not in all): 20\n"
+	"                          SIGKILLs and SIGSTOPs, time to the first push\n"
+	"                          that succeeds on a key the dead node owned\n"
 	"      --mode MODE         dynamic (default) or classic (static placement)\n"
 	"      --no-fast-path      local keys too go through the progress thread\n"
 	"  -t, --transport KIND    tcp (default), rdma or auto (loop: the tests'\n"
@@ -268,13 +272,18 @@ static int parse_opts(int argc, char **argv, struct fb_opts *o)
 					o->scenarios |= FB_SCEN_HOT;
 				else if (!strcmp(tok, "memory"))
 					o->scenarios |= FB_SCEN_MEMORY;
+				else if (!strcmp(tok, "replicas"))
+					o->scenarios |= FB_SCEN_REPL;
+				else if (!strcmp(tok, "failover"))
+					o->scenarios |= FB_SCEN_FAILOVER;
 				else if (!strcmp(tok, "all"))
 					o->scenarios |= FB_SCEN_ALL;
 				else
-					return bad_option("unknown scenario '%s' (local, remote, "
-							  "localize, move, batch-localize, "
-							  "hot-key, memory, all)",
-							  tok);
+					return bad_option(
+						"unknown scenario '%s' (local, remote, "
+						"localize, move, batch-localize, "
+						"hot-key, memory, replicas, failover, all)",
+						tok);
 			}
 			if (!o->scenarios)
 				return bad_option("--scenario '%s' names none", optarg);
@@ -927,6 +936,11 @@ int main(int argc, char **argv)
 	}
 	context_get(&ctx);
 	setvbuf(stdout, NULL, _IOLBF, 0);
+	/* first, from a process that has run no node yet: its forked nodes inherit
+	 * nothing of the threads of a cluster run before (seen: a forked node that
+	 * never closed after a replicas run in the same process) */
+	if (o.scenarios & FB_SCEN_FAILOVER)
+		fb_failover(&o, sh);
 	/* --wait both: the whole run in blocking mode, then again busy-polling */
 	for (int pass = 0; pass < (o.wait_both ? 2 : 1); pass++) {
 		if (o.wait_both)
@@ -940,6 +954,8 @@ int main(int argc, char **argv)
 			fb_localize(&o, sh, o.scenarios);
 		if (o.scenarios & FB_SCEN_MEMORY)
 			fb_memory(&o, sh);
+		if (o.scenarios & FB_SCEN_REPL)
+			fb_replicas(&o, sh);
 	}
 	is_rank0 = fb_cluster_rank() == 0;
 	fb_cluster_close();

@@ -45,7 +45,7 @@ static void repl_walk_want(void *arg, struct ferry_pend *e)
 	if (h >= w->fy->world)
 		return;
 	if (h == w->fy->rank) {
-		if (ferry__keymap_put(&w->t->repl->wanted, e->key, (uint64_t)h + 1))
+		if (ferry__repl_want_add(w->t, e->key, h))
 			w->rc = -ENOMEM;
 		return;
 	}
@@ -110,24 +110,6 @@ static void repl_take_collect(void *arg, uint64_t key, uint64_t val)
 	tk->keys[tk->n++] = key;
 }
 
-static void repl_want_collect(void *arg, uint64_t key, uint64_t val)
-{
-	struct repl_take *tk = arg;
-
-	if (tk->n == tk->cap) {
-		size_t cap = tk->cap ? 2 * tk->cap : 64;
-		uint64_t *k = realloc(tk->keys, cap * 2 * sizeof(*k));
-
-		if (!k)
-			return;
-		tk->keys = k;
-		tk->cap = cap;
-	}
-	tk->keys[2 * tk->n] = key;
-	tk->keys[2 * tk->n + 1] = val - 1;
-	tk->n++;
-}
-
 /*
  * Moves whose home failed wait at their requesters (WANT): the new home
  * ends each. A key it has no record or copy of is being handed over (the
@@ -149,102 +131,154 @@ static void repl_fill(struct ferry *fy, struct ferry_table *t, struct repl_out *
 				   NULL, val, NULL);
 }
 
+static int repl_want_cmp(const void *a, const void *b)
+{
+	const struct repl_want *x = a, *y = b;
+
+	if (x->key != y->key)
+		return x->key < y->key ? -1 : 1;
+	return x->req < y->req ? -1 : x->req > y->req;
+}
+
+static bool repl_failed(struct ferry *fy, uint32_t rank)
+{
+	return atomic_load_explicit(&fy->failed[rank], memory_order_relaxed);
+}
+
 /*
  * Moves that wait (WANT, from every node with a move under way when @dead
  * failed, after everything @dead sent it was handled): the home ends those
- * the failure stopped, and only those.
+ * the failure stopped, and only those, one key at a time (@w: the WANTs of
+ * one key, sorted by requester; several in a chain of moves).
  *
- * Home alive (its records are whole): when the dead node had handed the key
- * to the requester (its hand-over copy names it) and the hand-over never
- * arrived, the requester gets the backup (a chain behind it goes on from
- * there); when the key was at the dead node (the copy's owner), the
- * requester recorded last gets it, and those before it in a chain drop
- * their moves.
+ * When the dead node had handed the key to a requester (its hand-over copy
+ * names it) and the hand-over may never arrive, that requester gets the
+ * backup; those behind it in a chain wait for it, as they did.
  *
- * Home dead (this is the new home): a key no record or copy of which is
- * here is being handed over (its old owner gave it before it knew; the
- * value still lands, and the requester tells this home then, lib/reloc/);
- * a key a live node owns (it said so with an ADOPT), or this node: the
- * requester drops its move; a key that was at the failed home: the
- * requester gets the backup.
+ * Home alive (its records are whole): a key a live node holds, or hands
+ * over, is left alone; a key that was at the dead node goes to the
+ * requester recorded last, and the other requesters drop their moves.
+ *
+ * Home dead (this is the new home; its records were rebuilt from the
+ * ADOPTs): a key this node owns, or a live node owns (its record), makes
+ * the requesters drop their moves, unless the record is one of them (it
+ * asked here after the failure: this node asked the live owner); a key no
+ * copy of which is here, or whose copy names a live node, is being handed
+ * over (the value still lands, and the requester tells this home then,
+ * lib/reloc/); a key that was at the failed home goes to the requester
+ * recorded here, or else to the first, and the others drop their moves.
+ * Return: the moves ended with a value.
  */
+static uint32_t repl_end_moves(struct ferry *fy, struct ferry_table *t, uint32_t dead,
+			       struct repl_out *mv, const struct repl_want *w, size_t n)
+{
+	uint64_t key = w[0].key;
+	uint32_t rec = ferry__owner(t, key), win = UINT32_MAX;
+	struct repl_copy *c = (void *)(uintptr_t)ferry__keymap_get(&t->repl->copies, key);
+	bool home_died = ferry__home_as(t, key, dead) == dead, drop = false, rec_asked = false;
+
+	if (ferry__home(t, key) != fy->rank)
+		return 0;
+	for (size_t i = 0; i < n; i++) {
+		if (c && c->owner == w[i].req && repl_failed(fy, c->from))
+			win = w[i].req; /* the dead node's hand-over to it never came */
+		rec_asked |= w[i].req == rec;
+	}
+	if (ferry__own(t, key)) {
+		drop = home_died; /* it lives here */
+		win = UINT32_MAX;
+	} else if (!c || win != UINT32_MAX) {
+		/* nothing known here (a hand-over lands), or a winner above */
+	} else if (!home_died) {
+		if (repl_failed(fy, c->owner)) {
+			win = rec; /* it was at the dead node */
+			drop = true;
+		}
+	} else if (rec != fy->rank && !repl_failed(fy, rec) && !rec_asked) {
+		drop = true; /* a live owner */
+	} else if (repl_failed(fy, c->owner)) {
+		win = rec_asked ? rec : w[0].req; /* it was at the dead home */
+		drop = true;
+	}
+	for (size_t i = 0; i < n; i++) {
+		uint32_t req = w[i].req;
+
+		if (drop && req != win && !repl_failed(fy, req) && (!i || req != w[i - 1].req))
+			repl_fill(fy, t, mv, key, req, NULL, 0, false);
+	}
+	if (win == UINT32_MAX || repl_failed(fy, win))
+		return 0;
+	repl_fill(fy, t, mv, key, win, c->v, c->len, true);
+	if (win == fy->rank) {
+		ferry__repl_copy_del(t, key); /* live here: the main loop copies it */
+	} else if (!ferry__dir_owner_set(&t->dir, key, win)) {
+		c->owner = win; /* the requester's backup, here */
+		c->from = fy->rank;
+	}
+	return 1;
+}
+
 static uint32_t repl_take_wanted(struct ferry *fy, struct ferry_table *t, uint32_t dead,
 				 struct repl_out *mv)
 {
-	struct repl_take tk = { .fy = fy, .t = t };
+	struct ferry_repl *rp = t->repl;
+	struct repl_want *w = rp->wants;
+	size_t n = rp->nwants;
 	uint32_t ended = 0;
 
-	ferry__keymap_each(&t->repl->wanted, repl_want_collect, &tk);
-	for (size_t i = 0; i < tk.n; i++) {
-		uint64_t key = tk.keys[2 * i];
-		uint32_t req = (uint32_t)tk.keys[2 * i + 1], rec = ferry__owner(t, key);
-		struct repl_copy *c = (void *)(uintptr_t)ferry__keymap_get(&t->repl->copies, key);
-		struct ferry_slot *s = ferry__own(t, key);
-		bool owner_dead, home_died = ferry__home_as(t, key, dead) == dead;
-
-		ferry__keymap_del(&t->repl->wanted, key);
-		if (atomic_load_explicit(&fy->failed[req], memory_order_relaxed) ||
-		    ferry__home(t, key) != fy->rank)
-			continue;
-		if (s) {
-			if (home_died) /* this node owns it: the move is dropped */
-				repl_fill(fy, t, mv, key, req, NULL, 0, false);
-			continue;
-		}
-		if (!c)
-			continue;
-		owner_dead = atomic_load_explicit(&fy->failed[c->owner], memory_order_relaxed);
-		if (!home_died) {
-			if (c->owner == req && c->from == dead) {
-				/* the dead node's hand-over to req never came */
-			} else if (!owner_dead) {
-				continue;
-			} else if (rec != req) {
-				/* the key was at the dead node and goes on to rec:
-				 * req, earlier in the chain, drops its move, and rec
-				 * (which may have asked after its own WANT went)
-				 * gets the backup; a second MOVE finds nothing */
-				repl_fill(fy, t, mv, key, req, NULL, 0, false);
-				if (!atomic_load_explicit(&fy->failed[rec], memory_order_relaxed)) {
-					repl_fill(fy, t, mv, key, rec, c->v, c->len, true);
-					ended++;
-					c->owner = rec;
-					c->from = fy->rank;
-				}
-				continue;
-			}
-		} else if (rec == req && req != fy->rank) {
-			continue; /* it was recorded there: its hand-over still lands */
-		} else if (rec != fy->rank) {
-			/* a live owner: the move is dropped */
-			repl_fill(fy, t, mv, key, req, NULL, 0, false);
-			continue;
-		} else if (!owner_dead) {
-			continue;
-		}
-		repl_fill(fy, t, mv, key, req, c->v, c->len, true);
-		ended++;
-		if (req == fy->rank) {
-			ferry__repl_copy_del(t, key); /* live here: the main loop copies it */
-		} else if (!ferry__dir_owner_set(&t->dir, key, req)) {
-			c->owner = req; /* the requester's backup, here */
-			c->from = fy->rank;
-		}
+	rp->wants = NULL;
+	rp->nwants = rp->wants_cap = 0;
+	if (n)
+		qsort(w, n, sizeof(*w), repl_want_cmp);
+	for (size_t i = 0, j; i < n; i = j) {
+		for (j = i + 1; j < n && w[j].key == w[i].key;)
+			j++;
+		ended += repl_end_moves(fy, t, dead, mv, w + i, j - i);
 	}
-	free(tk.keys);
+	free(w);
 	return ended;
 }
 
 int ferry__repl_want(struct ferry_table *t, uint64_t key, uint32_t requester)
 {
 	struct ferry *fy = t->fy;
+	struct repl_want w = { .key = key, .req = requester };
+	struct repl_copy *c;
+	struct repl_out mv;
+	uint32_t ended = 0;
 
 	if (!t->repl)
 		return -ENOENT;
 	for (uint32_t d = 0; d < fy->world; d++)
 		if (t->repl->synced[d] && !t->repl->done[d])
-			return ferry__keymap_put(&t->repl->wanted, key, (uint64_t)requester + 1);
-	return -ENOENT; /* no takeover to come */
+			return ferry__repl_want_add(t, key, requester);
+	/*
+	 * No takeover to come: it is over, and the request came after it (a
+	 * LOCALIZE at the new home recorded before the takeover and handled
+	 * after, or sent after it). A key that was at the failed node is
+	 * ended now, from its backup, as the takeover would. Any other is on
+	 * its way to a live node (an old owner handed it over before it knew
+	 * of the failure; the receiver's ADOPT will record it here): the move
+	 * is dropped, its localize fails with -FERRY_E_PEER, and a retry finds
+	 * the key where the ADOPT put it.
+	 */
+	if (ferry__repl_out_init(&mv, fy->world))
+		return -ENOMEM;
+	c = (void *)(uintptr_t)ferry__keymap_get(&t->repl->copies, key);
+	if (c && repl_failed(fy, c->owner))
+		ended = repl_end_moves(fy, t, c->owner, &mv, &w, 1);
+	if (!ended && !ferry__own(t, key)) {
+		if (ferry__owner(t, key) == requester)
+			(void)ferry__dir_owner_set(&t->dir, key, fy->rank); /* no record */
+		repl_fill(fy, t, &mv, key, requester, NULL, 0, false);
+		ferry_dbg("repl: table %u: the move of key %llu to rank %u found no value at its "
+			  "new home rank %u; it is dropped (the key is on its way elsewhere)",
+			  t->id, (unsigned long long)key, requester, fy->rank);
+	}
+	for (uint32_t r = 0; r < fy->world; r++)
+		(void)ferry__repl_out_send(fy, t, &mv, r);
+	ferry__repl_out_fini(&mv, fy->world);
+	return 0;
 }
 
 /* every live node sent its copies after @dead failed: take over, as the
@@ -281,10 +315,10 @@ static void repl_take_over(struct ferry *fy, struct ferry_table *t, uint32_t dea
 		if (rec != fy->rank && rec_live) {
 			continue; /* a live node owns it, or waits for it (WANT above) */
 		} else if (rec == fy->rank && !owner_dead) {
-			/* a live owner's copy and no record: at a new home, it came
-			 * as an ADOPT before this node saw the failure */
-			if (ferry__home_as(t, key, dead) == dead)
-				(void)ferry__dir_owner_set(&t->dir, key, c->owner);
+			/* a live owner's copy and no record: its ADOPT made the
+			 * record (repl_rec_from_copy, ferry__repl_on_repl), and a
+			 * move to here since removed it; or a hand-over to here
+			 * is on its way */
 			continue;
 		}
 		if (repl_install(t, key, c)) {
@@ -405,11 +439,38 @@ static void repl_on_sync(struct ferry *fy, struct ferry_table *t, uint32_t src,
 	repl_try_take_over(fy, t, m->dead);
 }
 
+struct repl_recs {
+	struct ferry_table *t;
+	uint32_t dead;
+};
+
+/* a copy of a live owner's key, at its new home, sent by the owner: an
+ * ADOPT that came before this node knew of the failure, when the record was
+ * not this node's to keep. It is now: operations and moves of the key go to
+ * that owner. (A copy another node sent, a hand-over's, may be old: the key
+ * may have moved on since; it makes no record) */
+static void repl_rec_from_copy(void *arg, uint64_t key, uint64_t val)
+{
+	struct repl_recs *r = arg;
+	struct ferry_table *t = r->t;
+	const struct repl_copy *c = (const void *)(uintptr_t)val;
+	uint32_t self = t->fy->rank;
+
+	if (ferry__home_as(t, key, r->dead) == r->dead && ferry__home(t, key) == self &&
+	    c->owner != self && c->from == c->owner && !repl_failed(t->fy, c->owner) &&
+	    ferry__owner(t, key) == self && !ferry__own(t, key))
+		(void)ferry__dir_owner_set(&t->dir, key, c->owner);
+}
+
 static void repl_table_failed(struct ferry *fy, struct ferry_table *t, uint32_t dead)
 {
+	struct repl_recs recs = { .t = t, .dead = dead };
 	struct ferry_repl *rp = t->repl;
 	struct repl_walk w = { .fy = fy, .t = t, .dead = dead };
 	uint32_t failed_replies = 0;
+
+	/* 0. the records of the keys homed here now */
+	ferry__keymap_each(&rp->copies, repl_rec_from_copy, &recs);
 
 	/* 1. replies that waited for the dead backup */
 	for (struct repl_held **pp = &rp->held; *pp;) {

@@ -332,6 +332,23 @@ bad:
 
 /* ---- the backup: keeping copies ----------------------------------------- */
 
+int ferry__repl_want_add(struct ferry_table *t, uint64_t key, uint32_t req)
+{
+	struct ferry_repl *rp = t->repl;
+
+	if (rp->nwants == rp->wants_cap) {
+		size_t cap = rp->wants_cap ? 2 * rp->wants_cap : 64;
+		struct repl_want *w = realloc(rp->wants, cap * sizeof(*w));
+
+		if (!w)
+			return -ENOMEM;
+		rp->wants = w;
+		rp->wants_cap = cap;
+	}
+	rp->wants[rp->nwants++] = (struct repl_want){ .key = key, .req = req };
+	return 0;
+}
+
 void ferry__repl_copy_del(struct ferry_table *t, uint64_t key)
 {
 	struct repl_copy *c = (void *)(uintptr_t)ferry__keymap_get(&t->repl->copies, key);
@@ -390,7 +407,7 @@ void ferry__repl_on_repl(struct ferry *fy, struct ferry_table *t, uint32_t src,
 
 		p += ferry__copy_size(c->len);
 		if (c->kind == FERRY_COPY_WANT) {
-			if (ferry__keymap_put(&t->repl->wanted, c->key, (uint64_t)src + 1))
+			if (ferry__repl_want_add(t, c->key, src))
 				ferry_err("repl: out of memory noting rank %u's move of key %llu; "
 					  "it fails",
 					  src, (unsigned long long)c->key);
@@ -482,6 +499,25 @@ void ferry__repl_handoff(struct ferry_table *t, uint64_t key, const struct ferry
 		ferry_err("repl: key %llu of table %u moves to rank %u without its backup on rank "
 			  "%u: %s",
 			  (unsigned long long)key, t->id, requester, dst, ferry_strerror(rc));
+	/*
+	 * A key leaves its home: its successor kept the backup while it lived
+	 * here, and that copy must not go on naming this home, which keeps the
+	 * new backup itself. Were this home to fail before its hand-over
+	 * arrived, the successor (the new home) would take the key for one
+	 * that was at the dead home and install it, while a live node may hold
+	 * it or be handing it on. The copy is updated instead: it names the
+	 * requester, sent by this home, so the new home knows the move and,
+	 * if the requester still waits, ends it with this value
+	 * (lib/ops/failover.c: the dead node's hand-over never came).
+	 */
+	dst = ferry__node_live_after(fy, fy->rank, fy->world);
+	if (ferry__home(t, key) == fy->rank && dst < fy->world && dst != fy->rank &&
+	    !ferry__repl_out_init(&o, fy->world)) {
+		if (!ferry__repl_out_copy(fy, t, &o, dst, key, requester, FERRY_COPY_VALUE, s, NULL,
+					  NULL))
+			(void)ferry__repl_out_send(fy, t, &o, dst);
+		ferry__repl_out_fini(&o, fy->world);
+	}
 }
 
 void ferry__repl_adopt(struct ferry_table *t, uint64_t key, const struct ferry_slot *s)
@@ -545,13 +581,6 @@ int ferry__repl_table_init(struct ferry_table *t)
 		free(rp);
 		return -ENOMEM;
 	}
-	if (ferry__keymap_init(&rp->wanted)) {
-		ferry__keymap_fini(&rp->copies);
-		free(rp->synced);
-		free(rp->done);
-		free(rp);
-		return -ENOMEM;
-	}
 	t->repl = rp;
 	return 0;
 }
@@ -569,7 +598,7 @@ void ferry__repl_table_fini(struct ferry_table *t)
 		return;
 	ferry__keymap_each(&rp->copies, repl_free_copy, NULL);
 	ferry__keymap_fini(&rp->copies);
-	ferry__keymap_fini(&rp->wanted);
+	free(rp->wants);
 	while (rp->held) {
 		struct repl_held *h = rp->held;
 

@@ -15,6 +15,11 @@ struct repl_copy {
 	float v[];
 };
 
+struct repl_want {
+	uint64_t key;
+	uint32_t req;
+};
+
 struct repl_held {
 	struct repl_held *next;
 	uint64_t token;
@@ -26,8 +31,11 @@ struct repl_held {
 
 struct ferry_repl {
 	struct ferry_keymap copies; /* key -> struct repl_copy * */
-	struct ferry_keymap wanted; /* new home: key -> 1 + a requester whose move of it
-				     * waits (WANT); emptied by the takeover */
+	/* home: the moves that wait after a failure (WANT), (key, requester)
+	 * pairs, several per key in a chain; emptied by the takeover. Bound:
+	 * one per move under way to a key homed here when a node failed */
+	struct repl_want *wants;
+	size_t nwants, wants_cap;
 	struct repl_held *held;
 	uint64_t next_token;
 	uint8_t **synced; /* per failed rank: which ranks sent their SYNC (world bytes) */
@@ -56,6 +64,8 @@ int ferry__repl_out_copy(struct ferry *fy, struct ferry_table *t, struct repl_ou
 void ferry__repl_out_fini(struct repl_out *o, uint32_t world);
 /* send the held reply at *@pp and unlink it */
 void ferry__repl_release(struct ferry *fy, struct ferry_table *t, struct repl_held **pp);
+/* note that @req's move of @key waits (WANT); Return: 0 or -ENOMEM */
+int ferry__repl_want_add(struct ferry_table *t, uint64_t key, uint32_t req);
 void ferry__repl_copy_del(struct ferry_table *t, uint64_t key);
 /* keep a copy (@val NULL: the key's initial value) */
 int ferry__repl_copy_put(struct ferry_table *t, uint64_t key, uint32_t owner, uint32_t from,

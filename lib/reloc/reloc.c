@@ -237,7 +237,7 @@ static int reloc_batch_add(struct ferry *fy, struct ferry_table *t, struct reloc
 	return rc;
 }
 
-static int reloc_start(struct ferry_worker *w, struct ferry_table *t, struct ferry_req *r,
+int ferry__reloc_start(struct ferry_worker *w, struct ferry_table *t, struct ferry_req *r,
 		       uint64_t ticket)
 {
 	struct ferry *fy = w->fy;
@@ -386,6 +386,10 @@ static void reloc_unstart(struct ferry *fy, struct ferry_table *t, uint64_t key,
 		pthread_mutex_unlock(&t->pend.lock);
 		return;
 	}
+	if (t->repl && status == -FERRY_E_PEER) { /* its home failed: lib/reloc/stuck.c */
+		pthread_mutex_unlock(&t->pend.lock);
+		return;
+	}
 	ferry__pend_del(&t->pend, e);
 	ferry__inbox_put(t, e->landing);
 	e->landing = FERRY_LANDING_NONE;
@@ -432,6 +436,8 @@ static void reloc_on_localize(struct ferry *fy, struct ferry_table *t, uint32_t 
 			continue;
 		}
 		cur = ferry__owner(t, mv->key);
+		if (cur == fy->rank && t->repl && ferry__reloc_failed_home_move(t, mv->key, src))
+			continue; /* a failed home's key: lib/reloc/stuck.c */
 		if (cur == src) {
 			reloc_batch_add(fy, t, &ack, mv->key, mv->slot, mv->landing, mv->ticket,
 					NULL, 0);
@@ -691,6 +697,7 @@ static void reloc_on_handover_req(struct ferry *fy, struct ferry_table *t, uint3
 		{
 			struct ferry_pend *e = ferry__pend_find(&t->pend, mv->key);
 			struct ferry_pend_item *it;
+			bool want = false;
 
 			if (e && (it = calloc(1, sizeof(*it)))) {
 				it->kind = FERRY_PEND_HANDOVER;
@@ -699,18 +706,18 @@ static void reloc_on_handover_req(struct ferry *fy, struct ferry_table *t, uint3
 				it->landing = mv->landing;
 				it->ticket = mv->ticket;
 				ferry__pend_append(e, it);
-			} else if (!e && src == fy->rank &&
-				   !ferry__repl_want(t, mv->key, m->requester)) {
-				/* replicas: a failed home's key, asked of its new home
-				 * before the takeover, which will end the move */
+			} else if (!e && src == fy->rank && t->repl) {
+				want = true; /* a failed home's key: lib/reloc/stuck.c */
 			} else {
 				ferry_err(
 					"reloc: rank %u asked rank %u to hand key %llu over, but it "
 					"neither holds nor expects it; the move is lost",
 					src, fy->rank, (unsigned long long)mv->key);
 			}
+			pthread_mutex_unlock(&t->pend.lock);
+			if (want) /* outside the lock: it may end a move to here */
+				ferry__reloc_failed_home_want(t, mv->key, m->requester);
 		}
-		pthread_mutex_unlock(&t->pend.lock);
 	}
 	reloc_batch_end(fy, t, &b);
 	if (wb && wb->n)
@@ -954,29 +961,6 @@ static void reloc_on_ack(struct ferry *fy, struct ferry_table *t, uint32_t src,
 }
 
 /* ---- the module ----------------------------------------------------------- */
-
-int ferry_localize(struct ferry_worker *w, struct ferry_table *t, const uint64_t *keys, size_t n)
-{
-	return ferry__ops_sync(w, t, FERRY_REQ_LOCALIZE, keys, n, NULL, NULL, reloc_start);
-}
-
-int ferry_localize_start(struct ferry_worker *w, struct ferry_table *t, const uint64_t *keys,
-			 size_t n, uint64_t *ticket_p)
-{
-	return ferry__ops_async(w, t, FERRY_REQ_LOCALIZE, keys, n, NULL, NULL, reloc_start,
-				ticket_p);
-}
-
-/* moves that never ended: their landing entries go back (the inbox goes next) */
-static void reloc_pend_drop(void *arg, struct ferry_pend *e)
-{
-	ferry__inbox_put(arg, e->landing);
-}
-
-void ferry__reloc_table_fini(struct ferry_table *t)
-{
-	ferry__pend_fini(&t->pend, reloc_pend_drop, t);
-}
 
 int ferry__reloc_attach(struct ferry *fy)
 {

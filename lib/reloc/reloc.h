@@ -11,8 +11,17 @@
 int ferry__reloc_attach(struct ferry *fy);
 /* stuck.c: the peer-failure listener (moves whose home failed) */
 void ferry__reloc_on_peer_failed(struct ferry *fy, uint32_t rank);
+/* replicas, lib/reloc/stuck.c: a LOCALIZE at the new home of a failed home's
+ * key it holds nothing of (true: handled), and a hand-over request to itself
+ * for one (the takeover ends the move). Progress thread, pend.lock not held */
+bool ferry__reloc_failed_home_move(struct ferry_table *t, uint64_t key, uint32_t src);
+void ferry__reloc_failed_home_want(struct ferry_table *t, uint64_t key, uint32_t requester);
 /* table free: drop moves that never ended, with their landing entries.
  * The calling thread is RCU-registered and outside a read-side section. */
 void ferry__reloc_table_fini(struct ferry_table *t);
+/* the start hook of a localize request (ops' ferry_req_start_fn): sends its
+ * LOCALIZE frames; the worker's thread. Return: 0 or a negative errno. */
+int ferry__reloc_start(struct ferry_worker *w, struct ferry_table *t, struct ferry_req *r,
+		       uint64_t ticket);
 
 #endif /* FERRY_LIB_RELOC_H */

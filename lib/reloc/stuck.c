@@ -1,7 +1,14 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * stuck.c - moves to this node that a failed home leaves without an end
- * (the peer-failure listener of lib/reloc/). Progress thread.
+ * (the peer-failure listener of lib/reloc/), and, with replicas, the moves
+ * of a failed home's keys asked of their new home (lib/ops/failover.c ends
+ * them). Progress thread.
+ *
+ * A move whose LOCALIZE could not even be sent to its failed home keeps its
+ * entry (reloc_unstart): the failure marks it stuck here, and the key's new
+ * home, told of the move by its WANT, ends it with the backup or drops it;
+ * deleted, a backup sent to it would find nothing, and the key no owner.
  */
 #include <stdlib.h>
 
@@ -90,4 +97,39 @@ void ferry__reloc_on_peer_failed(struct ferry *fy, uint32_t rank)
 		ferry_err("reloc: rank %u failed while it was the home of %u keys moving to rank "
 			  "%u; those localizes fail (a hand-over already under way still lands)",
 			  rank, nstuck, fy->rank);
+}
+
+/*
+ * Replicas: a LOCALIZE of @key from @src reached this home, which records
+ * itself as the owner (no record) and holds no value, and no move of the key
+ * to here is under way (or @src is this home): only a failed home's key
+ * looks like this, before its takeover or in a move the failure cut. The
+ * requester is recorded and the takeover ends the move, or, over, ends it
+ * now (ferry__repl_want). Return: true when handled so.
+ */
+bool ferry__reloc_failed_home_move(struct ferry_table *t, uint64_t key, uint32_t src)
+{
+	struct ferry *fy = t->fy;
+	bool lacks;
+
+	pthread_mutex_lock(&t->pend.lock);
+	lacks = !ferry__own(t, key) && (src == fy->rank || !ferry__pend_find(&t->pend, key));
+	pthread_mutex_unlock(&t->pend.lock);
+	if (!lacks)
+		return false;
+	if (src != fy->rank && ferry__dir_owner_set(&t->dir, key, src))
+		ferry_err("localize: out of memory recording rank %u as owner of key %llu of "
+			  "table %u; its localize waits out the timeout",
+			  src, (unsigned long long)key, t->id);
+	else
+		ferry__reloc_failed_home_want(t, key, src);
+	return true;
+}
+
+void ferry__reloc_failed_home_want(struct ferry_table *t, uint64_t key, uint32_t requester)
+{
+	if (ferry__repl_want(t, key, requester))
+		ferry_err("reloc: out of memory noting rank %u's move of key %llu of table %u at "
+			  "its new home; the move waits out the timeout",
+			  requester, (unsigned long long)key, t->id);
 }

@@ -13,7 +13,10 @@
  * a whole number. A push that failed with -FERRY_E_PEER was applied at most
  * once (nothing retries it inside the library), so the upper bound is exact.
  * With r = 1 every key survives one death: a final pull of every key
- * succeeds once the failover is done (bounded: 5 s after the kill).
+ * succeeds once the failover is done (bounded: 5 s after the kill), and
+ * every move the kill interrupted ends (no localize, push or pull of a
+ * survivor waits out the 8 s timeout: any error but -FERRY_E_PEER fails the
+ * test).
  */
 #include <criterion/criterion.h>
 #include <signal.h>
@@ -33,6 +36,11 @@
 #define VLEN 4
 #define DEAD 3
 #define HB_MS 250
+/* the kill cases: a SIGKILL is seen by the transport (a reset, a refused
+ * port) at once; a 250 ms detector on a loaded 2-core machine sometimes
+ * declares a live node dead, and such a node goes on serving (docs/faults.md,
+ * "Not yet": no fencing), which is not what these cases test */
+#define HB_KILL_MS 1000
 
 struct storm {
 	volatile int ready, finished, checked;
@@ -201,7 +209,7 @@ static void run_storm(int mode, int batch)
 	ferry_params_init(&p);
 	p.transport = getenv("FERRY_TRANSPORT") ? FERRY_TRANSPORT_AUTO : FERRY_TRANSPORT_TCP;
 	p.timeout_ms = 8000;
-	p.heartbeat_ms = HB_MS;
+	p.heartbeat_ms = mode == 1 ? HB_MS : HB_KILL_MS;
 	rc = ferry_local_cluster_fork(NODES, &p, pids);
 	if (rc >= 0 && rc < NODES)
 		_exit(storm_child(rc, &p, st, batch));
@@ -221,19 +229,22 @@ static void run_storm(int mode, int batch)
 	st->kill_ns = now_ns();
 	if (mode == 0)
 		kill(pids[DEAD], SIGKILL);
-	for (int i = 0; i < NODES; i++) {
-		int status;
+	int status[NODES] = { 0 };
 
+	for (int i = 0; i < NODES; i++) {
 		if (i == DEAD)
 			continue;
-		cr_assert_eq(waitpid(pids[i], &status, 0), pids[i]);
-		if (!WIFEXITED(status) || WEXITSTATUS(status))
+		if (waitpid(pids[i], &status[i], 0) != pids[i])
+			status[i] = -1;
+		if (!WIFEXITED(status[i]) || WEXITSTATUS(status[i]))
 			st->failures += !st->failures ? 1 : 0;
-		cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0,
-			  "node %d failed (status %#x): %s", i, status, st->why);
 	}
+	/* before any assertion: a stopped node must not outlive a failed run */
 	kill(pids[DEAD], SIGKILL);
 	waitpid(pids[DEAD], NULL, 0);
+	for (int i = 0; i < NODES; i++)
+		cr_assert(i == DEAD || (WIFEXITED(status[i]) && WEXITSTATUS(status[i]) == 0),
+			  "node %d failed (status %#x): %s", i, status[i], st->why);
 	cr_assert_eq(st->failures, 0, "%s", st->why);
 	for (int k = 0; k < KEYS; k++) {
 		acked += st->acked[k];
@@ -250,19 +261,16 @@ static void run_storm(int mode, int batch)
 	munmap(st, sizeof(*st));
 }
 
-/* not yet in CI: in about 1 run in 5 on a loaded machine, a move the kill
- * interrupted stays waiting (a survivor's localize of a key homed at a
- * survivor times out; docs/faults.md, "Not yet"); no acknowledged push was
- * lost in those runs. FERRY_TEST_REPL_KILL=1 runs it */
+/* the kill lands in single-key moves (a fifth of the storm's operations) */
 Test(repl, a_node_killed_in_a_push_storm_loses_no_acknowledged_push, .timeout = 120)
 {
-	if (!getenv("FERRY_TEST_REPL_KILL"))
-		cr_skip_test("not yet: set FERRY_TEST_REPL_KILL=1 to run it (docs/faults.md)");
 	run_storm(0, 0);
 }
 
-/* not yet in CI: a kill inside batches of moves can leave a move waiting
- * (docs/faults.md, "Not yet"); FERRY_TEST_REPL_MOVES=1 runs it */
+/* the kill lands inside a batch of 16 moves of the dead node, and in the
+ * survivors' batches: chains of moves cut in several places at once. Not yet
+ * in CI: about 1 run in 20 still leaves a move waiting (docs/faults.md, "Not
+ * yet"); FERRY_TEST_REPL_MOVES=1 runs it */
 Test(repl, a_node_killed_during_relocations_loses_no_acknowledged_push, .timeout = 120)
 {
 	if (!getenv("FERRY_TEST_REPL_MOVES"))
