@@ -699,11 +699,14 @@ PyObject *node_table(NodeObject *n, PyObject *args, PyObject *kw)
 			       "staleness",
 			       "cons_bytes",
 			       "replicas",
+			       "push_codec",
+			       "codec_keys",
 			       NULL };
 	static const char *const placements[] = { "range", "hash", NULL };
 	static const char *const modes[] = { "dynamic", "classic", NULL };
 	static const char *const inits[] = { "zero", "uniform", "normal", NULL };
 	static const char *const models[] = { "sequential", "eventual", "ssp", "essp", NULL };
+	static const char *const codecs[] = { "none", "bf16", "fp16", NULL };
 	struct ferry_table_params tp = { 0 };
 	struct uarg num_keys = { "num_keys", UINT64_MAX, 0 }, vlen = { "value_len", UINT32_MAX, 0 },
 		    vnodes = { "vnodes", UINT32_MAX, 0 }, capacity = { "capacity", UINT64_MAX, 0 },
@@ -711,9 +714,11 @@ PyObject *node_table(NodeObject *n, PyObject *args, PyObject *kw)
 		    loc_cache = { "loc_cache", UINT64_MAX, 0 },
 		    staleness = { "staleness", UINT32_MAX, 0 },
 		    cons_bytes = { "cons_bytes", UINT64_MAX, 0 },
-		    replicas = { "replicas", UINT32_MAX, 0 };
-	const char *splace = "range", *smode = "dynamic", *sinit = "zero", *scons = "sequential";
-	int placement, mode, init, cons, nlfp = 0, sparse = 0;
+		    replicas = { "replicas", UINT32_MAX, 0 },
+		    codec_keys = { "codec_keys", UINT32_MAX, 0 };
+	const char *splace = "range", *smode = "dynamic", *sinit = "zero", *scons = "sequential",
+		   *scodec = "none";
+	int placement, mode, init, cons, codec, nlfp = 0, sparse = 0;
 	float a = 0, b = 0;
 	PyObject *ovl = Py_None;
 	struct arr vl = { .held = 0 };
@@ -722,15 +727,17 @@ PyObject *node_table(NodeObject *n, PyObject *args, PyObject *kw)
 	int rc;
 
 	if (!PyArg_ParseTupleAndKeywords(
-		    args, kw, "|$O&O&OsO&spO&psffO&O&sO&O&O&", kwl, uarg_conv, &num_keys, uarg_conv,
-		    &vlen, &ovl, &splace, uarg_conv, &vnodes, &smode, &nlfp, uarg_conv, &capacity,
-		    &sparse, &sinit, &a, &b, uarg_conv, &seed, uarg_conv, &loc_cache, &scons,
-		    uarg_conv, &staleness, uarg_conv, &cons_bytes, uarg_conv, &replicas))
+		    args, kw, "|$O&O&OsO&spO&psffO&O&sO&O&O&sO&", kwl, uarg_conv, &num_keys,
+		    uarg_conv, &vlen, &ovl, &splace, uarg_conv, &vnodes, &smode, &nlfp, uarg_conv,
+		    &capacity, &sparse, &sinit, &a, &b, uarg_conv, &seed, uarg_conv, &loc_cache,
+		    &scons, uarg_conv, &staleness, uarg_conv, &cons_bytes, uarg_conv, &replicas,
+		    &scodec, uarg_conv, &codec_keys))
 		return NULL;
 	if ((placement = name_pick(splace, "placement", placements)) < 0 ||
 	    (mode = name_pick(smode, "mode", modes)) < 0 ||
 	    (init = name_pick(sinit, "init", inits)) < 0 ||
-	    (cons = name_pick(scons, "consistency", models)) < 0)
+	    (cons = name_pick(scons, "consistency", models)) < 0 ||
+	    (codec = name_pick(scodec, "push_codec", codecs)) < 0)
 		return NULL;
 	if (node_check(n))
 		return NULL;
@@ -750,7 +757,9 @@ PyObject *node_table(NodeObject *n, PyObject *args, PyObject *kw)
 					  .consistency = cons,
 					  .staleness = (uint32_t)staleness.v,
 					  .cons_bytes = cons_bytes.v,
-					  .replicas = (uint32_t)replicas.v };
+					  .replicas = (uint32_t)replicas.v,
+					  .push_codec = codec,
+					  .codec_keys = (uint32_t)codec_keys.v };
 	if (ovl != Py_None) {
 		if (arr_get(ovl, "value_lens", 0, 0, &vl))
 			return NULL;
