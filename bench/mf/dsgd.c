@@ -40,11 +40,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "dsgd.h"
 #include "mf.h"
 
-/* keys per batched call outside the SGD pass (localize, set, evaluation) */
-#define MF_CHUNK_KEYS 4096
-#define MF_CHUNK_BYTES (2u << 20)
 /* async localize calls in flight */
 #define MF_INFLIGHT 8
 
@@ -65,20 +63,6 @@ enum mf_stat {
 	MF_ST_MISSES,
 	MF_ST_STALE0, /* FERRY_STALENESS_BUCKETS of them */
 	MF_NSTAT = MF_ST_STALE0 + FERRY_STALENESS_BUCKETS
-};
-
-/* Read-only after mf_plan_build: shared by every worker (and every forked node). */
-struct mf_plan {
-	int nw; /* workers */
-	uint64_t rows, cols;
-	uint64_t *rb, *cb;	/* nw + 1 row and column block boundaries */
-	size_t *cell;		/* nw * nw + 1 offsets of cell (w, b) = w * nw + b */
-	struct mf_entry *train; /* grouped by cell, by row within a cell */
-	size_t *tcell;		/* nw + 1 offsets of each worker's test entries */
-	struct mf_entry *test;	/* grouped by worker, by row within a worker */
-	size_t max_run;		/* longest row run of a cell */
-	uint64_t *keys;		/* keys[k] = k: slices of it name key ranges */
-	size_t chunk;		/* keys per batched call outside the SGD pass */
 };
 
 struct mf_node {
@@ -146,141 +130,6 @@ double mf_mean_epoch_seconds(const struct mf_result *res)
 	for (int e = 0; e < res->epochs; e++)
 		s += res->ep[e].seconds;
 	return res->epochs ? s / res->epochs : 0;
-}
-
-/* ---- the plan: cells, runs, buffers' sizes --------------------------------- */
-
-/* the worker of row i: the largest w with rb[w] = floor(w * rows / nw) <= i */
-static inline int mf_row_worker(const struct mf_plan *p, uint32_t i)
-{
-	return (int)((((uint64_t)i + 1) * (uint64_t)p->nw - 1) / p->rows);
-}
-
-static inline int mf_col_block(const struct mf_plan *p, uint32_t j)
-{
-	return (int)((((uint64_t)j + 1) * (uint64_t)p->nw - 1) / p->cols);
-}
-
-static void mf_plan_free(struct mf_plan *p)
-{
-	free(p->rb);
-	free(p->cb);
-	free(p->cell);
-	free(p->train);
-	free(p->tcell);
-	free(p->test);
-	free(p->keys);
-	memset(p, 0, sizeof(*p));
-}
-
-/*
- * Group @m's entries by @group(entry) (ngroups groups), by row within a group:
- * a stable counting sort by row, then one by group.
- */
-static int mf_group(const struct mf_plan *p, const struct mf_matrix *m, int by_cell, size_t ngroups,
-		    size_t **off_p, struct mf_entry **out_p)
-{
-	size_t *rowoff = calloc(p->rows + 1, sizeof(*rowoff));
-	size_t *off = calloc(ngroups + 1, sizeof(*off));
-	struct mf_entry *tmp = malloc((m->nnz ? m->nnz : 1) * sizeof(*tmp));
-	struct mf_entry *out = malloc((m->nnz ? m->nnz : 1) * sizeof(*out));
-	int rc = -ENOMEM;
-
-	if (!rowoff || !off || !tmp || !out)
-		goto err;
-	for (size_t k = 0; k < m->nnz; k++)
-		rowoff[m->e[k].i + 1]++;
-	for (uint64_t i = 0; i < p->rows; i++)
-		rowoff[i + 1] += rowoff[i];
-	for (size_t k = 0; k < m->nnz; k++)
-		tmp[rowoff[m->e[k].i]++] = m->e[k];
-
-	for (size_t k = 0; k < m->nnz; k++) {
-		size_t g = (size_t)mf_row_worker(p, tmp[k].i);
-
-		if (by_cell)
-			g = g * (size_t)p->nw + (size_t)mf_col_block(p, tmp[k].j);
-		off[g + 1]++;
-	}
-	for (size_t g = 0; g < ngroups; g++)
-		off[g + 1] += off[g];
-	for (size_t k = 0; k < m->nnz; k++) {
-		size_t g = (size_t)mf_row_worker(p, tmp[k].i);
-
-		if (by_cell)
-			g = g * (size_t)p->nw + (size_t)mf_col_block(p, tmp[k].j);
-		out[off[g]++] = tmp[k];
-	}
-	/* the scatter advanced every offset to the group's end: shift back */
-	memmove(off + 1, off, ngroups * sizeof(*off));
-	off[0] = 0;
-	free(rowoff);
-	free(tmp);
-	*off_p = off;
-	*out_p = out;
-	return 0;
-err:
-	free(rowoff);
-	free(off);
-	free(tmp);
-	free(out);
-	return rc;
-}
-
-static int mf_plan_build(const struct mf_config *cfg, const struct mf_matrix *train,
-			 const struct mf_matrix *test, struct mf_plan *p)
-{
-	size_t nkeys = train->rows + train->cols;
-	int nw = cfg->nodes * cfg->threads;
-	size_t bytes;
-	int rc;
-
-	memset(p, 0, sizeof(*p));
-	p->nw = nw;
-	p->rows = train->rows;
-	p->cols = train->cols;
-	p->rb = malloc((size_t)(nw + 1) * sizeof(*p->rb));
-	p->cb = malloc((size_t)(nw + 1) * sizeof(*p->cb));
-	p->keys = malloc(nkeys * sizeof(*p->keys));
-	if (!p->rb || !p->cb || !p->keys) {
-		rc = -ENOMEM;
-		goto err;
-	}
-	for (int w = 0; w <= nw; w++) {
-		p->rb[w] = (uint64_t)w * p->rows / (uint64_t)nw;
-		p->cb[w] = (uint64_t)w * p->cols / (uint64_t)nw;
-	}
-	for (size_t k = 0; k < nkeys; k++)
-		p->keys[k] = k;
-	rc = mf_group(p, train, 1, (size_t)nw * (size_t)nw, &p->cell, &p->train);
-	if (rc)
-		goto err;
-	rc = mf_group(p, test, 0, (size_t)nw, &p->tcell, &p->test);
-	if (rc)
-		goto err;
-	for (size_t c = 0; c < (size_t)nw * (size_t)nw; c++) {
-		size_t k = p->cell[c];
-
-		while (k < p->cell[c + 1]) {
-			size_t r = k;
-
-			while (r < p->cell[c + 1] && p->train[r].i == p->train[k].i)
-				r++;
-			if (r - k > p->max_run)
-				p->max_run = r - k;
-			k = r;
-		}
-	}
-	bytes = (size_t)cfg->rank * sizeof(float);
-	p->chunk = MF_CHUNK_BYTES / bytes;
-	if (p->chunk > MF_CHUNK_KEYS)
-		p->chunk = MF_CHUNK_KEYS;
-	if (!p->chunk)
-		p->chunk = 1;
-	return 0;
-err:
-	mf_plan_free(p);
-	return rc;
 }
 
 /* ---- coordination ---------------------------------------------------------- */
@@ -871,8 +720,8 @@ out:
 /* ---- a node -------------------------------------------------------------------------- */
 
 /* Run one node's workers on @fy; the calling thread is worker 0. */
-static int mf_node_run(struct ferry *fy, const struct mf_config *cfg, const struct mf_plan *p,
-		       struct mf_result *res)
+int mf_node_run(struct ferry *fy, const struct mf_config *cfg, const struct mf_plan *p,
+		struct mf_result *res)
 {
 	struct ferry_table_params tp = {
 		.num_keys = p->rows + p->cols,
@@ -958,192 +807,5 @@ err_destroy_tab:
 err_free:
 	free(wks);
 	free(tids);
-	return rc;
-}
-
-struct mf_node_thread {
-	struct ferry *fy;
-	const struct mf_config *cfg;
-	const struct mf_plan *plan;
-	struct mf_result *res;
-	int rc;
-};
-
-static void *mf_node_thread_main(void *arg)
-{
-	struct mf_node_thread *nt = arg;
-
-	nt->rc = mf_node_run(nt->fy, nt->cfg, nt->plan, nt->res);
-	return NULL;
-}
-
-static int mf_train_threads(const struct mf_config *cfg, const struct mf_plan *p,
-			    struct ferry_params *fp, struct mf_result *res)
-{
-	struct ferry **fys = calloc((size_t)cfg->nodes, sizeof(*fys));
-	struct mf_node_thread *nts = calloc((size_t)cfg->nodes, sizeof(*nts));
-	pthread_t *tids = calloc((size_t)cfg->nodes, sizeof(*tids));
-	int started = 0, rc;
-
-	if (!fys || !nts || !tids) {
-		rc = -ENOMEM;
-		goto out_free;
-	}
-	rc = ferry_local_cluster_open(cfg->nodes, fp, fys);
-	if (rc) {
-		fprintf(stderr, "ferry-mf: ferry_local_cluster_open(%d) failed: %s\n", cfg->nodes,
-			ferry_strerror(rc));
-		goto out_free;
-	}
-	for (; started < cfg->nodes; started++) {
-		nts[started] = (struct mf_node_thread){
-			.fy = fys[started], .cfg = cfg, .plan = p, .res = res
-		};
-		rc = -pthread_create(&tids[started], NULL, mf_node_thread_main, &nts[started]);
-		if (rc) {
-			fprintf(stderr, "ferry-mf: pthread_create failed: %s\n", strerror(-rc));
-			break;
-		}
-	}
-	/* nodes that started and miss a peer time out in their first collective call */
-	for (int n = 0; n < started; n++) {
-		pthread_join(tids[n], NULL);
-		if (!rc)
-			rc = nts[n].rc;
-	}
-	for (int n = 0; n < cfg->nodes; n++)
-		ferry_close(fys[n]);
-out_free:
-	free(fys);
-	free(nts);
-	free(tids);
-	return rc;
-}
-
-static int mf_train_procs(const struct mf_config *cfg, const struct mf_plan *p,
-			  struct ferry_params *fp, struct mf_result *res)
-{
-	size_t wbytes = 0, fbytes = 0;
-	struct mf_config ccfg = *cfg;
-	struct mf_factors cout, *uout = cfg->out;
-	struct mf_result *shared;
-	float *fshared = NULL;
-	pid_t *pids;
-	int rc, me;
-
-	pids = calloc((size_t)cfg->nodes, sizeof(*pids));
-	if (!pids)
-		return -ENOMEM;
-	/* rank 0's child writes the figures where the parent can read them */
-	shared = mmap(NULL, sizeof(*shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1,
-		      0);
-	if (shared == MAP_FAILED) {
-		rc = -errno;
-		goto out_free;
-	}
-	memset(shared, 0, sizeof(*shared));
-	/* and the factors, for --save */
-	if (cfg->out) {
-		wbytes = p->rows * cfg->rank * sizeof(float);
-		fbytes = wbytes + p->cols * cfg->rank * sizeof(float);
-		fshared = mmap(NULL, fbytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1,
-			       0);
-		if (fshared == MAP_FAILED) {
-			rc = -errno;
-			fshared = NULL;
-			goto out_unmap;
-		}
-		cout = (struct mf_factors){ .rows = p->rows,
-					    .cols = p->cols,
-					    .rank = cfg->rank,
-					    .w = fshared,
-					    .h = (float *)((char *)fshared + wbytes) };
-		ccfg.out = &cout;
-		cfg = &ccfg;
-	}
-	fflush(NULL); /* the children must not print the parent's buffers again */
-	me = ferry_local_cluster_fork(cfg->nodes, fp, pids);
-	if (me < 0) {
-		rc = me;
-		fprintf(stderr, "ferry-mf: ferry_local_cluster_fork(%d) failed: %s\n", cfg->nodes,
-			ferry_strerror(rc));
-		goto out_unmap;
-	}
-	if (me != FERRY_LOCAL_PARENT) {
-		struct ferry *fy;
-
-		rc = ferry_open(fp, &fy);
-		if (rc) {
-			fprintf(stderr, "ferry-mf: node %d: ferry_open failed: %s\n", me,
-				ferry_strerror(rc));
-		} else {
-			rc = mf_node_run(fy, cfg, p, shared);
-			ferry_close(fy);
-		}
-		fflush(NULL);
-		_exit(rc ? 1 : 0);
-	}
-	rc = 0;
-	for (int n = 0; n < cfg->nodes; n++) {
-		int status;
-
-		while (waitpid(pids[n], &status, 0) < 0) {
-			if (errno != EINTR) {
-				status = -1;
-				break;
-			}
-		}
-		if (status != 0) {
-			if (WIFSIGNALED(status))
-				fprintf(stderr, "ferry-mf: node %d (pid %d) died of signal %d\n", n,
-					(int)pids[n], WTERMSIG(status));
-			else
-				fprintf(stderr, "ferry-mf: node %d (pid %d) failed\n", n,
-					(int)pids[n]);
-			if (!rc)
-				rc = -FERRY_E_PEER;
-		}
-	}
-	memcpy(res, shared, sizeof(*res));
-	if (fshared && !rc) {
-		memcpy(uout->w, fshared, wbytes);
-		memcpy(uout->h, (char *)fshared + wbytes, fbytes - wbytes);
-	}
-out_unmap:
-	if (fshared)
-		munmap(fshared, fbytes);
-	munmap(shared, sizeof(*shared));
-out_free:
-	free(pids);
-	return rc;
-}
-
-int mf_train(const struct mf_config *cfg, const struct mf_matrix *train,
-	     const struct mf_matrix *test, struct mf_result *res)
-{
-	struct ferry_params fp;
-	struct mf_plan plan;
-	int rc;
-
-	if (cfg->nodes < 1 || cfg->threads < 1 || cfg->nodes > 1024 || cfg->threads > 1024 ||
-	    !cfg->rank || cfg->epochs < 1 || cfg->epochs > MF_MAX_EPOCHS || !train->rows ||
-	    !train->cols || train->rows > MF_MAX_DIM || train->cols > MF_MAX_DIM ||
-	    test->rows != train->rows || test->cols != train->cols || !(cfg->lr > 0) ||
-	    !(cfg->decay > 0) || !(cfg->reg >= 0) || !(cfg->init >= 0) ||
-	    !(cfg->time_budget >= 0) || (cfg->start && cfg->start->rank != cfg->rank) ||
-	    (cfg->out && (cfg->out->rows != train->rows || cfg->out->cols != train->cols ||
-			  cfg->out->rank != cfg->rank)))
-		return -EINVAL;
-	memset(res, 0, sizeof(*res));
-	rc = mf_plan_build(cfg, train, test, &plan);
-	if (rc)
-		return rc;
-	ferry_params_init(&fp);
-	fp.transport = cfg->transport;
-	if (cfg->procs)
-		rc = mf_train_procs(cfg, &plan, &fp, res);
-	else
-		rc = mf_train_threads(cfg, &plan, &fp, res);
-	mf_plan_free(&plan);
 	return rc;
 }
