@@ -226,6 +226,7 @@ struct fo_shared {
 	volatile int64_t kill_ns;
 	volatile int64_t first_ok_ns; /* since the kill */
 	volatile long peer_fails;     /* pushes that failed with -FERRY_E_PEER meanwhile */
+	volatile long timeouts;	      /* pushes that timed out meanwhile (below) */
 	char why[160];
 };
 
@@ -272,6 +273,17 @@ static int fo_child(int rank, struct ferry_params *p, struct fo_shared *s)
 			}
 			if (rc == -FERRY_E_PEER) {
 				s->peer_fails++;
+			} else if (rc == -ETIMEDOUT && k && t0 > k) {
+				/*
+				 * A known defect (issue 13): a push that a survivor
+				 * forwarded toward the dead node just before it
+				 * learned of the death is dropped with the dead
+				 * node's queue, and its origin, which knew of the
+				 * death before the call, waits out its timeout. The
+				 * time counts in the figure (max) and the row's note
+				 * says how often; the retry measures on.
+				 */
+				s->timeouts++;
 			} else if (rc) {
 				fo_fail(s, rank, "push", rc);
 				break;
@@ -294,7 +306,7 @@ static int fo_child(int rank, struct ferry_params *p, struct fo_shared *s)
 
 /* one cluster, one kill; Return: 0 and *@ns_p, or -1 (recorded) */
 static int fo_once(const struct fb_opts *o, struct fb_shared *sh, int stop, int64_t *ns_p,
-		   long *peer_p)
+		   long *peer_p, long *timeouts_p)
 {
 	struct fo_shared *s =
 		mmap(NULL, sizeof(*s), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
@@ -368,6 +380,7 @@ static int fo_once(const struct fb_opts *o, struct fb_shared *sh, int stop, int6
 	}
 	*ns_p = s->first_ok_ns;
 	*peer_p += s->peer_fails;
+	*timeouts_p += s->timeouts;
 	munmap(s, sizeof(*s));
 	return 0;
 }
@@ -385,13 +398,13 @@ int fb_failover(const struct fb_opts *o, struct fb_shared *sh)
 	for (int stop = 0; stop < 2; stop++) {
 		int64_t *lat = calloc((size_t)kills, sizeof(*lat));
 		struct fb_result r = { .value_bytes = 64, .threads = 1, .keys = 1 };
-		long peer = 0;
+		long peer = 0, timeouts = 0;
 		int n = 0;
 
 		if (!lat)
 			return -1;
 		for (int i = 0; i < kills; i++)
-			if (!fo_once(o, sh, stop, &lat[n], &peer))
+			if (!fo_once(o, sh, stop, &lat[n], &peer, &timeouts))
 				n++;
 		if (n) {
 			fb_sort(lat, (size_t)n);
@@ -400,8 +413,9 @@ int fb_failover(const struct fb_opts *o, struct fb_shared *sh)
 			snprintf(r.op, sizeof(r.op), stop ? "sigstop->push" : "sigkill->push");
 			r.extra = (double)lat[n - 1] / 1e6;
 			snprintf(r.extra_name, sizeof(r.extra_name), "max[ms]");
-			snprintf(r.note, sizeof(r.note), "%d/%d %s, 4 procs, hb %d ms, %ld retries",
-				 n, kills, stop ? "stops" : "kills", FO_HB_MS, peer);
+			snprintf(r.note, sizeof(r.note),
+				 "%d/%d %s, 4 procs, hb %d ms, %ld retries, %ld timed out", n,
+				 kills, stop ? "stops" : "kills", FO_HB_MS, peer, timeouts);
 			fb_result_add(sh, &r);
 		}
 		free(lat);
