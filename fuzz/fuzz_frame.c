@@ -97,7 +97,15 @@ static void walk(const uint8_t *buf, size_t len, const struct ferry_proto_limits
 		for (uint32_t i = 0; i < v->count; i++)
 			sum += v->arenas[i].addr + v->arenas[i].inbox_entries;
 	}
-	if (v->nvals) {
+	if (v->nvals && v->codes) {
+		/* a compressed push: 16-bit codes instead of floats */
+		if (v->vals || hdr->type != FERRY_MSG_OP ||
+		    ((const struct ferry_msg_op *)v->body)->op != FERRY_OP_PUSH)
+			abort();
+		in_frame(buf, len, v->codes, v->nvals * sizeof(uint16_t));
+		for (size_t i = 0; i < v->nvals; i++)
+			sum += v->codes[i];
+	} else if (v->nvals) {
 		in_frame(buf, len, v->vals, v->nvals * sizeof(float));
 		for (size_t i = 0; i < v->nvals; i++) {
 			uint32_t bits;
