@@ -13,10 +13,11 @@
  * caller's deltas, as they were.
  *
  * Memory, per worker and table with a codec: the residuals of at most
- * codec_keys keys (value_len floats each, in a pool that doubles as keys
- * come, plus their keymap: 32-43 B per key); a push that would pass it
- * first sends every residual (exact floats) and empties the store. Plus,
- * per table, FERRY_MAX_WORKERS pointers once any worker pushed.
+ * codec_keys keys, or of one push's keys when a single push has more
+ * (value_len floats each, in a pool that doubles as keys come, plus their
+ * keymap: 32-43 B per key); a push that would pass it first sends every
+ * residual (exact floats) and empties the store. Plus, per table,
+ * FERRY_MAX_WORKERS pointers once any worker pushed.
  */
 #ifndef FERRY_LIB_OPS_CODEC_H
 #define FERRY_LIB_OPS_CODEC_H
