@@ -167,6 +167,22 @@ static float *codec_slot(struct codec_store *s, uint32_t len, uint64_t key, int 
 	return s->pool + s->used++ * len;
 }
 
+/* put back the residuals of keys[0 .. @n) as @undo holds them, last first
+ * (a key twice in the batch ends with its first copy), and forget the keys
+ * this call made (@fresh): the store is as the call found it */
+static void codec_undo(struct codec_store *s, uint32_t len, const uint64_t *keys, size_t n,
+		       const float *undo, const uint8_t *fresh, uint64_t used0)
+{
+	for (size_t j = n; j-- > 0;) {
+		float *r = s->pool + (ferry__keymap_get(&s->map, keys[j]) - 1) * len;
+
+		memcpy(r, undo + j * len, len * sizeof(float));
+		if (fresh[j])
+			ferry__keymap_del(&s->map, keys[j]);
+	}
+	s->used = used0;
+}
+
 int ferry__codec_push(struct ferry_worker *w, struct ferry_table *t, const uint64_t *keys, size_t n,
 		      const float *deltas)
 {
@@ -207,16 +223,7 @@ int ferry__codec_push(struct ferry_worker *w, struct ferry_table *t, const uint6
 		float *r = codec_slot(s, len, keys[i], &f);
 
 		if (!r) {
-			/* undo what came before: nothing of this call stays */
-			for (size_t j = i; j-- > 0;) {
-				float *rj =
-					s->pool + (ferry__keymap_get(&s->map, keys[j]) - 1) * len;
-
-				memcpy(rj, undo + j * len, len * sizeof(float));
-				if (fresh[j])
-					ferry__keymap_del(&s->map, keys[j]);
-			}
-			s->used = used0;
+			codec_undo(s, len, keys, i, undo, fresh, used0);
 			rc = -ENOMEM;
 			goto out;
 		}
@@ -235,14 +242,7 @@ int ferry__codec_push(struct ferry_worker *w, struct ferry_table *t, const uint6
 	if (rc) {
 		/* the residuals go back to what they were: the caller still has
 		 * its deltas, and may push them again */
-		for (size_t j = n; j-- > 0;) {
-			float *rj = s->pool + (ferry__keymap_get(&s->map, keys[j]) - 1) * len;
-
-			memcpy(rj, undo + j * len, len * sizeof(float));
-			if (fresh[j])
-				ferry__keymap_del(&s->map, keys[j]);
-		}
-		s->used = used0;
+		codec_undo(s, len, keys, n, undo, fresh, used0);
 	}
 out:
 	if (rc == -ENOMEM)

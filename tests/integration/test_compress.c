@@ -26,6 +26,7 @@
 
 #include "common/cluster.h"
 #include "ferry/ferry.h"
+#include "lib/ops/codec.h"
 
 #define NODES 3
 #define KEYS 200
@@ -256,4 +257,50 @@ Test(codec, bad_parameters_and_the_started_form_are_refused, .timeout = 60)
 	ferry_worker_destroy(w);
 	ferry_table_destroy(t);
 	ferry_close(fy);
+}
+
+/* a push that fails changes no residual: the keys it would have added are
+ * gone again and the others hold what they held (codec.c's undo) */
+Test(codec, a_failed_push_leaves_the_residuals_as_they_were, .timeout = 60)
+{
+	struct ferry_table_params tp = { .num_keys = 64,
+					 .value_len = 2,
+					 .mode = FERRY_MODE_CLASSIC,
+					 .push_codec = FERRY_CODEC_BF16 };
+	struct ferry_worker *w;
+	struct tc c;
+	uint64_t mine = 0, theirs = 0, both[2];
+	float d[4] = { 1.0001f, 1.0001f, 1.0001f, 1.0001f }, v[2];
+	int rc;
+
+	cr_assert_eq(tc_open(&c, 2, &tp, 5000), 0);
+	while (ferry_table_home(c.t[0], mine) != 0)
+		mine++;
+	while (ferry_table_home(c.t[0], theirs) != 1)
+		theirs++;
+	cr_assert_eq(ferry_worker_create(c.fy[0], &w), 0);
+	/* a residual of 1e-4 for the key here: 1.0001 rounds to 1 */
+	cr_assert_eq(ferry_push(w, c.t[0], &mine, 1, d), 0);
+	cr_assert_eq(ferry__codec_count(c.t[0]), 1);
+	/* rank 1 goes; a push of both keys fails on its key */
+	ferry_table_destroy(c.t[1]);
+	ferry_close(c.fy[1]);
+	c.t[1] = NULL;
+	c.fy[1] = NULL;
+	both[0] = mine;
+	both[1] = theirs;
+	rc = ferry_push(w, c.t[0], both, 2, d);
+	cr_assert_lt(rc, 0, "a push to a closed node's key succeeded");
+	/* the failed push's new key is forgotten, the old residual unchanged */
+	cr_assert_eq(ferry__codec_count(c.t[0]), 1);
+	/* the key here took the rounded value of the failed push, as any
+	 * failed batch may have applied part of itself; its residual is the
+	 * first push's only, so a flush adds 1e-4, not 2e-4 */
+	cr_assert_eq(ferry_pull(w, c.t[0], &mine, 1, v), 0);
+	cr_assert_eq(v[0], 2.0f, "%a", (double)v[0]);
+	cr_assert_eq(ferry_flush(w, c.t[0]), 0);
+	cr_assert_eq(ferry_pull(w, c.t[0], &mine, 1, v), 0);
+	cr_assert_float_eq(v[0], 2.0001f, 1e-6, "%.7f", (double)v[0]);
+	ferry_worker_destroy(w);
+	tc_close(&c);
 }

@@ -53,43 +53,17 @@
 #include <sys/random.h>
 #include <time.h>
 
+#include "transport/base/session.h"
 #include "transport/rdma/rdma.h"
-
-static int session_env_ms(const char *name, int def, int *ms_p)
-{
-	const char *s = getenv(name);
-	char *end;
-	long v;
-
-	if (!s || !*s) {
-		*ms_p = def;
-		return 0;
-	}
-	errno = 0;
-	v = strtol(s, &end, 10);
-	if (errno || *end || v < 0 || v > INT_MAX / 2) {
-		ferry_err("rdma: %s=\"%s\" is not a number of milliseconds", name, s);
-		return -EINVAL;
-	}
-	*ms_p = (int)v;
-	return 0;
-}
 
 /* read FERRY_RECONNECT_MS and FERRY_RDMA_FAULT_BREAK_MS, draw the incarnation. init(). */
 int ferry__rdma_session_init(struct rdma_tp *t)
 {
-	uint32_t inc = 0;
-
-	if (session_env_ms("FERRY_RECONNECT_MS", RDMA_RECONNECT_MS, &t->reconnect_ms) ||
-	    session_env_ms("FERRY_RDMA_FAULT_BREAK_MS", 0, &t->fault_ms))
+	if (ferry__tp_env_ms("rdma", "FERRY_RECONNECT_MS", RDMA_RECONNECT_MS, &t->reconnect_ms) ||
+	    ferry__tp_env_ms("rdma", "FERRY_RDMA_FAULT_BREAK_MS", 0, &t->fault_ms))
 		return -EINVAL;
-	if (getrandom(&inc, sizeof(inc), GRND_NONBLOCK) != (ssize_t)sizeof(inc)) {
-		struct timespec ts;
-
-		clock_gettime(CLOCK_REALTIME, &ts);
-		inc = (uint32_t)(ts.tv_nsec ^ ts.tv_sec ^ ((uintptr_t)t >> 4));
-	}
-	t->incarnation = inc | 1; /* never 0: 0 is "not known yet" */
+	/* never 0: 0 is "not known yet" */
+	t->incarnation = (uint32_t)ferry__tp_incarnation(t) | 1;
 	t->fault_rr = t->base.cfg.rank + 1;
 	if (t->fault_ms) {
 		t->fault_next_ms = rdma_now_ms() + t->fault_ms;

@@ -47,48 +47,20 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "transport/base/session.h"
 #include "transport/tcp/tcp.h"
 
 /* ---- setup -------------------------------------------------------------- */
 
-/* a whole number of ms from the environment, or @def. Return: 0 or -EINVAL. */
-static int session_env_ms(const char *name, int def, int *ms_p)
-{
-	const char *s = getenv(name);
-	char *end;
-	long v;
-
-	if (!s || !*s) {
-		*ms_p = def;
-		return 0;
-	}
-	errno = 0;
-	v = strtol(s, &end, 10);
-	if (errno || *end || v < 0 || v > INT_MAX / 2) {
-		ferry_err("tcp: %s=\"%s\" is not a number of milliseconds (0 or more); fix it or "
-			  "unset it",
-			  name, s);
-		return -EINVAL;
-	}
-	*ms_p = (int)v;
-	return 0;
-}
-
 int ferry__tcp_session_init(struct tcp_tp *t)
 {
-	uint64_t inc = 0;
+	uint64_t inc;
 
-	if (session_env_ms("FERRY_RECONNECT_MS", TCP_RECONNECT_MS, &t->reconnect_ms) ||
-	    session_env_ms("FERRY_TCP_FAULT_RESET_MS", 0, &t->fault_ms))
+	if (ferry__tp_env_ms("tcp", "FERRY_RECONNECT_MS", TCP_RECONNECT_MS, &t->reconnect_ms) ||
+	    ferry__tp_env_ms("tcp", "FERRY_TCP_FAULT_RESET_MS", 0, &t->fault_ms))
 		return -EINVAL;
-	if (getrandom(&inc, sizeof(inc), GRND_NONBLOCK) != (ssize_t)sizeof(inc)) {
-		struct timespec ts;
-
-		clock_gettime(CLOCK_REALTIME, &ts);
-		inc = ((uint64_t)ts.tv_sec << 30) ^ (uint64_t)ts.tv_nsec ^
-		      ((uint64_t)getpid() << 40) ^ (uint64_t)(uintptr_t)t;
-	}
-	t->incarnation = inc | 1; /* never 0: a RESUME of 0 means "any" at setup */
+	inc = ferry__tp_incarnation(t);
+	t->incarnation = inc; /* never 0: a RESUME of 0 means "any" at setup */
 	t->fault_rand = inc * 0x9e3779b97f4a7c15ull + t->base.cfg.rank + 1;
 	t->lfd_ev = TCP_EV_LISTEN;
 	for (int i = 0; i < TCP_MAX_HANDSHAKES; i++) {
