@@ -92,6 +92,26 @@ static inline void *ferry__dir_own(const struct ferry_dir *d, uint64_t key)
 	return ferry__slotmap_get(&d->own, key);
 }
 
+/* the slot that probably holds @key here, read from the directory alone
+ * (ferry__slotmap_hint()): the caller checks the key in the slot and takes
+ * a wrong slot or NULL as "not known here". Context: as ferry__dir_own(). */
+static inline void *ferry__dir_own_hint(const struct ferry_dir *d, uint64_t key)
+{
+	if (key - d->home_lo < d->home_n)
+		return __atomic_load_n(&d->home_own[key - d->home_lo], __ATOMIC_ACQUIRE);
+	return ferry__slotmap_hint(&d->own, key);
+}
+
+/* start loading what ferry__dir_own(@d, @key) reads first (a hint: no
+ * effect on what it returns). Context: as ferry__dir_own(). */
+static inline void ferry__dir_own_prefetch(const struct ferry_dir *d, uint64_t key)
+{
+	if (key - d->home_lo < d->home_n)
+		__builtin_prefetch(&d->home_own[key - d->home_lo]);
+	else
+		ferry__slotmap_prefetch(&d->own, key);
+}
+
 /*
  * ferry__dir_own_set - publish @slot as @key's live slot here, or unpublish
  * it (@slot NULL). Return: 0; -ENOMEM (publishing only: the map could not

@@ -118,6 +118,43 @@ static inline void *ferry__slotmap_get(const struct ferry_slotmap *m, uint64_t k
 }
 
 /*
+ * The slot @key is probably mapped to, without reading any slot: the first
+ * bucket on @key's probe whose tag is @key's, or NULL when the probe meets
+ * an empty bucket first. A caller checks the key in the slot anyway (a
+ * tag is 32 bits of the hash, so another key's slot comes back about once
+ * in 2^32 probes) and takes a miss or a wrong slot as "not known here":
+ * the fast path does, and so starts loading the slot before it needs it.
+ * Context: as ferry__slotmap_get().
+ */
+static inline void *ferry__slotmap_hint(const struct ferry_slotmap *m, uint64_t key)
+{
+	const struct ferry_slotmap_arr *a = __atomic_load_n(&m->arr, __ATOMIC_ACQUIRE);
+	uint64_t h = ferry__keymap_hash(key), i = ferry__map_first(h, a->nb);
+	uint32_t tag = ferry__slotmap_tag(h, key);
+
+	for (;; i = ferry__map_next(i, a->nb)) {
+		uint64_t w = __atomic_load_n(&a->e[i], __ATOMIC_ACQUIRE);
+
+		if (!w)
+			return NULL;
+		if ((uint32_t)(w >> 32) == tag && (uint32_t)w)
+			return (void *)ferry__slotmap_slot(m, w);
+	}
+}
+
+/*
+ * Start loading the bucket ferry__slotmap_get(@m, @key) reads first; it
+ * changes nothing, and a prefetch never faults. Context: as
+ * ferry__slotmap_get() (the array it reads must not be freed under it).
+ */
+static inline void ferry__slotmap_prefetch(const struct ferry_slotmap *m, uint64_t key)
+{
+	const struct ferry_slotmap_arr *a = __atomic_load_n(&m->arr, __ATOMIC_ACQUIRE);
+
+	__builtin_prefetch(&a->e[ferry__map_first(ferry__keymap_hash(key), a->nb)]);
+}
+
+/*
  * ferry__slotmap_put - map @key to @slot (in the arena, holding @key),
  * replacing what it had. Return: 0, or -ENOMEM (a rebuild found no memory
  * while the array is full; nothing changed). Context: the writer,

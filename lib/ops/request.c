@@ -450,6 +450,38 @@ collect:
 }
 
 /*
+ * The fast path looks a key's slot up OPS_AHEAD keys before it uses it and
+ * starts loading the slot, and starts loading the directory's bucket of
+ * the key 2 x OPS_AHEAD ahead: in a batch of keys spread over memory (an
+ * SGD step's row and columns) the two dependent cache misses of each key
+ * (bucket, then slot) overlap with the work on the keys before it. The
+ * slot found early comes from the directory alone (ferry__dir_own_hint())
+ * and is checked in the slot when it is used, as any slot pointer the fast
+ * path holds (below): a key that moved meanwhile, or a slot of another
+ * key, goes the slow way.
+ */
+#define OPS_AHEAD 4
+
+static inline struct ferry_slot *ops_fast_ahead(const struct ferry_table *t, uint64_t key,
+						uint8_t op)
+{
+	struct ferry_slot *s;
+
+	if (!ferry__key_ok(t, key))
+		return NULL;
+	/* no slot read here: the slot is checked when it is used */
+	s = ferry__dir_own_hint(&t->dir, key);
+	if (s && op == FERRY_OP_PULL) {
+		__builtin_prefetch(s, 0);
+		__builtin_prefetch((const char *)s + 64, 0);
+	} else if (s) {
+		__builtin_prefetch(s, 1);
+		__builtin_prefetch((const char *)s + 64, 1);
+	}
+	return s;
+}
+
+/*
  * The fast path of a synchronous operation: serve keys that live here in
  * place, with no request, ticket or allocation, for as long as they do.
  *
@@ -471,7 +503,8 @@ static size_t ops_fast(struct ferry_worker *w, struct ferry_table *t, uint8_t op
 		       const uint64_t *keys, size_t n, const float *in, float *out)
 {
 	struct ferry_fastrd_cell *cell;
-	struct ferry_slot *s;
+	/* the slots of keys [i, i + OPS_AHEAD), looked up ahead of use */
+	struct ferry_slot *ahead[OPS_AHEAD];
 	size_t i, off = 0;
 
 	if (t->params.no_local_fast_path || (t->params.replicas && op != FERRY_OP_PULL) ||
@@ -479,16 +512,24 @@ static size_t ops_fast(struct ferry_worker *w, struct ferry_table *t, uint8_t op
 		return 0;
 	cell = &t->fy->fastrd->cell[w->id];
 	ferry__fastrd_enter(cell);
+	for (i = 0; n > 1 && i < n && i < 2 * OPS_AHEAD; i++)
+		ferry__dir_own_prefetch(&t->dir, keys[i]);
+	for (i = 0; i < n && i < OPS_AHEAD; i++)
+		ahead[i] = ops_fast_ahead(t, keys[i], op);
 	for (i = 0; i < n; i++) {
 		uint64_t key = keys[i];
+		struct ferry_slot *s = ahead[i % OPS_AHEAD];
 		uint32_t len;
 
 		if (!ferry__key_ok(t, key))
 			break; /* the request path reports it */
-		len = ferry__value_len(t, key);
-		s = ferry__own(t, key);
+		if (i + OPS_AHEAD < n)
+			ahead[i % OPS_AHEAD] = ops_fast_ahead(t, keys[i + OPS_AHEAD], op);
+		if (i + 2 * OPS_AHEAD < n)
+			ferry__dir_own_prefetch(&t->dir, keys[i + 2 * OPS_AHEAD]);
 		if (!s)
 			break;
+		len = ferry__value_len(t, key);
 		if (op == FERRY_OP_PULL) {
 			if (ferry__slot_read(s, key, out + off, len))
 				break;
