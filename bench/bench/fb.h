@@ -111,7 +111,7 @@ struct fb_result {
 	char scenario[12];
 	char op[24];
 	char baseline[24];
-	char note[64];
+	char note[96];
 	uint32_t value_bytes;
 	uint32_t threads;
 	uint64_t keys;

@@ -84,8 +84,10 @@ static void mem_row(struct fb_node *n, struct ferry_table *t, const char *what, 
 	r.extra = st.keys_owned ? (grow_b - slots_b) / (double)st.keys_owned : 0;
 	snprintf(r.extra_name, sizeof(r.extra_name), "over/key[B]");
 	snprintf(r.note, sizeof(r.note),
-		 "over %.0f B/key; rss+%.1f slots %.1f dir %.1f reg %.1f MB", r.extra, grow_b / 1e6,
-		 slots_b / 1e6, (double)st.dir_bytes / 1e6, (double)st.registered_bytes / 1e6);
+		 "over %.0f B/key; rss+%.1f slots %.1f dir %.1f free %.1f reg %.1f MB", r.extra,
+		 grow_b / 1e6, slots_b / 1e6, (double)st.dir_bytes / 1e6,
+		 (double)st.slots_free * (double)st.slot_bytes / 1e6,
+		 (double)st.registered_bytes / 1e6);
 	(void)keys_total;
 	fb_result_add(n->sh, &r);
 }

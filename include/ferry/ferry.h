@@ -318,6 +318,9 @@ struct ferry_table_stats {
 	uint64_t registered_bytes; /* registered with the transport (pinned on RDMA) */
 	uint64_t backups;	   /* replicas: copies of other nodes' keys kept here */
 	uint64_t backup_bytes;	   /* their bytes, with their map */
+	uint64_t slots_free;	   /* slots once used and free again (keys that left, after
+				    * their grace period): touched memory a key that comes
+				    * takes before any fresh slot */
 };
 
 /** ferry_table_stats - this node's share of @table. Return: 0 or -EINVAL. */

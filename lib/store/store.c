@@ -461,6 +461,16 @@ uint32_t ferry__arena_avail(struct ferry_arena *a)
 	return n;
 }
 
+uint32_t ferry__arena_nfree(struct ferry_arena *a)
+{
+	uint32_t n;
+
+	pthread_mutex_lock(&a->lock);
+	n = a->nfree;
+	pthread_mutex_unlock(&a->lock);
+	return n;
+}
+
 int ferry__arena_reclaim(struct ferry_arena *a)
 {
 	if (urcu_memb_read_ongoing())

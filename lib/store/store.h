@@ -186,6 +186,8 @@ void ferry__arena_free_deferred(struct ferry_arena *a, uint32_t idx);
 
 /* slots free now (a snapshot); any thread */
 uint32_t ferry__arena_avail(struct ferry_arena *a);
+/* of those, the ones used before (not fresh): a snapshot; any thread */
+uint32_t ferry__arena_nfree(struct ferry_arena *a);
 /*
  * ferry__arena_reclaim - make slots waiting for a grace period free now
  *

@@ -956,6 +956,7 @@ int ferry_table_stats(struct ferry_table *t, struct ferry_table_stats *st)
 				    (t->inbox.base ? t->inbox.bytes : 0),
 		.backups = ferry__repl_count(t),
 		.backup_bytes = ferry__repl_bytes(t),
+		.slots_free = ferry__arena_nfree(&t->arena),
 	};
 	return 0;
 }

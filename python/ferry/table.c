@@ -653,6 +653,7 @@ static PyObject *table_stats(TableObject *t, PyObject *unused)
 	STAT(d, s, registered_bytes);
 	STAT(d, s, backups);
 	STAT(d, s, backup_bytes);
+	STAT(d, s, slots_free);
 	return d;
 }
 
