@@ -452,13 +452,13 @@ collect:
 /*
  * The fast path looks a key's slot up OPS_AHEAD keys before it uses it and
  * starts loading the slot, and starts loading the directory's bucket of
- * the key 2 x OPS_AHEAD ahead: in a batch of keys spread over memory (an
- * SGD step's row and columns) the two dependent cache misses of each key
- * (bucket, then slot) overlap with the work on the keys before it. The
- * slot found early comes from the directory alone (ferry__dir_own_hint())
- * and is checked in the slot when it is used, as any slot pointer the fast
- * path holds (below): a key that moved meanwhile, or a slot of another
- * key, goes the slow way.
+ * the key 2 x OPS_AHEAD ahead (batches of more than OPS_AHEAD keys): in a
+ * batch of keys spread over memory (an SGD step's row and columns) the two
+ * dependent cache misses of each key (bucket, then slot) overlap with the
+ * work on the keys before it. The slot found early comes from the
+ * directory alone (ferry__dir_own_hint()) and is checked in the slot when
+ * it is used, as any slot pointer the fast path holds (below): a key that
+ * moved meanwhile, or a slot of another key, goes the slow way.
  */
 #define OPS_AHEAD 4
 
@@ -499,22 +499,17 @@ static inline struct ferry_slot *ops_fast_ahead(const struct ferry_table *t, uin
  * Return: how many leading keys were served; the caller hands the rest to
  * the request path. Context: the worker's thread.
  */
-static size_t ops_fast(struct ferry_worker *w, struct ferry_table *t, uint8_t op,
-		       const uint64_t *keys, size_t n, const float *in, float *out)
+/* ops_fast() for a batch of more than OPS_AHEAD keys: the look-ahead above */
+static size_t ops_fast_batch(struct ferry_table *t, uint8_t op, const uint64_t *keys, size_t n,
+			     const float *in, float *out)
 {
-	struct ferry_fastrd_cell *cell;
 	/* the slots of keys [i, i + OPS_AHEAD), looked up ahead of use */
 	struct ferry_slot *ahead[OPS_AHEAD];
 	size_t i, off = 0;
 
-	if (t->params.no_local_fast_path || (t->params.replicas && op != FERRY_OP_PULL) ||
-	    w->held_head || w->inflight_n || (op == FERRY_OP_PULL ? !out : !in))
-		return 0;
-	cell = &t->fy->fastrd->cell[w->id];
-	ferry__fastrd_enter(cell);
-	for (i = 0; n > 1 && i < n && i < 2 * OPS_AHEAD; i++)
+	for (i = 0; i < 2 * OPS_AHEAD && i < n; i++)
 		ferry__dir_own_prefetch(&t->dir, keys[i]);
-	for (i = 0; i < n && i < OPS_AHEAD; i++)
+	for (i = 0; i < OPS_AHEAD; i++)
 		ahead[i] = ops_fast_ahead(t, keys[i], op);
 	for (i = 0; i < n; i++) {
 		uint64_t key = keys[i];
@@ -538,6 +533,46 @@ static size_t ops_fast(struct ferry_worker *w, struct ferry_table *t, uint8_t op
 			break;
 		}
 		off += len;
+	}
+	return i;
+}
+
+static size_t ops_fast(struct ferry_worker *w, struct ferry_table *t, uint8_t op,
+		       const uint64_t *keys, size_t n, const float *in, float *out)
+{
+	struct ferry_fastrd_cell *cell;
+	struct ferry_slot *s;
+	size_t i, off = 0;
+
+	if (t->params.no_local_fast_path || (t->params.replicas && op != FERRY_OP_PULL) ||
+	    w->held_head || w->inflight_n || (op == FERRY_OP_PULL ? !out : !in))
+		return 0;
+	cell = &t->fy->fastrd->cell[w->id];
+	ferry__fastrd_enter(cell);
+	if (n > OPS_AHEAD) {
+		i = ops_fast_batch(t, op, keys, n, in, out);
+	} else {
+		/* a few keys: nothing to overlap, and a single key's pull stays a
+		 * lookup and a seqlock read */
+		for (i = 0; i < n; i++) {
+			uint64_t key = keys[i];
+			uint32_t len;
+
+			if (!ferry__key_ok(t, key))
+				break; /* the request path reports it */
+			len = ferry__value_len(t, key);
+			s = ferry__own(t, key);
+			if (!s)
+				break;
+			if (op == FERRY_OP_PULL) {
+				if (ferry__slot_read(s, key, out + off, len))
+					break;
+			} else if (ferry__slot_update(&t->arena, s, key, in + off, len,
+						      op == FERRY_OP_PUSH)) {
+				break;
+			}
+			off += len;
+		}
 	}
 	ferry__fastrd_leave(cell);
 	ferry__ops_count(&w->local_ops, i);
