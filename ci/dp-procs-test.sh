@@ -13,7 +13,7 @@
 # nodes); `ps` within 1e-4 of the threads' losses (pushes are added at the owners in arrival
 # order: float rounding, carried along by SGD); `ssp` within 20% (which clocks a read holds
 # depends on the timing, up to the staleness bound); every LB-BSP split sums to the global
-# batch; only rank 0 prints points. About 5 s.
+# batch; only rank 0 prints points. Then --duty's bounds and its record in the JSON. About 6 s.
 #
 #   bash ci/dp-procs-test.sh [--build-dir DIR] [--no-mpirun]
 set -euo pipefail
@@ -117,4 +117,14 @@ for run in "${runs[@]}"; do
 		"$f" >/dev/null || fail "$run: an LB-BSP split does not sum to the global batch"
 	echo "dp-procs-test: $run: ok"
 done
-echo "dp-procs-test: ok: ${runs[*]} agree with the threads' run"
+# --duty (docs/dp.md): in (0, 1], said in the JSON; out of range refused with exit 2
+for d in 0 1.5 x; do
+	rc=0
+	"${clean[@]}" "$bin" --workers 2 --duty "$d" --synthetic 300 --iters 2 >/dev/null 2>&1 || rc=$?
+	[[ $rc -eq 2 ]] || fail "--duty $d: exit $rc, not 2"
+done
+"${clean[@]}" timeout --kill-after=5 60 "$bin" --workers 2 --duty 0.5 --straggler 1:2 \
+	--synthetic 600 --iters 10 --eval-every 5 --scheme lbbsp --json "$tmp/duty.json" \
+	>"$tmp/duty.out" 2>&1 || { tail -n 20 "$tmp/duty.out"; fail "--duty 0.5: exit $?"; }
+jq -e '.duty == 0.5' "$tmp/duty.json" >/dev/null || fail "--duty 0.5: not in the JSON"
+echo "dp-procs-test: ok: ${runs[*]} agree with the threads' run; --duty checked"

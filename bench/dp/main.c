@@ -34,7 +34,9 @@
  * --straggler RANK:FACTOR[:FROM] slows one worker by FACTOR from iteration
  * FROM (it sleeps FACTOR - 1 times its compute time: a deterministic
  * straggler that costs no CPU); --jitter P:MS makes every worker pause a
- * random 0 .. MS ms with probability P per iteration. Time is rank 0's wall
+ * random 0 .. MS ms with probability P per iteration; --duty D (< 1) runs
+ * every worker as on a machine D times one core of this one (dp_pace()), so
+ * that more workers than cores do not slow each other. Time is rank 0's wall
  * clock with evaluation taken out (every node waits at a barrier while rank
  * 0 evaluates on the test set). JSON with --json FILE.
  */
@@ -68,6 +70,7 @@ struct dp_opts {
 	float lr;
 	int strag_rank, strag_from;
 	double strag_factor;
+	double duty; /* --duty: 1 (off), or the speed emulated, as a share of a core */
 	double jitter_p, jitter_ms;
 	double target_loss;
 	double ema_alpha; /* LB-BSP's predictor */
@@ -116,6 +119,34 @@ static void sleep_s(double s)
 	ts.tv_sec = (time_t)s;
 	ts.tv_nsec = (long)((s - (double)ts.tv_sec) * 1e9);
 	nanosleep(&ts, NULL);
+}
+
+static double cpu_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/*
+ * End a compute phase that began at wall time @t0 and thread CPU time @c0.
+ * Without --duty its length is what it took; a straggler (@slow) then
+ * sleeps FACTOR - 1 times that. With --duty D (< 1) its length is its CPU
+ * time / D, FACTOR times that for a straggler, made up by sleeping: every
+ * worker runs as on a machine D times one core here, whatever the other
+ * workers on the same cores do, as long as W x D is at most the cores (so
+ * 4 workers on 2 cores at D = 0.5). Without it, 4 workers on 2 cores slow
+ * each other, and a straggler that sleeps frees a core the others then
+ * use (docs/dp.md).
+ */
+static void dp_pace(const struct dp_opts *o, int slow, double t0, double c0)
+{
+	double base = o->duty < 1 ? (cpu_s() - c0) / o->duty : now_s() - t0;
+
+	if (slow)
+		base *= o->strag_factor;
+	sleep_s(base - (now_s() - t0));
 }
 
 struct dp_arg {
@@ -210,7 +241,7 @@ static void *dp_worker(void *p)
 	clock0 = now_s();
 	for (int it = 0; it <= o->iters; it++) {
 		uint32_t b = batch[r];
-		double t0, step;
+		double t0, c0, step;
 
 		if (it % o->eval_every == 0 || it == o->iters) {
 			/* everybody waits while rank 0 evaluates: out of the clock */
@@ -243,11 +274,11 @@ static void *dp_worker(void *p)
 			cursor++;
 		}
 		t0 = now_s();
+		c0 = cpu_s();
 		memset(buf, 0, (P + 2 + DP_MAX_WORKERS) * sizeof(float));
 		buf[P] = (float)dp_grad(&run->model, d, w, idx, b, buf);
 		buf[P + 1] = (float)b;
-		if (r == o->strag_rank && it >= o->strag_from)
-			sleep_s((o->strag_factor - 1) * (now_s() - t0));
+		dp_pace(o, r == o->strag_rank && it >= o->strag_from, t0, c0);
 		if (o->jitter_p > 0 && (double)(rng = rng * 6364136223846793005ull + 1, rng >> 11) /
 						       (double)(1ull << 53) <
 					       o->jitter_p)
@@ -389,7 +420,7 @@ static void *dp_backup_worker(void *p)
 	clock0 = now_s();
 	while (t <= o->iters) {
 		uint64_t ak = (uint64_t)(t % DP_ACC_KEYS);
-		double t0;
+		double t0, c0;
 
 		if (r == 0 && (t % o->eval_every == 0 || t == o->iters)) {
 			double e0 = now_s();
@@ -410,11 +441,11 @@ static void *dp_backup_worker(void *p)
 			cursor++;
 		}
 		t0 = now_s();
+		c0 = cpu_s();
 		memset(buf, 0, (P + 1) * sizeof(float));
 		dp_grad(&run->model, d, w, idx, batch[r], buf);
 		buf[P] = (float)batch[r];
-		if (r == o->strag_rank && t >= o->strag_from)
-			sleep_s((o->strag_factor - 1) * (now_s() - t0));
+		dp_pace(o, r == o->strag_rank && t >= o->strag_from, t0, c0);
 		if (o->jitter_p > 0 && (double)(rng = rng * 6364136223846793005ull + 1, rng >> 11) /
 						       (double)(1ull << 53) <
 					       o->jitter_p)
@@ -561,6 +592,7 @@ static json_t *dp_json(const struct dp_opts *o, const char *data, struct dp_run 
 	bjson_set(root, "jitter", jit);
 	bjson_set_num(jit, "p", o->jitter_p);
 	bjson_set_num(jit, "ms", o->jitter_ms);
+	bjson_set_num(root, "duty", o->duty);
 	bjson_set_num(root, "target_loss", o->target_loss);
 	bjson_set_num(root, "ema_alpha", o->ema_alpha);
 	bjson_set_int(root, "staleness", o->staleness);
@@ -605,12 +637,14 @@ static void usage(void)
 	       "       [--iters N] [--batch GLOBAL] [--lr LR] [--eval-every N] [--target-loss L]\n"
 	       "       [--data DIR | --images F --labels F --test-images F --test-labels F |\n"
 	       "        --synthetic N] [--straggler RANK:FACTOR[:FROM]] [--jitter P:MS]\n"
+	       "       [--duty D]\n"
 	       "       [--ema-alpha A] [--backups B] [--model softmax|mlp] [--hidden N]\n"
 	       "       [--staleness S] [--seed S] [--json FILE]\n"
 	       "Defaults: all schemes, 4 workers, 1500 iterations, global batch 512, lr 0.2,\n"
 	       "Fashion-MNIST from /usr/share/datasets/fashion-mnist (Debian's\n"
 	       "dataset-fashion-mnist), no straggler, target test loss 0.5, evaluation every 50,\n"
-	       "SSP staleness 3. The workers are threads of this process, or, under a launcher\n"
+	       "SSP staleness 3, --duty 1 (off; D < 1: every worker computes as on a machine D\n"
+	       "times one core, its compute phases stretched by sleeping to CPU time / D). The workers are threads of this process, or, under a launcher\n"
 	       "(mpirun, FERRY_RANK/FERRY_WORLD, torchrun), the launched processes (no --workers).\n");
 }
 
@@ -632,6 +666,7 @@ int main(int argc, char **argv)
 		{ "synthetic", required_argument, NULL, 'S' },
 		{ "straggler", required_argument, NULL, 'g' },
 		{ "jitter", required_argument, NULL, 'j' },
+		{ "duty", required_argument, NULL, 'D' },
 		{ "seed", required_argument, NULL, 'r' },
 		{ "ema-alpha", required_argument, NULL, 'a' },
 		{ "backups", required_argument, NULL, 'B' },
@@ -649,6 +684,7 @@ int main(int argc, char **argv)
 			     .lr = 0.2f,
 			     .strag_rank = -1,
 			     .strag_factor = 1,
+			     .duty = 1,
 			     .target_loss = 0.5,
 			     .ema_alpha = 0.3,
 			     .backups = 1,
@@ -736,6 +772,9 @@ int main(int argc, char **argv)
 				return 2;
 			}
 			break;
+		case 'D':
+			o.duty = strtod(optarg, NULL);
+			break;
 		case 'r':
 			o.seed = strtoull(optarg, NULL, 10);
 			break;
@@ -801,12 +840,13 @@ int main(int argc, char **argv)
 	}
 	if (o.workers < 1 || o.workers > DP_MAX_WORKERS || o.iters < 1 || o.eval_every < 1 ||
 	    o.batch < (uint32_t)o.workers || !o.schemes || o.strag_factor < 1 ||
-	    o.strag_rank >= o.workers || o.ema_alpha <= 0 || o.ema_alpha > 1 || o.backups < 0 ||
+	    !(o.duty > 0 && o.duty <= 1) || o.strag_rank >= o.workers || o.ema_alpha <= 0 ||
+	    o.ema_alpha > 1 || o.backups < 0 ||
 	    (o.backups >= o.workers && (o.schemes & (1u << DP_BACKUP)))) {
 		fprintf(stderr,
 			"ferry-dp: bad options: 1 .. %d workers, a global batch of at least "
 			"one sample per worker, a straggler factor >= 1 on a worker that "
-			"exists, an EMA alpha in (0, 1], fewer backups than workers (backup)\n",
+			"exists, a duty in (0, 1], an EMA alpha in (0, 1], fewer backups than workers (backup)\n",
 			DP_MAX_WORKERS);
 		if (me >= 0)
 			ferry_close(fys[me]);
@@ -864,11 +904,11 @@ int main(int argc, char **argv)
 	if (me > 0) /* rank 0 reports; the others only train */
 		goto run;
 	printf("# ferry-dp: %s, %s, %zu training / %zu test samples, %d workers, global batch %u, "
-	       "lr %g, straggler %d x%g from %d, jitter %g:%gms, LB-BSP EMA alpha %g, SSP staleness "
-	       "%u, nodes as %s\n",
+	       "lr %g, straggler %d x%g from %d, jitter %g:%gms, duty %g, LB-BSP EMA alpha %g, SSP "
+	       "staleness %u, nodes as %s\n",
 	       o.hidden ? "MLP" : "softmax regression", data_name, train.n, test.n, o.workers,
 	       o.batch, (double)o.lr, o.strag_rank, o.strag_factor, o.strag_from, o.jitter_p,
-	       o.jitter_ms, o.ema_alpha, o.staleness, me >= 0 ? "processes" : "threads");
+	       o.jitter_ms, o.duty, o.ema_alpha, o.staleness, me >= 0 ? "processes" : "threads");
 	printf("# %-10s %6s %9s %9s %8s  batches\n", "scheme", "iter", "time_s", "test_loss",
 	       "test_acc");
 	fflush(stdout);
