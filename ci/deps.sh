@@ -12,7 +12,8 @@
 #   vm     run the RDMA suites on SoftRoCE inside QEMU (ci/softroce-vm.sh)
 #   bench  plot benchmark figures; Fashion-MNIST for ferry-dp (dataset-fashion-mnist)
 #   python the Python package and its tests (python/, docs/python.md): headers, numpy, torch
-#          (torchrun), pytest; WordNet 3.0 for the KGE example; matplotlib for its plot
+#          (torchrun) and its C++ headers with g++ (ferry._torchview), pytest; WordNet 3.0 for
+#          the KGE example; matplotlib for its plot
 #
 # Idempotent: a package counts as present when dpkg says "install ok installed"; `apt-get update`
 # runs only when something is missing, at most once per call. Every apt call is bounded. Prints
@@ -23,7 +24,7 @@ readonly GROUP_BUILD="cmake gcc make pkg-config liburcu-dev libxxhash-dev libsod
 readonly GROUP_FUZZ="clang-14 libfuzzer-14-dev"
 readonly GROUP_VM="qemu-system-x86 busybox-static rdma-core ibverbs-utils rdmacm-utils perftest ibverbs-providers iproute2 cpio kmod"
 readonly GROUP_BENCH="gnuplot-nox dataset-fashion-mnist"
-readonly GROUP_PYTHON="python3-dev python3-numpy python3-torch python3-pytest wordnet-base python3-matplotlib"
+readonly GROUP_PYTHON="python3-dev python3-numpy python3-torch libtorch-dev pybind11-dev g++ python3-pytest wordnet-base python3-matplotlib"
 
 # Bounds, in seconds; override for slow mirrors.
 readonly UPDATE_TIMEOUT=${FERRY_APT_UPDATE_TIMEOUT:-300}
@@ -31,7 +32,7 @@ readonly INSTALL_TIMEOUT=${FERRY_APT_INSTALL_TIMEOUT:-900}
 
 usage()
 {
-	sed -n '2,16s/^# \{0,1\}//p' "$0"
+	sed -n '2,17s/^# \{0,1\}//p' "$0"
 }
 
 group_packages()

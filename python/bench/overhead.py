@@ -7,7 +7,8 @@ For each case the same table, keys and output buffer are pulled N times
            checks, GIL release and reacquire)
   py-new   t.pull(keys), a new numpy array each call
   torch    t.pull(keys_t, out=out_t) with torch tensors, read each of the binding's ways
-           (TORCH_PATHS: the attributes by interned name, the default; one DLPack export;
+           (TORCH_PATHS: one call into ferry._torchview reading the at::Tensor, the
+           default where it is built; the attributes by interned name; one DLPack export;
            the attributes by C string, as the first version did)
 and the script prints us per call, the difference (added per call) and the ratio py / c.
 Cases: 1 key and 1000 keys, owned here (the local fast path: the binding's cost stands
@@ -24,8 +25,10 @@ import numpy as np
 
 import ferry
 
-# how the binding reads a torch tensor (arrays.c, enum tensor_path): the default first
-TORCH_PATHS = ("attrs", "dlpack", "strings")
+# how the binding reads a torch tensor (arrays.c, enum tensor_path): the default first;
+# "aten" (ferry._torchview) only where it was built (main() drops it otherwise)
+TORCH_PATHS = ("aten", "attrs", "dlpack", "strings")
+DEFAULT_PATH = "attrs"
 
 
 def measure(t, keys, iters, reps, vl):
@@ -55,7 +58,7 @@ def measure(t, keys, iters, reps, vl):
             for _ in range(iters):
                 t.pull(keys_t, out=out_t)
             dt = time.perf_counter() - t0
-            ferry._ferry._tensor_path("attrs")
+            ferry._ferry._tensor_path(DEFAULT_PATH)
             return dt
     except ImportError:
         def py_torch(path):
@@ -81,8 +84,17 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--where", choices=("local", "remote", "both"), default="both")
     args = ap.parse_args()
+    global TORCH_PATHS, DEFAULT_PATH
+    try:
+        import torch  # noqa: F401
+        DEFAULT_PATH = ferry._ferry._tensor_path("attrs")
+        ferry._ferry._tensor_path(DEFAULT_PATH)
+        if DEFAULT_PATH != "aten":
+            TORCH_PATHS = tuple(p for p in TORCH_PATHS if p != "aten")
+    except ImportError:
+        pass
     vl = args.value_len
-    res = {"value_len": vl, "reps": args.reps, "cases": []}
+    res = {"value_len": vl, "reps": args.reps, "torch_paths": TORCH_PATHS, "cases": []}
     nodes = ferry.local_cluster(2)
     tabs = [None, None]
 

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "pyferry.h"
+#include "torchview.h"
 
 /* ---- arguments --------------------------------------------------------- */
 
@@ -159,9 +160,15 @@ static int tensor_names(void)
 	return 0;
 }
 
-/* @obj is a torch.Tensor: 1, 0, or -1 with an exception; torch is never
- * imported here, only looked up */
-static int is_tensor(PyObject *obj)
+static void tview_load(void);
+
+/*
+ * Once the program imported torch: its Tensor type, dtypes, the names read
+ * and the reader of tensors (tview_load). 1 when torch is there, 0 when
+ * not (yet), -1 with an exception; torch is never imported here, only
+ * looked up.
+ */
+static int torch_init(void)
 {
 	if (!tensor_type) {
 		PyObject *nm = PyUnicode_InternFromString("torch");
@@ -183,16 +190,30 @@ static int is_tensor(PyObject *obj)
 			Py_CLEAR(tensor_type);
 			return 0;
 		}
+		tview_load();
 	}
-	return PyObject_TypeCheck(obj, (PyTypeObject *)tensor_type);
+	return 1;
+}
+
+/* @obj is a torch.Tensor: 1, 0, or -1 with an exception */
+static int is_tensor(PyObject *obj)
+{
+	int r = torch_init();
+
+	return r <= 0 ? r : PyObject_TypeCheck(obj, (PyTypeObject *)tensor_type);
 }
 
 /*
  * How a torch tensor is read (Table._tensor_path; python/bench/overhead.py
  * measures each, docs/python.md has the figures):
+ *  TP_ATEN    one call into the C++ module ferry._torchview, which reads the
+ *             tensor's at::Tensor (torchview.h; about 10 ns a tensor): the
+ *             default when that module was built and matches the torch
+ *             imported (tview_load); a subclass of torch.Tensor other than
+ *             Parameter goes by TP_ATTRS;
  *  TP_ATTRS   its attributes read one by one (is_cpu, requires_grad,
  *             is_contiguous(), dtype, shape, data_ptr()) by interned names
- *             and vectorcall (the default: the cheapest, about 0.2 us a
+ *             and vectorcall (the default without _torchview: about 0.3 us a
  *             tensor);
  *  TP_DLPACK  one call of torch's C function _to_dlpack: a DLPack capsule
  *             holds the pointer, device, dtype, shape and strides, and a
@@ -208,9 +229,52 @@ enum tensor_path {
 	TP_ATTRS,
 	TP_DLPACK,
 	TP_STRINGS,
+	TP_ATEN,
 };
 static enum tensor_path tensor_path = TP_ATTRS;
-static const char *const tensor_path_names[] = { "attrs", "dlpack", "strings" };
+static const char *const tensor_path_names[] = { "attrs", "dlpack", "strings", "aten" };
+
+/* ferry._torchview's reader, NULL when it is not built or not usable */
+static const struct ferry_tview_api *tview;
+
+/*
+ * Imports ferry._torchview when the torch imported is the one it was built
+ * against: the same torch/__init__.py and version (FERRY_TORCH_FILE and
+ * FERRY_TORCH_VERSION, set by python/CMakeLists.txt). Another torch (a
+ * pip wheel, say) must not make the module load a second libtorch. The
+ * module's own init checks that its libtorch_python made torch.Tensor.
+ * Makes TP_ATEN the default; on any mismatch leaves TP_ATTRS, silently.
+ */
+static void tview_load(void)
+{
+#if defined(FERRY_TORCH_FILE) && defined(FERRY_TORCH_VERSION)
+	PyObject *nm = PyUnicode_InternFromString("torch");
+	PyObject *m = nm ? PyImport_GetModule(nm) : NULL;
+	PyObject *file = m ? PyObject_GetAttrString(m, "__file__") : NULL;
+	PyObject *ver = m ? PyObject_GetAttrString(m, "__version__") : NULL;
+	int same = file && ver && PyUnicode_Check(file) && PyUnicode_Check(ver) &&
+		   !PyUnicode_CompareWithASCIIString(file, FERRY_TORCH_FILE) &&
+		   !PyUnicode_CompareWithASCIIString(ver, FERRY_TORCH_VERSION);
+	const struct ferry_tview_api *api;
+
+	Py_XDECREF(file);
+	Py_XDECREF(ver);
+	Py_XDECREF(m);
+	Py_XDECREF(nm);
+	PyErr_Clear();
+	if (!same)
+		return;
+	/* PyCapsule_Import finds attributes only: the submodule first */
+	m = PyImport_ImportModule("ferry._torchview");
+	api = m ? PyCapsule_Import(FERRY_TVIEW_CAPSULE, 0) : NULL;
+	Py_XDECREF(m);
+	if (api && api->version == FERRY_TVIEW_VERSION) {
+		tview = api;
+		tensor_path = TP_ATEN;
+	}
+	PyErr_Clear();
+#endif
+}
 
 /* the DLPack ABI (dmlc/dlpack, dlpack.h v0.x, which torch 1.13 exports) */
 struct dl_tensor {
@@ -234,21 +298,30 @@ struct dl_managed_tensor {
 
 #define DL_CPU 1
 
-/* Table._tensor_path(name): sets the path, returns the one before */
+/* ferry._ferry._tensor_path(name): sets the path, returns the one before (the
+ * default: "aten" once torch was imported and _torchview fits it, else "attrs") */
 PyObject *mod_tensor_path(PyObject *self, PyObject *arg)
 {
 	const char *s = PyUnicode_AsUTF8(arg);
-	enum tensor_path old = tensor_path;
+	enum tensor_path old;
 
-	if (!s)
+	if (!s || torch_init() < 0)
 		return NULL;
-	for (int i = 0; i < 3; i++)
+	old = tensor_path;
+	for (int i = 0; i < 4; i++)
 		if (!strcmp(s, tensor_path_names[i])) {
+			if (i == TP_ATEN && !tview) {
+				PyErr_SetString(PyExc_ValueError,
+						"ferry: the 'aten' tensor path is not available "
+						"(ferry._torchview not built, or another torch)");
+				return NULL;
+			}
 			tensor_path = (enum tensor_path)i;
 			return PyUnicode_FromString(tensor_path_names[old]);
 		}
 	PyErr_Format(PyExc_ValueError,
-		     "ferry: the tensor path is 'attrs', 'dlpack' or 'strings', not '%s'", s);
+		     "ferry: the tensor path is 'aten', 'attrs', 'dlpack' or 'strings', not '%s'",
+		     s);
 	return NULL;
 }
 
@@ -448,8 +521,64 @@ err:
 	return -1;
 }
 
+/*
+ * A CPU torch tensor seen in place through ferry._torchview (TP_ATEN); a
+ * tensor it does not handle goes by its attributes. The view holds a
+ * reference on the tensor until arr_release().
+ */
+static int tensor_get_aten(PyObject *obj, const char *name, int writable, struct arr *a)
+{
+	struct ferry_tview v;
+	size_t k;
+
+	if (tview->get(obj, &v))
+		return tensor_get_attrs(obj, name, writable, a);
+	if (!v.strided) {
+		PyErr_Format(PyExc_TypeError,
+			     "ferry: %s is a sparse torch tensor or one without memory of its own; "
+			     "ferry reads dense memory (tensor.to_dense() makes a dense copy)",
+			     name);
+		return -1;
+	}
+	if (!v.cpu) {
+		err_device(name);
+		return -1;
+	}
+	if (writable && v.requires_grad) {
+		err_grad(name);
+		return -1;
+	}
+	if (!v.contiguous) {
+		err_contig(name);
+		return -1;
+	}
+	if (v.lazy) {
+		PyErr_Format(PyExc_ValueError,
+			     "ferry: %s is a negative or conjugate view, whose memory does not "
+			     "hold its values (tensor.resolve_neg() or resolve_conj() makes a copy "
+			     "that does)",
+			     name);
+		return -1;
+	}
+	for (k = 0; k < N_DTYPES && tensor_dtypes[k].fmt[0] != v.fmt; k++)
+		;
+	memset(&a->view, 0, sizeof(a->view));
+	a->view.buf = v.data;
+	a->view.itemsize = k < N_DTYPES ? tensor_dtypes[k].size : 1;
+	a->view.format = (char *)(k < N_DTYPES ? tensor_dtypes[k].fmt : "?torch");
+	a->view.len = (Py_ssize_t)v.numel * a->view.itemsize;
+	a->view.ndim = v.ndim;
+	a->view.obj = Py_NewRef(obj);
+	a->shape0 = (Py_ssize_t)v.shape0;
+	a->held = 1;
+	a->torch = 1;
+	return 0;
+}
+
 static int tensor_get(PyObject *obj, const char *name, int writable, struct arr *a)
 {
+	if (tensor_path == TP_ATEN)
+		return tensor_get_aten(obj, name, writable, a);
 	if (tensor_path == TP_DLPACK && to_dlpack)
 		return tensor_get_dlpack(obj, name, writable, a);
 	return tensor_get_attrs(obj, name, writable, a);

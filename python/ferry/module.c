@@ -30,6 +30,13 @@
 
 #include "pyferry.h"
 
+/* built with ferry._torchview (python/CMakeLists.txt sets FERRY_TORCH_FILE; arrays.c) */
+#ifdef FERRY_TORCH_FILE
+#define TORCHVIEW_BUILT 1
+#else
+#define TORCHVIEW_BUILT 0
+#endif
+
 static PyObject *ferry_error; /* ferry.Error, a subclass of OSError */
 
 /* ---- errors ----------------------------------------------------------- */
@@ -561,7 +568,8 @@ PyMODINIT_FUNC PyInit__ferry(void)
 	    PyModule_AddIntConstant(m, "E_PEER", FERRY_E_PEER) ||
 	    PyModule_AddIntConstant(m, "E_NOJOIN", FERRY_E_NOJOIN) ||
 	    PyModule_AddIntConstant(m, "E_NODEV", FERRY_E_NODEV) ||
-	    PyModule_AddStringConstant(m, "version", ferry_version()))
+	    PyModule_AddStringConstant(m, "version", ferry_version()) ||
+	    PyModule_AddIntConstant(m, "_TORCHVIEW", TORCHVIEW_BUILT))
 		goto err;
 	return m;
 err:

@@ -130,12 +130,30 @@ def test_zero_copy_numpy_out(node1):
     t.destroy()
 
 
-@pytest.fixture(params=["attrs", "dlpack", "strings"])
+def torchview_built():
+    """_ferry was built with ferry._torchview (python/CMakeLists.txt, FERRY_TORCHVIEW)"""
+    return bool(ferry._ferry._TORCHVIEW)
+
+
+@pytest.fixture(params=["aten", "attrs", "dlpack", "strings"])
 def tensor_path(request):
     """Every way the binding reads a torch tensor (arrays.c); the default is restored."""
+    pytest.importorskip("torch")
+    if request.param == "aten" and not torchview_built():
+        pytest.skip("ferry._torchview not built (no libtorch-dev, or FERRY_PYTHON_TORCHVIEW=OFF)")
     old = ferry._ferry._tensor_path(request.param)
     yield request.param
     ferry._ferry._tensor_path(old)
+
+
+def test_torchview_is_the_default():
+    """Built, ferry._torchview reads every plain tensor: the default path is "aten"."""
+    pytest.importorskip("torch")
+    if not torchview_built():
+        pytest.skip("ferry._torchview not built (no libtorch-dev, or FERRY_PYTHON_TORCHVIEW=OFF)")
+    old = ferry._ferry._tensor_path("attrs")
+    ferry._ferry._tensor_path(old)
+    assert old == "aten"
 
 
 def test_zero_copy_torch(tensor_path):
@@ -185,6 +203,32 @@ def test_zero_copy_torch(tensor_path):
         t.pull(torch.arange(3, dtype=torch.bfloat16))
     g = torch.full((3,), 2.0, dtype=torch.float64)
     assert n.allreduce(g) is g and float(g.sum()) == 6.0  # one node: the sum is itself
+    # nothing is kept between calls: a tensor resized (new memory) is read anew
+    grow = torch.zeros(2, 4)
+    t.pull(keys[:2], out=grow)
+    grow.resize_(10, 4)
+    grow.zero_()
+    t.pull(keys, out=grow)
+    assert float(grow.sum()) == 80.0
+    with pytest.raises(TypeError, match="on a device"):
+        t.pull(keys, out=torch.zeros(10, 4, device="meta"))
+    # a Parameter: read as deltas, refused as out (it requires grad)
+    p = torch.nn.Parameter(torch.ones(10, 4))
+    t.push(keys, p)
+    with pytest.raises(RuntimeError, match="requires grad"):
+        t.pull(keys, out=p)
+    t.pull(keys, out=p.data)
+    assert float(p.data.sum()) == 120.0
+
+    class Sub(torch.Tensor):  # a subclass: read through its attributes on every path
+        pass
+    sub = torch.zeros(10, 4).as_subclass(Sub)
+    assert t.pull(keys, out=sub) is sub and float(sub.sum()) == 120.0
+    if tensor_path == "aten":  # what only the at::Tensor reader tells apart
+        with pytest.raises(TypeError, match="sparse"):
+            t.push(keys, torch.ones(10, 4).to_sparse())
+        with pytest.raises(ValueError, match="negative or conjugate view"):
+            t.push(keys, torch.ones(10, 4)._neg_view())
     t2.destroy()
     t.destroy()
     n.close()

@@ -64,6 +64,27 @@ def test_kge_two_processes_beats_random(tmp_path):
     assert ev["hits10"] > 0.1, ev
     assert rep["epochs"][-1]["loss"] < 0.5 * rep["epochs"][0]["loss"]
     assert sum(e["relocations_in"] for e in rep["epochs"]) > 0  # dynamic: rows moved
+    for e in rep["epochs"]:  # rank 0's epoch by part adds up, each part measured
+        parts = ("pull_seconds", "push_seconds", "torch_seconds", "localize_post_seconds",
+                 "localize_wait_seconds", "other_seconds")
+        assert abs(sum(e[k] for k in parts) - e["node_seconds"]) < 1e-6, e
+        assert all(e[k] > 0 for k in parts[:5]) and e["other_seconds"] >= -1e-6, e
+
+
+def test_relation_partition_is_balanced():
+    """--partition relation: every relation trained by one node, the shares balanced."""
+    pytest.importorskip("torch")
+    import train
+    kg = kgedata.synthetic(num_entities=500, num_relations=12, num_triples=6000, seed=3)
+    for world in (2, 3, 4):
+        owner = train.relation_owners(kg.train, kg.num_relations, world)
+        assert owner.shape == (kg.num_relations,) and set(owner) <= set(range(world))
+        share = np.bincount(owner[kg.train[:, 1]], minlength=world)
+        count = np.bincount(kg.train[:, 1], minlength=kg.num_relations)
+        # greedy, largest first: no share above the ideal by more than the largest relation
+        assert share.sum() == len(kg.train)
+        assert share.max() <= len(kg.train) / world + count.max(), (share, count)
+        assert share.min() > 0
 
 
 @pytest.mark.parametrize("name", ["complex", "rescal"])

@@ -33,10 +33,18 @@ def run(args, nodes, placement, extra):
     return rep
 
 
+# where rank 0's epoch went (train.py): these add up to its node_seconds
+PARTS = ("pull_seconds", "push_seconds", "torch_seconds", "localize_post_seconds",
+         "localize_wait_seconds", "other_seconds")
+
+
 def summary(reps):
     # the first epoch also pays for first touches: the later ones count
     ep = [e["seconds"] for rep in reps for e in (rep["epochs"][1:] or rep["epochs"])]
-    return {"epoch_seconds": sum(ep) / len(ep), "epoch_seconds_min": min(ep),
+    counted = [e for rep in reps for e in (rep["epochs"][1:] or rep["epochs"])]
+    parts = {k: sum(e.get(k, 0.0) for e in counted) / len(counted)
+             for k in PARTS + ("node_seconds", "torch_cpu_seconds")}
+    return {"rank0_breakdown": parts,"epoch_seconds": sum(ep) / len(ep), "epoch_seconds_min": min(ep),
             "epoch_seconds_max": max(ep), "epochs_counted": len(ep),
             "mrr": sum(r["eval"]["mrr"] for r in reps) / len(reps),
             "hits10": sum(r["eval"]["hits10"] for r in reps) / len(reps),
@@ -49,7 +57,7 @@ def summary(reps):
                                   for e in (rep["epochs"][1:] or rep["epochs"])) / len(ep)}
 
 
-def plot(res, out):
+def plot(res, out, title=""):
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -63,8 +71,23 @@ def plot(res, out):
                         int(n), p, s["epoch_seconds"], "#" * int(10 * s["epoch_seconds"]),
                         s["mrr"]))
         return out + ".txt"
-    fig, ax = plt.subplots(1, 3, figsize=(13, 3.5))
+    fig, ax = plt.subplots(1, 4, figsize=(17, 3.5))
     ns = sorted(res, key=int)
+    # rank 0's epoch, stacked by part: classic and dynamic side by side per node count
+    colors = ("tab:blue", "tab:cyan", "tab:orange", "tab:purple", "tab:red", "tab:gray")
+    for j, n in enumerate(ns):
+        for i, p in enumerate(("classic", "dynamic")):
+            bottom = 0.0
+            for k, c in zip(PARTS, colors):
+                v = res[n][p].get("rank0_breakdown", {}).get(k, 0.0)
+                ax[3].bar(j + 0.4 * i, v, 0.38, bottom=bottom, color=c,
+                          label=k.replace("_seconds", "") if j == 0 and i == 0 else None)
+                bottom += v
+            ax[3].text(j + 0.4 * i, bottom, p[0], ha="center", va="bottom")
+    ax[3].set_xticks([j + 0.2 for j in range(len(ns))])
+    ax[3].set_xticklabels(["%s nodes" % n for n in ns])
+    ax[3].set_title("rank 0's epoch (s): c classic, d dynamic")
+    ax[3].legend(fontsize=7)
     for i, p in enumerate(("classic", "dynamic")):
         ax[0].bar([j + 0.4 * i for j in range(len(ns))],
                   [res[n][p]["epoch_seconds"] for n in ns], 0.4, label=p)
@@ -78,6 +101,8 @@ def plot(res, out):
         a.set_xticklabels(["%s nodes" % n for n in ns])
         a.set_title(t)
         a.legend()
+    if title:
+        fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(out + ".png", dpi=100)
     return out + ".png"
@@ -93,11 +118,13 @@ def main():
     ap.add_argument("--nodes", default="2,4")
     ap.add_argument("--reps", type=int, default=2, help="runs of each pair")
     ap.add_argument("--out", default="kge-compare")
+    ap.add_argument("--title", default="", help="the plot's title")
     ap.add_argument("--replot", help="only redraw the plot of this JSON (to --out)")
     args, extra = ap.parse_known_args()
     if args.replot:
         with open(args.replot) as f:
-            print("wrote", plot(json.load(f)["summary"], args.out))
+            d = json.load(f)
+            print("wrote", plot(d["summary"], args.out, d["args"].get("title", "")))
         return
     res, runs = {}, []
     k = 0
@@ -118,6 +145,10 @@ def main():
         r["cpu_ratio_classic_over_dynamic"] = r["classic"]["cpu_seconds_all_nodes"] / \
             r["dynamic"]["cpu_seconds_all_nodes"]
         c, d = r["classic"], r["dynamic"]
+        for p in ("classic", "dynamic"):
+            print("  %s, rank 0 per epoch: %s" % (p, ", ".join(
+                "%s %.2f" % (k.replace("_seconds", ""), v)
+                for k, v in r[p]["rank0_breakdown"].items())), flush=True)
         print("%d nodes: classic %.2f s/epoch (%.2f-%.2f, cpu %.2f s) MRR %.3f, dynamic %.2f "
               "s/epoch (%.2f-%.2f, cpu %.2f s) MRR %.3f: dynamic x%.2f (best epochs x%.2f, "
               "cpu x%.2f)" % (n, c["epoch_seconds"], c["epoch_seconds_min"],
@@ -129,7 +160,7 @@ def main():
     with open(args.out + ".json", "w") as f:
         json.dump({"summary": res, "args": vars(args), "extra": extra, "runs": runs}, f,
                   indent=1)
-    print("wrote", args.out + ".json", plot(res, args.out))
+    print("wrote", args.out + ".json", plot(res, args.out, args.title))
 
 
 if __name__ == "__main__":

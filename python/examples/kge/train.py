@@ -70,8 +70,13 @@ class RESCAL:
         self.rel_len = dim * dim
 
     def score(self, h, r, t):
+        """h, r, t broadcast against each other; with negatives one of h and t has a
+        dimension of k where r has 1: the product with R is taken on the other side first,
+        so R is never expanded k times (b x k x dim x dim floats)."""
         R = r.reshape(*r.shape[:-1], self.dim, self.dim)
-        return (h.unsqueeze(-2) @ R @ t.unsqueeze(-1))[..., 0, 0]
+        if h.dim() >= 2 and t.dim() >= 2 and h.shape[-2] > t.shape[-2]:
+            return (h * (R @ t.unsqueeze(-1)).squeeze(-1)).sum(-1)
+        return ((h.unsqueeze(-2) @ R).squeeze(-2) * t).sum(-1)
 
     def score_tails(self, h, r, E):
         R = r.reshape(-1, self.dim, self.dim)
@@ -99,12 +104,15 @@ def batch_keys(b):
 
 def train_batch(model, args, ent_t, rel_t, b, keys, rng, clock):
     """One step on batch b: pull the rows, autograd the loss, push AdaGrad's update;
-    clock["store"] gathers the seconds spent in pull and push."""
+    clock gathers the seconds spent in pull, in torch (the loss, its gradient and the
+    update) and in push."""
     ents, inv, rels, rinv = keys
     c0 = time.perf_counter()
     E = torch.from_numpy(ent_t.pull(ents))  # (n, 2*ent_len): embedding | accumulator
     R = torch.from_numpy(rel_t.pull(rels))
-    clock["store"] += time.perf_counter() - c0
+    c1 = time.perf_counter()
+    clock["pull"] += c1 - c0
+    u0 = time.thread_time()
     el, rl = model.ent_len, model.rel_len
     e = E[:, :el].clone().requires_grad_()
     r = R[:, :rl].clone().requires_grad_()
@@ -132,11 +140,27 @@ def train_batch(model, args, ent_t, rel_t, b, keys, rng, clock):
         delta[:, :L] = -args.lr * g / (acc.sqrt() + 1e-10)
         delta[:, L:] = g * g
         out.append((t, keys_, delta.numpy()))
+    loss = float(loss)
     c0 = time.perf_counter()
+    clock["torch"] += c0 - c1
+    clock["torch_cpu"] += time.thread_time() - u0
     for t, keys_, d in out:
         t.push(keys_, d)
-    clock["store"] += time.perf_counter() - c0
-    return float(loss)
+    c1 = time.perf_counter()
+    clock["push"] += c1 - c0
+    return loss
+
+
+def relation_owners(train, num_relations, world):
+    """Lapse's data clustering for KGE: the node that trains each relation's triples. The
+    relations go, largest first, to the node with the fewest triples so far (balanced shares;
+    a split the store's placement does not know)."""
+    count = np.bincount(train[:, 1], minlength=num_relations)
+    load, owner = np.zeros(world, np.int64), np.empty(num_relations, np.int64)
+    for r in np.argsort(-count, kind="stable"):
+        owner[r] = int(np.argmin(load))
+        load[owner[r]] += count[r]
+    return owner
 
 
 def run_node(node, kg, args):
@@ -163,7 +187,11 @@ def run_node(node, kg, args):
     node.barrier()
     # this node's share of the training triples: the same for both placements
     rng = np.random.default_rng(args.seed + 1)
-    if args.partition == "head":
+    if args.partition == "relation":
+        part = kg.train[relation_owners(kg.train, kg.num_relations, world)[kg.train[:, 1]]
+                        == rank]
+        part = part[rng.permutation(len(part))]
+    elif args.partition == "head":
         # data clustering: a node trains the triples whose head falls in its block of entity
         # ids (the converters number entities in file order, which keeps related ones close)
         part = kg.train[kg.train[:, 0] * world // kg.num_entities == rank]
@@ -183,13 +211,16 @@ def run_node(node, kg, args):
         cpu0 = time.process_time()  # this process, every thread (progress thread too)
         loss = 0.0
         waited = 0.0
-        clock = {"store": 0.0}
+        clock = {"pull": 0.0, "torch": 0.0, "torch_cpu": 0.0, "push": 0.0,
+                 "localize_post": 0.0}
         ahead = []  # localizes under way, oldest first: batches i .. i + args.ahead - 1
         for i, b in enumerate(batches):
             if mode == "dynamic":
+                w0 = time.perf_counter()
                 while len(ahead) < args.ahead and i + len(ahead) < len(batches):
                     k = keys[i + len(ahead)]
                     ahead.append((ent_t.localize_async(k[0]), rel_t.localize_async(k[2])))
+                clock["localize_post"] += time.perf_counter() - w0
                 w0 = time.perf_counter()
                 for h in ahead.pop(0):
                     h.wait()
@@ -207,17 +238,27 @@ def run_node(node, kg, args):
         node.allreduce(cpu)
         epochs.append({"epoch": ep + 1, "seconds": wall, "slowest_node_seconds": float(times[0]),
                        "loss": loss / max(1, len(batches)), "localize_wait_seconds": waited,
-                       "pull_push_seconds": clock["store"], "node_seconds": mine,
+                       "pull_push_seconds": clock["pull"] + clock["push"], "node_seconds": mine,
+                       # where this rank's epoch went: these plus other_seconds (Python:
+                       # batches, keys, the loop) make node_seconds
+                       "pull_seconds": clock["pull"], "push_seconds": clock["push"],
+                       "torch_seconds": clock["torch"], "torch_cpu_seconds": clock["torch_cpu"],
+                       "localize_post_seconds": clock["localize_post"],
+                       "other_seconds": mine - clock["pull"] - clock["push"] - clock["torch"]
+                       - clock["localize_post"] - waited,
+                       "batches": len(batches),
                        "cpu_seconds_all_nodes": float(cpu[0]),
                        "local_ops": s1["local_ops"] - s0["local_ops"],
                        "remote_ops": s1["remote_ops"] - s0["remote_ops"],
                        "relocations_in": s1["relocations_in"] - s0["relocations_in"]})
         if rank == 0:
-            print("epoch %d: %.2f s (cpu %.2f s, all nodes), loss %.4f, rank 0: %.2f s in "
-                  "pull/push, %.2f s waiting for localizes; local %d remote %d relocated-in %d"
-                  % (ep + 1, wall, cpu[0], epochs[-1]["loss"], clock["store"], waited,
-                     epochs[-1]["local_ops"],
-                     epochs[-1]["remote_ops"], epochs[-1]["relocations_in"]), flush=True)
+            e = epochs[-1]
+            print("epoch %d: %.2f s (cpu %.2f s, all nodes), loss %.4f; rank 0 (%.2f s): pull "
+                  "%.2f push %.2f torch %.2f localize post %.2f wait %.2f other %.2f s; local %d "
+                  "remote %d relocated-in %d"
+                  % (ep + 1, wall, cpu[0], e["loss"], mine, clock["pull"], clock["push"],
+                     clock["torch"], clock["localize_post"], waited, e["other_seconds"],
+                     e["local_ops"], e["remote_ops"], e["relocations_in"]), flush=True)
     rep = {"rank": rank, "world": world, "epochs": epochs}
     if rank == 0:  # the trained model, to evaluate once the cluster is left
         rep["model"] = (ent_t.pull(np.arange(kg.num_entities, dtype=np.uint64)),
@@ -312,8 +353,9 @@ def main():
     ap.add_argument("--placement", default="dynamic", choices=["dynamic", "classic"])
     ap.add_argument("--ahead", type=int, default=2,
                     help="dynamic: batches whose rows are localized ahead of use")
-    ap.add_argument("--partition", default="random", choices=["random", "head"],
-                    help="triples per node: a random share, or by block of head entity ids")
+    ap.add_argument("--partition", default="random", choices=["random", "head", "relation"],
+                    help="triples per node: a random share, by block of head entity ids, or "
+                    "by relation (balanced by triple counts)")
     ap.add_argument("--table-placement", default="range", choices=["range", "hash"],
                     help="where keys start (classic: where they stay)")
     ap.add_argument("--local", type=int, default=0,
