@@ -500,8 +500,8 @@ static inline struct ferry_slot *ops_fast_ahead(const struct ferry_table *t, uin
  * the request path. Context: the worker's thread.
  */
 /* ops_fast() for a batch of more than OPS_AHEAD keys: the look-ahead above */
-static size_t ops_fast_batch(struct ferry_table *t, uint8_t op, const uint64_t *keys, size_t n,
-			     const float *in, float *out)
+static size_t ops_fast_batch(const struct ferry_worker *w, struct ferry_table *t, uint8_t op,
+			     const uint64_t *keys, size_t n, const float *in, float *out)
 {
 	/* the slots of keys [i, i + OPS_AHEAD), looked up ahead of use */
 	struct ferry_slot *ahead[OPS_AHEAD];
@@ -516,8 +516,8 @@ static size_t ops_fast_batch(struct ferry_table *t, uint8_t op, const uint64_t *
 		struct ferry_slot *s = ahead[i % OPS_AHEAD];
 		uint32_t len;
 
-		if (!ferry__key_ok(t, key))
-			break; /* the request path reports it */
+		if (!ferry__key_ok(t, key) || (w->inflight_n && ferry__ops_inflight_has(w, key)))
+			break; /* the request path reports it, or holds it */
 		if (i + OPS_AHEAD < n)
 			ahead[i % OPS_AHEAD] = ops_fast_ahead(t, keys[i + OPS_AHEAD], op);
 		if (i + 2 * OPS_AHEAD < n)
@@ -544,13 +544,16 @@ static size_t ops_fast(struct ferry_worker *w, struct ferry_table *t, uint8_t op
 	struct ferry_slot *s;
 	size_t i, off = 0;
 
+	/* held requests go first (they wait for keys in flight, and a key of
+	 * theirs must not be overtaken); a key of this worker's in flight is
+	 * left to the request path, which holds it (the loops below) */
 	if (t->params.no_local_fast_path || (t->params.replicas && op != FERRY_OP_PULL) ||
-	    w->held_head || w->inflight_n || (op == FERRY_OP_PULL ? !out : !in))
+	    w->held_head || (op == FERRY_OP_PULL ? !out : !in))
 		return 0;
 	cell = &t->fy->fastrd->cell[w->id];
 	ferry__fastrd_enter(cell);
 	if (n > OPS_AHEAD) {
-		i = ops_fast_batch(t, op, keys, n, in, out);
+		i = ops_fast_batch(w, t, op, keys, n, in, out);
 	} else {
 		/* a few keys: nothing to overlap, and a single key's pull stays a
 		 * lookup and a seqlock read */
@@ -558,8 +561,9 @@ static size_t ops_fast(struct ferry_worker *w, struct ferry_table *t, uint8_t op
 			uint64_t key = keys[i];
 			uint32_t len;
 
-			if (!ferry__key_ok(t, key))
-				break; /* the request path reports it */
+			if (!ferry__key_ok(t, key) ||
+			    (w->inflight_n && ferry__ops_inflight_has(w, key)))
+				break; /* the request path reports it, or holds it */
 			len = ferry__value_len(t, key);
 			s = ferry__own(t, key);
 			if (!s)

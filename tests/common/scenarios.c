@@ -262,6 +262,24 @@ int sc_async_order(struct ferry *fy, struct ferry_table *t, struct sc_shared *sh
 			if (rc)
 				SC_FAIL(sh, "rank %d: localize: %s", rank, ferry_strerror(rc));
 		}
+		if (i == N / 2) {
+			/* a synchronous pull while this worker's operations on the
+			 * key are in flight waits for them; one of a key it has
+			 * none on in flight (here now, or not) is served at once */
+			float now[SC_VALUE_LEN], other_v[SC_VALUE_LEN];
+			uint64_t other = (uint64_t)(SC_TABLE_KEYS - 1 - (rank + 1) % world);
+
+			rc = ferry_pull(w, t, &key, 1, now);
+			if (rc)
+				SC_FAIL(sh, "rank %d: pull: %s", rank, ferry_strerror(rc));
+			if (now[0] != (float)(i * 10) + 1.0f)
+				SC_FAIL(sh,
+					"rank %d: a pull after %d async pushes read %g, want %g",
+					rank, i + 1, now[0], (float)(i * 10) + 1.0f);
+			rc = ferry_pull(w, t, &other, 1, other_v);
+			if (rc)
+				SC_FAIL(sh, "rank %d: pull: %s", rank, ferry_strerror(rc));
+		}
 	}
 	for (int i = nt - 1; i >= 0; i--) { /* wait in reverse on purpose */
 		rc = ferry_wait(w, tickets[i]);
