@@ -207,8 +207,14 @@ struct ferry_req {
 	uint8_t ndsts;
 	bool dsts_many;
 	uint32_t dsts[8];
-	unsigned fail_seen; /* node.failures when it started */
-	uint16_t flags;	    /* FERRY_OP_F_* of its OP frames (compressed pushes) */
+	/* ranks that nodes on the way forwarded its keys to (OP_FWD); written
+	 * by the progress thread and read by the worker, both under w->lock */
+	uint8_t nfwds;
+	bool fwds_many;
+	uint32_t fwds[4];
+	atomic_bool fwds_new; /* set with each: the worker looks at them again */
+	unsigned fail_seen;   /* node.failures when it started */
+	uint16_t flags;	      /* FERRY_OP_F_* of its OP frames (compressed pushes) */
 };
 
 #define FERRY_REQ_LOCALIZE 16

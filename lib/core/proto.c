@@ -110,6 +110,8 @@ static size_t proto_body_size(uint8_t type)
 		return sizeof(struct ferry_msg_coll);
 	case FERRY_MSG_MGR_DEAD:
 		return sizeof(struct ferry_msg_mgr);
+	case FERRY_MSG_OP_FWD:
+		return sizeof(struct ferry_msg_op_fwd);
 	case FERRY_MSG_HEARTBEAT:
 		return sizeof(struct ferry_msg_heartbeat);
 	case FERRY_MSG_REPL:
@@ -514,6 +516,16 @@ int ferry__proto_parse(const void *buf, size_t len, const struct ferry_proto_lim
 
 		if (!lim || m->rank >= lim->world || m->rank == hdr->src || m->pad)
 			PROTO_FAIL("mgr: rank out of range");
+		if (!proto_pad_ok(left, 0))
+			PROTO_FAIL("trailing bytes after the body");
+		return 0;
+	}
+	case FERRY_MSG_OP_FWD: {
+		const struct ferry_msg_op_fwd *m = view->body;
+
+		/* a node forwards to another, never to itself */
+		if (!lim || m->dst >= lim->world || m->dst == hdr->src)
+			PROTO_FAIL("op fwd: rank out of range");
 		if (!proto_pad_ok(left, 0))
 			PROTO_FAIL("trailing bytes after the body");
 		return 0;

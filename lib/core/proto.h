@@ -220,6 +220,19 @@ struct ferry_msg_repl_sync {
 	uint32_t flags;
 };
 
+/*
+ * FERRY_MSG_OP_FWD (table scope): the sender forwarded keys of the origin's
+ * request @req of worker @worker to rank @dst, which will answer for them
+ * (lib/ops/serve.c). The origin then waits on @dst too: if @dst fails, the
+ * request fails at once with -FERRY_E_PEER instead of waiting for a reply
+ * that will not come.
+ */
+struct ferry_msg_op_fwd {
+	uint32_t worker;
+	uint32_t dst;
+	uint64_t req;
+};
+
 /* FERRY_MSG_TABLE: the fields that must agree; _TABLE_ACK: status + field */
 struct ferry_msg_table {
 	uint64_t num_keys;

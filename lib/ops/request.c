@@ -297,13 +297,28 @@ static int ops_start(struct ferry_worker *w, struct ferry_table *t, uint8_t op,
 }
 
 /* a rank @r sent to that has failed since, or world */
-static uint32_t ops_req_dead_dst(struct ferry *fy, struct ferry_req *r)
+static uint32_t ops_req_dead_dst(struct ferry_worker *w, struct ferry_req *r)
 {
+	struct ferry *fy = w->fy;
+	uint32_t dead = fy->world;
+
 	r->fail_seen = atomic_load_explicit(&fy->failures, memory_order_acquire);
 	for (uint8_t i = 0; i < r->ndsts; i++)
 		if (atomic_load_explicit(&fy->failed[r->dsts[i]], memory_order_relaxed))
 			return r->dsts[i];
-	return fy->world;
+	/* where nodes on the way sent its keys on (lib/ops/serve.c, OP_FWD) */
+	pthread_mutex_lock(&w->lock);
+	for (uint8_t i = 0; i < r->nfwds && dead == fy->world; i++)
+		if (atomic_load_explicit(&fy->failed[r->fwds[i]], memory_order_relaxed))
+			dead = r->fwds[i];
+	if (r->fwds_many)
+		/* more than it keeps: any failure may be one of them */
+		for (uint32_t x = 0; x < fy->world && dead == fy->world; x++)
+			if (x != fy->rank &&
+			    atomic_load_explicit(&fy->failed[x], memory_order_relaxed))
+				dead = x;
+	pthread_mutex_unlock(&w->lock);
+	return dead;
 }
 
 /* wait for a request; collect it. @block 0: poll once (-EAGAIN) */
@@ -314,6 +329,7 @@ static int ops_wait_req(struct ferry_worker *w, struct ferry_req *r, int block)
 	 * longer for it, since this thread completes it (ferry__node_poll) */
 	int64_t spin = fy->busy_poll ? INT64_MAX / 2 : ferry__table_onesided(r->t) ? 200000 : 50000;
 	int64_t deadline = 0, spin_until = 0;
+	bool failed_now;
 	int rc = 0;
 
 	if (!r->held && !__atomic_load_n(&r->remaining, __ATOMIC_ACQUIRE) && !w->held_head)
@@ -331,8 +347,11 @@ static int ops_wait_req(struct ferry_worker *w, struct ferry_req *r, int block)
 			break;
 		}
 		if (!r->held &&
-		    atomic_load_explicit(&fy->failures, memory_order_relaxed) != r->fail_seen) {
-			uint32_t dead = ops_req_dead_dst(fy, r);
+		    ((failed_now = atomic_load_explicit(&fy->failures, memory_order_relaxed) !=
+				   r->fail_seen) ||
+		     (atomic_load_explicit(&r->fwds_new, memory_order_relaxed) &&
+		      atomic_exchange_explicit(&r->fwds_new, false, memory_order_acquire)))) {
+			uint32_t dead = ops_req_dead_dst(w, r);
 
 			if (dead < fy->world) {
 				ferry_err(
@@ -345,7 +364,7 @@ static int ops_wait_req(struct ferry_worker *w, struct ferry_req *r, int block)
 				rc = -FERRY_E_PEER;
 				break;
 			}
-			if (r->t->params.replicas && r->op != FERRY_REQ_LOCALIZE) {
+			if (failed_now && r->t->params.replicas && r->op != FERRY_REQ_LOCALIZE) {
 				/*
 				 * replicas: a node that forwarded the keys may have
 				 * sent them through the failed one, and nothing

@@ -358,9 +358,87 @@ static void ops_frame_fail(struct ferry *fy, struct ferry_table *t, struct ops_d
 	ops_reply_flush(fy, t, &rb);
 }
 
+/*
+ * The origin of a request keys of which this node forwarded to @dst learns
+ * it (OP_FWD), so that its wait also ends when @dst fails: @dst answers for
+ * those keys now, and a frame queued toward a node that then fails is
+ * dropped with its connection, by this node and by every other (docs/
+ * faults.md, "A push forwarded toward a dying node"). Progress thread,
+ * rcu_read_lock held; one frame per forwarded OP frame.
+ */
+static void ops_fwd_note(struct ferry *fy, struct ferry_table *t, uint32_t worker, uint64_t req,
+			 uint32_t dst)
+{
+	struct ferry_worker *w = rcu_dereference(fy->workers[worker]);
+	struct ferry_req *r;
+
+	if (!w)
+		return; /* destroyed meanwhile */
+	pthread_mutex_lock(&w->lock);
+	r = ferry__ops_req_find(w, req);
+	/* a stale ticket (answered, collected) is nothing to note */
+	if (r && r->t == t) {
+		uint8_t i = 0;
+
+		while (i < r->nfwds && r->fwds[i] != dst)
+			i++;
+		if (i == r->nfwds) {
+			if (r->nfwds < sizeof(r->fwds) / sizeof(r->fwds[0]))
+				r->fwds[r->nfwds++] = dst;
+			else
+				r->fwds_many = true;
+		}
+		atomic_store_explicit(&r->fwds_new, true, memory_order_release);
+	}
+	pthread_mutex_unlock(&w->lock);
+}
+
+static void ops_fwd_notice(struct ferry *fy, struct ferry_table *t, uint32_t origin,
+			   uint32_t worker, uint64_t req, uint32_t dst)
+{
+	struct {
+		struct ferry_msg_hdr h;
+		struct ferry_msg_op_fwd m;
+	} f;
+
+	if (dst == origin || worker >= FERRY_MAX_WORKERS)
+		return; /* the origin serves them itself */
+	if (origin == fy->rank) {
+		ops_fwd_note(fy, t, worker, req, dst);
+		return;
+	}
+	memset(&f, 0, sizeof(f));
+	ferry__proto_hdr_init(&f.h, FERRY_MSG_OP_FWD, sizeof(f), fy->rank, t->id);
+	f.m.worker = worker;
+	f.m.dst = dst;
+	f.m.req = req;
+	/* a lost notice costs only the wait's length, as before it existed */
+	(void)ferry__send(fy, origin, &f, sizeof(f));
+}
+
+static void ops_on_op_fwd(struct ferry *fy, struct ferry_table *t, uint32_t src,
+			  const struct ferry_proto_view *v)
+{
+	const struct ferry_msg_op_fwd *m = v->body;
+
+	(void)src; /* any node may forward (a home, an old owner) */
+	if (m->worker >= FERRY_MAX_WORKERS) {
+		ferry_err("proto: rank %u sent a forward notice for worker %u, out of range; "
+			  "dropping rank %u",
+			  src, m->worker, src);
+		ferry__node_peer_failed(fy, src);
+		return;
+	}
+	if (m->dst != fy->rank)
+		ops_fwd_note(fy, t, m->worker, m->req, m->dst);
+}
+
 void ferry__ops_out_flush(struct ferry *fy, struct ferry_table *t, struct ops_out *o)
 {
 	struct ferry_msg_op *op;
+	uint32_t origin = 0, worker = 0;
+	uint64_t req = 0;
+	uint8_t hops = 0;
 	int rc = -ENOMEM;
 
 	if (!o->used)
@@ -378,10 +456,20 @@ void ferry__ops_out_flush(struct ferry *fy, struct ferry_table *t, struct ops_ou
 	op = (struct ferry_msg_op *)(o->d.f.buf + sizeof(struct ferry_msg_hdr));
 	op->count = o->d.count;
 	rc = ferry__frame_finish(&o->d.f, FERRY_MSG_OP, fy->rank, t->id);
-	if (!rc)
+	if (!rc) {
+		/* the buffer is ours until the next frame: read it now */
+		op = (struct ferry_msg_op *)(o->d.f.buf + sizeof(struct ferry_msg_hdr));
+		origin = op->origin;
+		worker = op->worker;
+		req = op->req;
+		hops = op->hops;
 		rc = ferry__send(fy, o->d.dst, o->d.f.buf, o->d.f.len);
-	if (!rc)
+	}
+	if (!rc) {
+		if (hops)
+			ops_fwd_notice(fy, t, origin, worker, req, o->d.dst);
 		goto out;
+	}
 	/* a failed send: the next try goes through the home, not the old hint
 	 * (the buffer may have moved in frame_finish: find the keys anew) */
 	{
@@ -619,6 +707,9 @@ int ferry__ops_attach(struct ferry *fy)
 {
 	int rc = ferry__dispatch_register(fy, FERRY_MSG_OP, FERRY_DISPATCH_TABLE, ops_on_op);
 
+	if (!rc)
+		rc = ferry__dispatch_register(fy, FERRY_MSG_OP_FWD, FERRY_DISPATCH_TABLE,
+					      ops_on_op_fwd);
 	if (!rc)
 		rc = ferry__ops_chunks_attach(fy);
 	if (!rc)

@@ -9,6 +9,10 @@
  * - the push in flight to rank 2 ends with -FERRY_E_PEER within 2 s of the
  *   kill, not after the timeout; so does rank 1's localize of a key homed at
  *   rank 2, and a second localize of that key fails at once;
+ * - so does rank 0's push of FWD_KEY, homed at rank 1 but moved to rank 2
+ *   before: it goes to rank 1, which forwards it to the stopped rank 2 and
+ *   tells rank 0 so (OP_FWD); without that note rank 0 waited on rank 1
+ *   alone, and out its whole timeout;
  * - every key homed and owned on a live node is read and written at once,
  *   with its value intact, from both live nodes; a key homed at rank 2 and
  *   owned by rank 1 stays usable at its owner;
@@ -32,6 +36,7 @@
 #define PER 100
 #define VLEN 4
 #define DEAD 2
+#define FWD_KEY (1 * PER + 99) /* homed at rank 1, moved to rank 2 */
 
 struct death {
 	volatile int ready;	/* nodes past the first barrier */
@@ -78,7 +83,11 @@ static int check_live_keys(struct death *d, int rank, struct ferry_worker *w, st
 	float v[VLEN];
 
 	for (uint64_t key = 0; key < 2 * PER; key++) {
-		int rc = ferry_pull(w, t, &key, 1, v);
+		int rc;
+
+		if (key == FWD_KEY)
+			continue; /* at the dead rank */
+		rc = ferry_pull(w, t, &key, 1, v);
 
 		if (rc)
 			return fail(d, rank,
@@ -128,6 +137,12 @@ static int child(int rank, struct ferry_params *p, struct death *d)
 		return fail(d, rank, "barrier", rc);
 	if (rank == 1 && (rc = ferry_localize(w, t, moved, 4)))
 		return fail(d, rank, "localize", rc);
+	if (rank == DEAD) {
+		uint64_t k = FWD_KEY;
+
+		if ((rc = ferry_localize(w, t, &k, 1)))
+			return fail(d, rank, "localize", rc);
+	}
 	if ((rc = ferry_barrier(fy)))
 		return fail(d, rank, "barrier", rc);
 	__atomic_fetch_add(&d->ready, 1, __ATOMIC_SEQ_CST);
@@ -145,7 +160,13 @@ static int child(int rank, struct ferry_params *p, struct death *d)
 		 * one RDMA READ, which the stopped owner's NIC still serves) */
 		for (uint32_t j = 0; j < VLEN; j++)
 			v[j] = 1.0f;
+		uint64_t fkey = FWD_KEY, fticket;
+
 		rc = ferry_push_start(w, t, &key, 1, v, &ticket);
+		if (rc)
+			return fail(d, rank, "push_start", rc);
+		/* no hint for it here: it goes to its home, rank 1 */
+		rc = ferry_push_start(w, t, &fkey, 1, v, &fticket);
 		if (rc)
 			return fail(d, rank, "push_start", rc);
 		d->inflight = 1;
@@ -157,6 +178,19 @@ static int child(int rank, struct ferry_params *p, struct death *d)
 			snprintf(d->why, sizeof(d->why),
 				 "rank 0: the push in flight ended %.0f ms after the kill",
 				 (double)(t0 - d->kill_ns) / 1e6);
+			d->failures++;
+			return 1;
+		}
+		rc = ferry_wait(w, fticket);
+		t0 = now_ns();
+		if (rc != -FERRY_E_PEER)
+			return fail(d, rank, "the push forwarded to the dead rank should fail", rc);
+		if (t0 - d->kill_ns > 2000000000ll) {
+			snprintf(
+				d->why, sizeof(d->why),
+				"rank 0: the push forwarded through rank 1 ended %.0f ms after the "
+				"kill",
+				(double)(t0 - d->kill_ns) / 1e6);
 			d->failures++;
 			return 1;
 		}

@@ -698,6 +698,7 @@ Test(proto, frame_shorter_than_its_fixed_body)
 		{ FERRY_MSG_REPL_ACK, sizeof(struct ferry_msg_repl_ack) },
 		{ FERRY_MSG_REPL_SYNC, sizeof(struct ferry_msg_repl_sync) },
 		{ FERRY_MSG_MGR_DEAD, sizeof(struct ferry_msg_mgr) },
+		{ FERRY_MSG_OP_FWD, sizeof(struct ferry_msg_op_fwd) },
 		{ FERRY_MSG_CLOCK, sizeof(struct ferry_msg_clock) },
 		{ FERRY_MSG_CONS_PUSH, sizeof(struct ferry_msg_cons_push) },
 		{ FERRY_MSG_CONS_ACK, sizeof(struct ferry_msg_cons_ack) },
@@ -705,9 +706,9 @@ Test(proto, frame_shorter_than_its_fixed_body)
 
 	/* every type but BYE, which is a bare header (below); the numbers not
 	 * assigned are 26-31 (30 and 31 are the handshake's AUTH frames, never
-	 * inside a session) and 33-35 */
+	 * inside a session) and 34-35 */
 	cr_assert_eq(sizeof(c) / sizeof(c[0]),
-		     (FERRY_MSG_REPL_SYNC - 1) + 1 + (FERRY_MSG_TYPE_MAX - FERRY_MSG_CLOCK),
+		     (FERRY_MSG_REPL_SYNC - 1) + 2 + (FERRY_MSG_TYPE_MAX - FERRY_MSG_CLOCK),
 		     "a type is not covered");
 	for (size_t i = 0; i < sizeof(c) / sizeof(c[0]); i++) {
 		/* one word short, and a bare header */
@@ -1113,6 +1114,43 @@ Test(proto, mgr_dead_names_another_rank_in_range)
 		} else {
 			expect_ok(&x, &lim_fixed, &v, "mgr_dead");
 			cr_assert_eq(((const struct ferry_msg_mgr *)v.body)->epoch, 42);
+		}
+		fr_free(&x);
+	}
+}
+
+/* OP_FWD: a forwarder tells the origin where its keys went on */
+Test(proto, op_fwd_names_another_rank_in_range)
+{
+	static const struct {
+		uint32_t src, dst;
+		const char *why; /* NULL: fine */
+	} c[] = {
+		{ 1, 2, NULL },
+		{ 2, 0, NULL },
+		{ 2, 2, "rank" },
+		{ 1, WORLD, "rank" },
+		{ 1, UINT32_MAX, "rank" },
+	};
+
+	for (size_t i = 0; i < sizeof(c) / sizeof(c[0]); i++) {
+		struct ferry_proto_view v;
+		struct ferry_frame f;
+		struct ferry_msg_op_fwd *m;
+		struct fr x;
+
+		ferry__frame_begin(&f);
+		m = ferry__frame_put(&f, sizeof(*m));
+		m->worker = 3;
+		m->dst = c[i].dst;
+		m->req = 0x100000007ull;
+		x = fr_take(&f, FERRY_MSG_OP_FWD, c[i].src, 1);
+		if (c[i].why) {
+			expect_body_bad(&x, &lim_fixed, c[i].why, "op_fwd");
+		} else {
+			expect_ok(&x, &lim_fixed, &v, "op_fwd");
+			cr_assert_eq(((const struct ferry_msg_op_fwd *)v.body)->req,
+				     0x100000007ull);
 		}
 		fr_free(&x);
 	}

@@ -37,9 +37,9 @@
  * initial values in TABLE, CHUNK (arenas registered a chunk at a time),
  * collectives (COLL, COLL_ACK, COLL_KICK); 5: COLL's group (collectives of
  * node groups); 6: OP's flags (compressed pushes), CONS_PUSH and CONS_ACK,
- * rdma's sessions (numbered chunks, RESUME, the HELLO's incarnation); older
- * peers are refused */
-#define FERRY_PROTO_VERSION 6
+ * rdma's sessions (numbered chunks, RESUME, the HELLO's incarnation); 7:
+ * OP_FWD; older peers are refused */
+#define FERRY_PROTO_VERSION 7
 #define FERRY_MSG_MAX (64u << 20) /* largest frame, header included */
 #define FERRY_MSG_ALIGN 8u	  /* every frame's len is a multiple: frames stay aligned */
 
@@ -73,6 +73,7 @@ enum ferry_msg_type {
 	FERRY_MSG_REPL_ACK = 24,  /* backup -> owner: the copies of a REPL are held */
 	FERRY_MSG_REPL_SYNC = 25, /* node -> every node: my copies after a failure are sent */
 	FERRY_MSG_MGR_DEAD = 32,  /* to self: the membership manager saw a node leave */
+	FERRY_MSG_OP_FWD = 33,	  /* forwarder -> origin: an OP of yours went on to rank N */
 	/* 36 .. 43: consistency models (lib/cons/) */
 	FERRY_MSG_CLOCK = 36,	  /* node -> every node: my clock; my pushes of clocks
 			       * below it are applied at their owners */
