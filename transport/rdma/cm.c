@@ -50,6 +50,7 @@
  */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -227,9 +228,41 @@ static struct rdma_conn *rdma_conn_new(struct rdma_tp *t, enum rdma_conn_kind ki
 		return NULL;
 	c->kind = kind;
 	c->rank = UINT32_MAX;
+	c->t0_ms = rdma_now_ms();
 	c->next = t->conns;
 	t->conns = c;
 	return c;
+}
+
+/* what a connection waits for, for the log */
+const char *ferry__rdma_conn_state_str(const struct rdma_conn *c)
+{
+	switch (c->state) {
+	case RDMA_CS_ADDR:
+		return "resolving the address";
+	case RDMA_CS_ROUTE:
+		return "resolving the route";
+	case RDMA_CS_HELD:
+		return "held until connect()";
+	case RDMA_CS_CONNECTING:
+		return c->kind == RDMA_CONN_DIAL ? "waiting for the REP" : "waiting for the RTU";
+	case RDMA_CS_UP:
+		return "established";
+	default:
+		return "new";
+	}
+}
+
+/* note the outcome of a redial of lost @p, for the line that fails it */
+void ferry__rdma_redial_note(struct rdma_peer *p, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (!p->lost)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(p->redial_why, sizeof(p->redial_why), fmt, ap);
+	va_end(ap);
 }
 
 /*
@@ -269,9 +302,18 @@ void ferry__rdma_conn_destroy(struct rdma_tp *t, struct rdma_conn *c)
 		}
 	}
 	if (c->id) {
+		int64_t t0 = rdma_now_ms(), took;
+
 		if (c->id->qp)
 			rdma_destroy_qp(c->id);
 		rdma_destroy_id(c->id);
+		took = rdma_now_ms() - t0;
+		if (took >= RDMA_SLOW_CALL_MS)
+			ferry_dbg(
+				"rdma: rank %u: destroying a connection of rank %u (%s) took %lld "
+				"ms",
+				t->base.cfg.rank, c->rank, ferry__rdma_conn_state_str(c),
+				(long long)took);
 	}
 	free(c);
 }
@@ -355,8 +397,10 @@ static void rdma_conn_up(struct rdma_tp *t, struct rdma_conn *c)
 		p->live = 1;
 		p->ever_up = 1;
 		p->up_ms = rdma_now_ms();
-		ferry_dbg("rdma: rank %u is connected to rank %u (%s, %s)", t->base.cfg.rank,
-			  c->rank, c->kind == RDMA_CONN_DIAL ? "dialed" : "accepted", c->who);
+		ferry_dbg("rdma: rank %u is connected to rank %u (%s, %s, after %lld ms)",
+			  t->base.cfg.rank, c->rank,
+			  c->kind == RDMA_CONN_DIAL ? "dialed" : "accepted", c->who,
+			  (long long)(p->up_ms - c->t0_ms));
 		if (ferry__rdma_resume_post(t, p))
 			return; /* lost again */
 		/*
@@ -452,6 +496,8 @@ static void rdma_accept_request(struct rdma_tp *t, struct rdma_conn *c)
 		rank = -1;
 	}
 	p = rank >= 0 ? &t->peers[rank] : NULL;
+	if (p && p->lost)
+		p->redials++;
 	if (p && p->reported) {
 		snprintf(why, sizeof(why), "rank %d was marked failed: it stays so", rank);
 		reason = RDMA_REJ_FAILED;
@@ -474,10 +520,14 @@ static void rdma_accept_request(struct rdma_tp *t, struct rdma_conn *c)
 		}
 		ferry_dbg("rdma: rank %u: rank %d redials while its last link drains: dial again",
 			  me, rank);
+		ferry__rdma_redial_note(p, "request %u refused: the last link was draining",
+					p->redials);
 		rdma_conn_reject(t, c, RDMA_REJ_AGAIN);
 		return;
 	}
 	if (rank < 0) {
+		if (p)
+			ferry__rdma_redial_note(p, "request %u refused: %s", p->redials, why);
 		ferry_warn("rdma: rank %u rejected a connection from %s: %s", me, c->who, why);
 		rdma_conn_reject(t, c, reason);
 		/*
@@ -500,10 +550,18 @@ static void rdma_accept_request(struct rdma_tp *t, struct rdma_conn *c)
 	if (rdma_accept(c->id, &cp)) {
 		ferry_warn("rdma: rank %u: rdma_accept of rank %d from %s: %s", me, rank, c->who,
 			   strerror(errno));
+		ferry__rdma_redial_note(p, "request %u: rdma_accept failed", p->redials);
 		ferry__rdma_conn_destroy(t, c);
 		return;
 	}
 	c->state = RDMA_CS_CONNECTING;
+	if (p->lost) {
+		ferry__rdma_redial_note(p, "request %u accepted", p->redials);
+		ferry_dbg(
+			"rdma: rank %u: accepted the redial of rank %d (request %u since the loss, "
+			"%lld ms after it)",
+			me, rank, p->redials, (long long)(rdma_now_ms() - p->lost_ms));
+	}
 }
 
 /* copy of the fields of an rdma_cm_event we use: the event is acked before they are */
@@ -603,6 +661,15 @@ static void rdma_dial_start(struct rdma_tp *t, uint32_t j)
 	}
 	c->state = RDMA_CS_ADDR;
 	d->conn = c;
+	if (t->peers[j].lost) {
+		struct rdma_peer *p = &t->peers[j];
+
+		p->redials++;
+		ferry__rdma_redial_note(p, "dial %u: resolving the address", p->redials);
+		ferry_dbg(
+			"rdma: rank %u: redialing rank %u (dial %u since the loss, %lld ms after it)",
+			t->base.cfg.rank, j, p->redials, (long long)(c->t0_ms - p->lost_ms));
+	}
 	return;
 
 err_destroy:
@@ -703,7 +770,10 @@ static void rdma_dial_event(struct rdma_tp *t, struct rdma_conn *c, const struct
 	/* this attempt failed */
 	if (c->state == RDMA_CS_UP)
 		return;
-	ferry_dbg("rdma: rank %u: dialing rank %u at %s: %s", me, j, d->where, why);
+	ferry_dbg("rdma: rank %u: dialing rank %u at %s: %s (after %lld ms)", me, j, d->where, why,
+		  (long long)(rdma_now_ms() - c->t0_ms));
+	ferry__rdma_redial_note(p, "dial %u: %s after %lld ms", p->redials, why,
+				(long long)(rdma_now_ms() - c->t0_ms));
 	ferry__rdma_conn_destroy(t, c);
 	if (p->lost && !p->reported && gone) {
 		ferry_warn("rdma: rank %u: redialing rank %u at %s after a lost link: %s; marking "
@@ -743,8 +813,13 @@ static void rdma_accept_event(struct rdma_tp *t, struct rdma_conn *c, const stru
 	default:
 		return;
 	}
-	ferry_dbg("rdma: rank %u: the connection from %s (rank %u) failed before it stood: %s",
-		  t->base.cfg.rank, c->who, c->rank, rdma_event_str(ev->type));
+	ferry_dbg("rdma: rank %u: the connection from %s (rank %u) failed before it stood: %s "
+		  "after %lld ms",
+		  t->base.cfg.rank, c->who, c->rank, rdma_event_str(ev->type),
+		  (long long)(rdma_now_ms() - c->t0_ms));
+	if (c->rank < t->base.cfg.world && t->peers[c->rank].conn == c)
+		ferry__rdma_redial_note(&t->peers[c->rank], "request %u: %s before it stood",
+					t->peers[c->rank].redials, rdma_event_str(ev->type));
 	ferry__rdma_conn_destroy(t, c);
 }
 
@@ -806,6 +881,32 @@ int64_t ferry__rdma_setup_tick(struct rdma_tp *t)
 		struct rdma_dial *d = &t->dials[j];
 		struct rdma_peer *p = &t->peers[j];
 
+		if (d->conn && p->lost && !p->live && d->conn->state != RDMA_CS_UP) {
+			/*
+			 * a redial in flight is bounded: a REQ, REP or REJ lost on the
+			 * way is sent again by the kernel's CM only after seconds (its
+			 * response timeout), past the grace. Destroying the attempt
+			 * rejects it at the peer; the next one starts afresh.
+			 */
+			int64_t due = d->conn->t0_ms + ferry__rdma_redial_ms(t);
+
+			if (now < due) {
+				if (next < 0 || due < next)
+					next = due;
+				continue;
+			}
+			ferry_info("rdma: rank %u: redial %u of rank %u hung %s for %lld ms; "
+				   "dialing again",
+				   t->base.cfg.rank, p->redials, j,
+				   ferry__rdma_conn_state_str(d->conn),
+				   (long long)(now - d->conn->t0_ms));
+			ferry__rdma_redial_note(p, "dial %u: hung %s for %lld ms", p->redials,
+						ferry__rdma_conn_state_str(d->conn),
+						(long long)(now - d->conn->t0_ms));
+			ferry__rdma_conn_destroy(t, d->conn);
+			d->conn = NULL;
+			d->next_ms = now;
+		}
 		if (p->live || p->reported || d->conn)
 			continue;
 		if (p->lost && !ferry__rdma_peer_drained(t, p)) {

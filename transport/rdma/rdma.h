@@ -163,6 +163,9 @@
 #define RDMA_RECONNECT_MS 1000 /* FERRY_RECONNECT_MS default: grace of a lost link */
 #define RDMA_DRAIN_GRACE_MS 20 /* a lost qp's completions not flushed by then never will be */
 #define RDMA_RESUME_MIN_MS 100 /* a new link resumes within max(this, FERRY_RECONNECT_MS / 4) */
+/* a redial in flight longer than max(this, FERRY_RECONNECT_MS / 2) is abandoned and made again */
+#define RDMA_REDIAL_MIN_MS 100
+#define RDMA_SLOW_CALL_MS 20 /* a verbs or rdma_cm call this slow is logged (debug) */
 
 #define RDMA_REJ_MAGIC 0x4a525946u /* "FYRJ" */
 #define RDMA_CM_PDATA_MAX 96	   /* private data bytes we look at */
@@ -300,6 +303,7 @@ struct rdma_conn {
 	uint8_t initiator_depth;
 	uint8_t responder_resources;
 	uint32_t attempt; /* with a token: the dial attempt its proofs name */
+	int64_t t0_ms;	  /* when it was made: a redial in flight is bounded (session.c) */
 	unsigned char pdata_out[RDMA_REP_PDATA_LEN]; /* what we send: HELLO, proof */
 };
 
@@ -360,6 +364,8 @@ struct rdma_peer {
 	int64_t lost_ms;	/* when it was lost (FERRY_RECONNECT_MS counts from here) */
 	int64_t err_ms;		/* when its queue pair was moved to the error state */
 	int64_t up_ms;		/* when the last connection stood (the RESUMEs are due) */
+	uint32_t redials;	/* since the loss: dials made (higher rank) or requests seen */
+	char redial_why[96];	/* the last one's outcome, for the line that fails the peer */
 
 	int dirty;		/* flush after this batch of completions */
 	unsigned char *asm_buf; /* reassembly of a frame that spans chunks */
@@ -609,6 +615,14 @@ void ferry__rdma_peers_fini(struct rdma_tp *t);
 
 /* cm.c: progress thread (ferry__rdma_conn_destroy also in fini; connect on its caller) */
 void ferry__rdma_conn_destroy(struct rdma_tp *t, struct rdma_conn *c);
+const char *ferry__rdma_conn_state_str(const struct rdma_conn *c);
+void ferry__rdma_redial_note(struct rdma_peer *p, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+/* how long a redial may stay in flight: max(RDMA_REDIAL_MIN_MS, FERRY_RECONNECT_MS / 2) */
+static inline int ferry__rdma_redial_ms(const struct rdma_tp *t)
+{
+	return t->reconnect_ms / 2 > RDMA_REDIAL_MIN_MS ? t->reconnect_ms / 2 : RDMA_REDIAL_MIN_MS;
+}
 void ferry__rdma_setup_sync(struct rdma_tp *t);
 int64_t ferry__rdma_setup_tick(struct rdma_tp *t);
 void ferry__rdma_cm_input(struct rdma_tp *t);

@@ -156,6 +156,9 @@ void ferry__rdma_peer_lost(struct rdma_tp *t, struct rdma_peer *p, const char *w
 	if (!p->lost) {
 		p->lost = 1;
 		p->lost_ms = now;
+		p->redials = 0;
+		snprintf(p->redial_why, sizeof(p->redial_why), "%s",
+			 p->rank < me ? "no dial yet" : "no request came");
 		ferry_info("rdma: %s; %s rank %u for up to %d ms", why,
 			   p->rank < me ? "redialing" : "waiting for", p->rank, t->reconnect_ms);
 	} else {
@@ -290,7 +293,15 @@ int ferry__rdma_resume_got(struct rdma_tp *t, struct rdma_peer *p, uint32_t coun
 	} else {
 		p->rsm_from = from;
 		p->rsm_got = 1;
-		go = p->rsm_sent;
+		/*
+		 * A RESUME read from a lost link's queue pair while it drains (it
+		 * came before the loss) resumes nothing: that queue pair is dead.
+		 * Resuming on it left the peer neither lost nor live, so it was
+		 * never redialed and its grace never ran out: the link stayed
+		 * away for good (the VM showed it). The chunks after it on that
+		 * queue pair are still delivered; the new one carries its own.
+		 */
+		go = p->rsm_sent && !p->draining;
 		if (go)
 			ret = rdma_resume_go_locked(t, p, &resent);
 	}
@@ -368,12 +379,14 @@ int64_t ferry__rdma_session_tick(struct rdma_tp *t)
 				"rdma: rank %u: the link to rank %u was lost %lld ms ago and did "
 				"not come back; marking it failed (FERRY_RECONNECT_MS sets the "
 				"grace, now %d ms; its last queue pair: %s, %u receives and %u "
-				"signaled requests outstanding)",
+				"signaled requests outstanding; %u %s since the loss, the last: "
+				"%s)",
 				t->base.cfg.rank, r, (long long)(now - p->lost_ms), t->reconnect_ms,
 				!p->conn		     ? "none" :
 				p->conn->state == RDMA_CS_UP ? "draining" :
-							       "connecting",
-				p->rx_out, sig_n);
+							       ferry__rdma_conn_state_str(p->conn),
+				p->rx_out, sig_n, p->redials,
+				r < t->base.cfg.rank ? "dials" : "requests from it", p->redial_why);
 			p->lost = 0;
 			ferry__rdma_peer_fail(t, p, -FERRY_E_PEER);
 			continue;
