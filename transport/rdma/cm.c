@@ -101,13 +101,14 @@ static void rdma_hello_build(struct rdma_tp *t)
 /*
  * rdma_hello_check - is the peer's private data a HELLO of our cluster?
  * @dialed: the rank we dialed, or -1 for a request we got
+ * @probe_ok: a request may come from a lower rank (a probe, session.c)
  *
  * Context: progress thread, after connect() published the cluster id.
  * Return: the peer's rank (its incarnation in *@inc_p), or -1 with @why
  * saying what is wrong.
  */
 static int rdma_hello_check(struct rdma_tp *t, const uint8_t *pdata, size_t len, int dialed,
-			    uint32_t *inc_p, char *why, size_t wlen)
+			    int probe_ok, uint32_t *inc_p, char *why, size_t wlen)
 {
 	const struct ferry_tp_config *cfg = &t->base.cfg;
 	struct rdma_hello_ext ext;
@@ -116,6 +117,14 @@ static int rdma_hello_check(struct rdma_tp *t, const uint8_t *pdata, size_t len,
 	if (len < RDMA_PDATA_LEN) {
 		snprintf(why, wlen, "its private data is %zu bytes, not a HELLO", len);
 		return -1;
+	}
+	if (dialed < 0 && probe_ok) {
+		struct ferry_msg_hello hello;
+
+		/* a lower rank's probe (session.c) names its rank as a dialer would */
+		memcpy(&hello, pdata + sizeof(struct ferry_msg_hdr), sizeof(hello));
+		if (hello.rank < cfg->rank)
+			dialed = (int)hello.rank;
 	}
 	peer = ferry__proto_check_hello(pdata, RDMA_HELLO_LEN, cfg->cluster_id, cfg->world,
 					cfg->rank, dialed, why, wlen);
@@ -213,6 +222,8 @@ static const char *rdma_rej_str(uint32_t reason)
 		return "it marked us failed";
 	case RDMA_REJ_INCARNATION:
 		return "it holds a session with another process of our rank";
+	case RDMA_REJ_REDIAL:
+		return "it lives and redials us";
 	default:
 		return "an unknown reason";
 	}
@@ -289,7 +300,7 @@ void ferry__rdma_conn_destroy(struct rdma_tp *t, struct rdma_conn *c)
 			p->rx_ok = 0;
 			p->rx_out = 0; /* its completions are dropped: another generation */
 		}
-		if (c->kind == RDMA_CONN_DIAL && c->rank < t->base.cfg.rank &&
+		if ((c->kind == RDMA_CONN_DIAL || c->kind == RDMA_CONN_PROBE) &&
 		    t->dials[c->rank].conn == c)
 			t->dials[c->rank].conn = NULL;
 	}
@@ -368,8 +379,7 @@ static bool rdma_conn_current(const struct rdma_tp *t, const struct rdma_conn *c
 {
 	if (c->rank >= t->base.cfg.world)
 		return false;
-	return t->peers[c->rank].conn == c ||
-	       (c->rank < t->base.cfg.rank && t->dials[c->rank].conn == c);
+	return t->peers[c->rank].conn == c || t->dials[c->rank].conn == c;
 }
 
 /* the progress thread's side of connect(): a peer is up */
@@ -477,6 +487,48 @@ static void rdma_conn_lost(struct rdma_tp *t, struct rdma_conn *c, const char *h
 	ferry__rdma_peer_fail(t, p, -FERRY_E_PEER);
 }
 
+/*
+ * how long after the loss the first probe goes, and between probes:
+ * FERRY_RECONNECT_MS / 4 within [RDMA_PROBE_MIN_MS, RDMA_PROBE_MAX_MS]
+ */
+static int rdma_probe_ms(const struct rdma_tp *t)
+{
+	int ms = t->reconnect_ms / 4;
+
+	return ms < RDMA_PROBE_MIN_MS ? RDMA_PROBE_MIN_MS :
+	       ms > RDMA_PROBE_MAX_MS ? RDMA_PROBE_MAX_MS :
+					ms;
+}
+
+/*
+ * rdma_probe_answer - lower rank @p probes our listener (session.c): its link
+ * to us is lost. Ours too, then: take it for lost if we did not see it (a
+ * disconnect request lost on the way), and redial at once. The answer is a
+ * REJ that says we live and redial; a dead process answers nothing of ours.
+ */
+static void rdma_probe_answer(struct rdma_tp *t, struct rdma_conn *c, struct rdma_peer *p)
+{
+	uint32_t me = t->base.cfg.rank;
+
+	/*
+	 * It probes no sooner than rdma_probe_ms() after its loss: a link of
+	 * ours that stood since is the redial it waits for (its ESTABLISHED
+	 * still on the way), not one that broke unseen.
+	 */
+	if (p->live && rdma_now_ms() - p->up_ms >= rdma_probe_ms(t)) {
+		char why[128];
+
+		snprintf(why, sizeof(why), "rank %u probed rank %u (it lost their link)", p->rank,
+			 me);
+		ferry__rdma_peer_lost(t, p, why);
+	} else if (p->lost && !t->dials[p->rank].conn) {
+		t->dials[p->rank].next_ms = rdma_now_ms();
+	}
+	ferry_dbg("rdma: rank %u: rank %u probed us (%s); answered that we redial", me, p->rank,
+		  p->lost ? "we lost the link too" : "our link to it is new");
+	rdma_conn_reject(t, c, RDMA_REJ_REDIAL);
+}
+
 /* judge a connection request and accept or reject it; connect() has begun */
 static void rdma_accept_request(struct rdma_tp *t, struct rdma_conn *c)
 {
@@ -486,9 +538,11 @@ static void rdma_accept_request(struct rdma_tp *t, struct rdma_conn *c)
 	struct rdma_peer *p;
 	uint32_t inc = 0;
 	char why[192];
-	int rank;
+	int rank, probe_ok;
 
-	rank = rdma_hello_check(t, c->pdata, c->plen, -1, &inc, why, sizeof(why));
+	/* probes come once every link stood, and only with reconnection */
+	probe_ok = t->seen_phase == RDMA_PHASE_DONE && t->reconnect_ms;
+	rank = rdma_hello_check(t, c->pdata, c->plen, -1, probe_ok, &inc, why, sizeof(why));
 	if (rank >= 0 && t->base.cfg.auth &&
 	    rdma_auth_check(t, c->pdata, c->plen, 0, (uint32_t)rank, me,
 			    &t->peers[rank].auth_attempt, why, sizeof(why))) {
@@ -496,8 +550,10 @@ static void rdma_accept_request(struct rdma_tp *t, struct rdma_conn *c)
 		rank = -1;
 	}
 	p = rank >= 0 ? &t->peers[rank] : NULL;
-	if (p && p->lost)
+	if (p && p->lost && (uint32_t)rank > me) {
 		p->redials++;
+		p->req_ms = rdma_now_ms();
+	}
 	if (p && p->reported) {
 		snprintf(why, sizeof(why), "rank %d was marked failed: it stays so", rank);
 		reason = RDMA_REJ_FAILED;
@@ -510,6 +566,16 @@ static void rdma_accept_request(struct rdma_tp *t, struct rdma_conn *c)
 			 rank, inc, p->inc);
 		reason = RDMA_REJ_INCARNATION;
 		rank = -1;
+	} else if (p && (uint32_t)rank < me) {
+		if (!p->ever_up) {
+			snprintf(why, sizeof(why),
+				 "rank %u is lower than ours and should wait for our dial", rank);
+			reason = RDMA_REJ_HELLO;
+			rank = -1;
+		} else {
+			rdma_probe_answer(t, c, p);
+			return;
+		}
 	} else if (p && p->conn && p->conn->state == RDMA_CS_UP &&
 		   (p->live || !ferry__rdma_peer_drained(t, p))) {
 		/* a redial: it lost the link. Take ours for lost, and let it dial again */
@@ -677,6 +743,180 @@ err_destroy:
 	rdma_dial_retry(t, j, why);
 }
 
+/* ---- probes of a lost higher rank (session.c) ----------------------------- */
+
+static void rdma_probe_start(struct rdma_tp *t, uint32_t r)
+{
+	struct rdma_dial *d = &t->dials[r];
+	struct rdma_peer *p = &t->peers[r];
+	struct rdma_conn *c = rdma_conn_new(t, RDMA_CONN_PROBE);
+
+	d->next_ms = rdma_now_ms() + rdma_probe_ms(t);
+	if (!c)
+		return;
+	c->rank = r;
+	snprintf(c->who, sizeof(c->who), "%s", d->where);
+	if (rdma_create_id(t->ec, &c->id, c, RDMA_PS_TCP)) {
+		c->id = NULL;
+		ferry__rdma_conn_destroy(t, c);
+		return;
+	}
+	if (rdma_resolve_addr(c->id, (struct sockaddr *)&t->src_sa, (struct sockaddr *)&d->sa,
+			      RDMA_RESOLVE_MS)) {
+		ferry__rdma_conn_destroy(t, c);
+		return;
+	}
+	c->state = RDMA_CS_ADDR;
+	d->conn = c;
+	p->probes++;
+	ferry_dbg("rdma: rank %u: probing rank %u at %s (probe %u, %lld ms after the loss)",
+		  t->base.cfg.rank, r, d->where, p->probes, (long long)(c->t0_ms - p->lost_ms));
+}
+
+/*
+ * an event on our probe of a lost higher rank: a REJ of ours says it lives
+ * (and redials); a REJ of the kernel's CM that nobody listens on its port,
+ * or one that says it failed us, ends the wait at once
+ */
+static void rdma_probe_event(struct rdma_tp *t, struct rdma_conn *c, const struct rdma_cm_ev *ev)
+{
+	uint32_t me = t->base.cfg.rank, r = c->rank;
+	struct rdma_dial *d = &t->dials[r];
+	struct rdma_peer *p = &t->peers[r];
+	struct rdma_conn_param cp;
+	struct rdma_rej rej = { 0 };
+	int gone = 0;
+	char why[160];
+
+	switch (ev->type) {
+	case RDMA_CM_EVENT_ADDR_RESOLVED:
+		if (!rdma_resolve_route(c->id, RDMA_RESOLVE_MS)) {
+			c->state = RDMA_CS_ROUTE;
+			return;
+		}
+		snprintf(why, sizeof(why), "rdma_resolve_route: %s", strerror(errno));
+		break;
+	case RDMA_CM_EVENT_ROUTE_RESOLVED: {
+		/* a queue pair of its own (no buffers): its number makes the REQ unique */
+		struct ibv_qp_init_attr qa = {
+			.send_cq = t->scq,
+			.recv_cq = t->rcq,
+			.qp_type = IBV_QPT_RC,
+			.cap = { .max_send_wr = 1,
+				 .max_recv_wr = 1,
+				 .max_send_sge = 1,
+				 .max_recv_sge = 1 },
+		};
+
+		if (rdma_create_qp(c->id, t->pd, &qa)) {
+			snprintf(why, sizeof(why), "rdma_create_qp: %s", strerror(errno));
+			break;
+		}
+		c->attempt = ++d->attempts;
+		rdma_conn_param(t, c, &cp, 0, 0, 0);
+		if (rdma_connect(c->id, &cp)) {
+			snprintf(why, sizeof(why), "rdma_connect: %s", strerror(errno));
+			break;
+		}
+		c->state = RDMA_CS_CONNECTING;
+		return;
+	}
+	case RDMA_CM_EVENT_REJECTED:
+		if (ev->plen >= sizeof(rej))
+			memcpy(&rej, ev->pdata, sizeof(rej));
+		if (rej.magic == RDMA_REJ_MAGIC) {
+			snprintf(why, sizeof(why), "rejected: %s", rdma_rej_str(rej.reason));
+			gone = rej.reason == RDMA_REJ_FAILED || rej.reason == RDMA_REJ_INCARNATION;
+		} else {
+			/* IB_CM_REJ_INVALID_SERVICE_ID: no listener on its port, its process is gone */
+			gone = ev->status == RDMA_CM_REJ_NO_LISTENER;
+			snprintf(why, sizeof(why), "rejected (status %d)%s", ev->status,
+				 gone ? ": nothing listens there" : "");
+		}
+		break;
+	case RDMA_CM_EVENT_ESTABLISHED:
+		/* not ours to keep: a probe is always refused by a node of this build */
+		snprintf(why, sizeof(why), "it accepted the probe");
+		c->disconnected = 1;
+		rdma_disconnect(c->id);
+		break;
+	case RDMA_CM_EVENT_ADDR_ERROR:
+	case RDMA_CM_EVENT_ROUTE_ERROR:
+	case RDMA_CM_EVENT_CONNECT_ERROR:
+	case RDMA_CM_EVENT_UNREACHABLE:
+	case RDMA_CM_EVENT_DISCONNECTED:
+	case RDMA_CM_EVENT_DEVICE_REMOVAL:
+		snprintf(why, sizeof(why), "%s (%s)", rdma_event_str(ev->type),
+			 strerror(ev->status < 0 ? -ev->status : ev->status));
+		break;
+	default:
+		return;
+	}
+	ferry_dbg("rdma: rank %u: probe %u of rank %u: %s after %lld ms", me, p->probes, r, why,
+		  (long long)(rdma_now_ms() - c->t0_ms));
+	ferry__rdma_redial_note(p, "probe %u: %s", p->probes, why);
+	ferry__rdma_conn_destroy(t, c);
+	d->next_ms = rdma_now_ms() + rdma_probe_ms(t);
+	if (gone && p->lost && !p->live && !p->reported) {
+		ferry_warn("rdma: rank %u: probing rank %u at %s after a lost link: %s; marking it "
+			   "failed",
+			   me, r, d->where, why);
+		p->lost = 0;
+		ferry__rdma_peer_fail(t, p, -FERRY_E_PEER);
+	}
+}
+
+/*
+ * probe each lost higher rank that has not redialed us: first
+ * rdma_probe_ms() after the loss (or its last request), then as often, each
+ * probe bounded as long. Return: the next time one is due, or -1.
+ */
+static int64_t rdma_probe_tick(struct rdma_tp *t, int64_t now)
+{
+	int64_t next = -1;
+	int every = rdma_probe_ms(t);
+
+	if (t->seen_phase != RDMA_PHASE_DONE || !t->reconnect_ms ||
+	    __atomic_load_n(&t->closing, __ATOMIC_ACQUIRE))
+		return -1;
+	for (uint32_t r = t->base.cfg.rank + 1; r < t->base.cfg.world; r++) {
+		struct rdma_dial *d = &t->dials[r];
+		struct rdma_peer *p = &t->peers[r];
+		int64_t due;
+
+		if (d->conn) {
+			due = d->conn->t0_ms + every;
+			if (now >= due || !p->lost || p->live || p->reported) {
+				if (p->lost && !p->live && !p->reported)
+					ferry__rdma_redial_note(p, "probe %u: no answer in %lld ms",
+								p->probes,
+								(long long)(now - d->conn->t0_ms));
+				ferry__rdma_conn_destroy(t, d->conn);
+				due = now;
+			}
+			if (d->conn) {
+				if (next < 0 || due < next)
+					next = due;
+				continue;
+			}
+		}
+		if (!p->lost || p->live || p->reported)
+			continue;
+		due = p->lost_ms + every;
+		if (d->next_ms > due)
+			due = d->next_ms;
+		if (p->req_ms >= p->lost_ms && p->req_ms + every > due)
+			due = p->req_ms + every; /* it redials: it lives */
+		if (now >= due) {
+			rdma_probe_start(t, r);
+			due = d->conn ? d->conn->t0_ms + every : d->next_ms;
+		}
+		if (next < 0 || due < next)
+			next = due;
+	}
+	return next;
+}
+
 /* an event on a connection we dialed */
 static void rdma_dial_event(struct rdma_tp *t, struct rdma_conn *c, const struct rdma_cm_ev *ev)
 {
@@ -709,7 +949,8 @@ static void rdma_dial_event(struct rdma_tp *t, struct rdma_conn *c, const struct
 		c->state = RDMA_CS_CONNECTING;
 		return;
 	case RDMA_CM_EVENT_ESTABLISHED:
-		if (rdma_hello_check(t, ev->pdata, ev->plen, (int)j, &inc, why, sizeof(why)) < 0 ||
+		if (rdma_hello_check(t, ev->pdata, ev->plen, (int)j, 0, &inc, why, sizeof(why)) <
+			    0 ||
 		    (t->base.cfg.auth && rdma_auth_check(t, ev->pdata, ev->plen, 1, me, j,
 							 &c->attempt, why, sizeof(why))) ||
 		    (p->inc && inc != p->inc &&
@@ -872,7 +1113,7 @@ void ferry__rdma_setup_sync(struct rdma_tp *t)
  */
 int64_t ferry__rdma_setup_tick(struct rdma_tp *t)
 {
-	int64_t now, next = -1;
+	int64_t now, next = -1, probe;
 
 	if (t->seen_phase != RDMA_PHASE_CONNECTING && t->seen_phase != RDMA_PHASE_DONE)
 		return -1;
@@ -924,6 +1165,9 @@ int64_t ferry__rdma_setup_tick(struct rdma_tp *t)
 		if (!d->conn && (next < 0 || d->next_ms < next))
 			next = d->next_ms;
 	}
+	probe = rdma_probe_tick(t, now);
+	if (probe >= 0 && (next < 0 || probe < next))
+		next = probe;
 	return next;
 }
 
@@ -945,6 +1189,9 @@ static void rdma_cm_dispatch(struct rdma_tp *t, const struct rdma_cm_ev *ev)
 		break;
 	case RDMA_CONN_ACCEPT:
 		rdma_accept_event(t, c, ev);
+		break;
+	case RDMA_CONN_PROBE:
+		rdma_probe_event(t, c, ev);
 		break;
 	case RDMA_CONN_LISTEN:
 		if (ev->type == RDMA_CM_EVENT_DEVICE_REMOVAL)
@@ -1034,9 +1281,11 @@ int ferry__rdma_tp_connect(struct ferry_tp *tp, const void *const *addrs, const 
 
 	if (t->connected)
 		return -EALREADY;
-	for (uint32_t r = 0; r < cfg->rank; r++) {
+	for (uint32_t r = 0; r < cfg->world; r++) {
 		struct rdma_dial *d = &t->dials[r];
 
+		if (r == cfg->rank)
+			continue;
 		if (ferry__tp_parse_ipv4(addrs[r], lens[r], &d->sa)) {
 			ferry_err("rdma: rank %u: the address of rank %u is not an \"ip:port\" of "
 				  "the rdma transport; do all nodes use the same transport?",

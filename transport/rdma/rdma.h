@@ -165,6 +165,12 @@
 #define RDMA_RESUME_MIN_MS 100 /* a new link resumes within max(this, FERRY_RECONNECT_MS / 4) */
 /* a redial in flight longer than max(this, FERRY_RECONNECT_MS / 2) is abandoned and made again */
 #define RDMA_REDIAL_MIN_MS 100
+/* the reason of a kernel CM's REJ when nothing listens on the port (IB_CM_REJ_INVALID_SERVICE_ID) */
+#define RDMA_CM_REJ_NO_LISTENER 8
+/* a lower rank probes a lost higher rank after FERRY_RECONNECT_MS / 4 within these (session.c) */
+#define RDMA_PROBE_MIN_MS 100
+#define RDMA_PROBE_MAX_MS 250
+#define RDMA_STALL_MS 2000   /* frames waiting this long on an unmoving stream are logged (debug) */
 #define RDMA_SLOW_CALL_MS 20 /* a verbs or rdma_cm call this slow is logged (debug) */
 
 #define RDMA_REJ_MAGIC 0x4a525946u /* "FYRJ" */
@@ -224,6 +230,7 @@ enum rdma_rej_reason {
 	RDMA_REJ_AGAIN,	      /* a redial: the last link is still being closed; dial again */
 	RDMA_REJ_FAILED,      /* a redial of a rank marked failed (or dropped by the core) */
 	RDMA_REJ_INCARNATION, /* a redial from another process than the session's */
+	RDMA_REJ_REDIAL,      /* a probe of a live peer: it redials us (session.c) */
 };
 
 struct rdma_rej {
@@ -277,6 +284,7 @@ enum rdma_conn_kind {
 	RDMA_CONN_LISTEN,
 	RDMA_CONN_DIAL,
 	RDMA_CONN_ACCEPT,
+	RDMA_CONN_PROBE, /* a lower rank's probe of a lost higher rank's listener (session.c) */
 };
 
 enum rdma_conn_state {
@@ -365,7 +373,12 @@ struct rdma_peer {
 	int64_t err_ms;		/* when its queue pair was moved to the error state */
 	int64_t up_ms;		/* when the last connection stood (the RESUMEs are due) */
 	uint32_t redials;	/* since the loss: dials made (higher rank) or requests seen */
-	char redial_why[96];	/* the last one's outcome, for the line that fails the peer */
+	int64_t req_ms;		/* the last request from it (a higher rank) while lost */
+	uint32_t probes;	/* probes of it (a higher rank) made, for the log */
+	uint64_t stall_seq;	/* s_posted + rx_seq when last seen to move (session.c) */
+	int64_t stall_ms;	/* since when it has not moved while frames wait */
+	int stall_logged;
+	char redial_why[96]; /* the last one's outcome, for the line that fails the peer */
 
 	int dirty;		/* flush after this batch of completions */
 	unsigned char *asm_buf; /* reassembly of a frame that spans chunks */
@@ -389,7 +402,7 @@ struct rdma_mr {
 	struct rdma_mr *next; /* in rdma_tp.mrs */
 };
 
-/* dial state for one lower rank */
+/* dial state for one lower rank; for a higher one, its probes (session.c) */
 struct rdma_dial {
 	struct sockaddr_in sa;
 	char where[64];
@@ -482,7 +495,7 @@ struct rdma_tp {
 	enum rdma_phase phase;
 	uint32_t missing;
 	uint8_t *up;		 /* per rank: connected */
-	struct rdma_dial *dials; /* ranks [0, rank) */
+	struct rdma_dial *dials; /* per rank: dials of [0, rank), probes of (rank, world) */
 	unsigned char hello[RDMA_PDATA_LEN];
 
 	/* progress thread only */
