@@ -568,7 +568,12 @@ Test(reconnect, a_storm_keeps_every_push_exactly_once, .timeout = 180)
 	cr_assert_eq(st->log.failed, 0, "%ld log lines marked a peer failed", st->log.failed);
 	cr_assert_geq(st->log.resets, least, "only %ld breaks were injected", st->log.resets);
 	cr_assert_geq(st->log.resumed, least, "only %ld sessions resumed", st->log.resumed);
-	cr_assert_gt(st->ops, rdma ? 100 : 1000, "only %ld operations ran", st->ops);
+	/*
+	 * over rdma in the TCG guest an operation often waits for a redial: 97
+	 * to 917 operations were seen in 3 s (25 runs); the count only shows
+	 * that the storm ran, exactly-once is what is checked
+	 */
+	cr_assert_gt(st->ops, rdma ? 40 : 1000, "only %ld operations ran", st->ops);
 	munmap(st, sizeof(*st));
 }
 

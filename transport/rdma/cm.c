@@ -540,8 +540,8 @@ static void rdma_accept_request(struct rdma_tp *t, struct rdma_conn *c)
 	char why[192];
 	int rank, probe_ok;
 
-	/* probes come once every link stood, and only with reconnection */
-	probe_ok = t->seen_phase == RDMA_PHASE_DONE && t->reconnect_ms;
+	/* probes come only with reconnection, from a peer whose session began */
+	probe_ok = t->reconnect_ms != 0;
 	rank = rdma_hello_check(t, c->pdata, c->plen, -1, probe_ok, &inc, why, sizeof(why));
 	if (rank >= 0 && t->base.cfg.auth &&
 	    rdma_auth_check(t, c->pdata, c->plen, 0, (uint32_t)rank, me,
@@ -569,7 +569,7 @@ static void rdma_accept_request(struct rdma_tp *t, struct rdma_conn *c)
 	} else if (p && (uint32_t)rank < me) {
 		if (!p->ever_up) {
 			snprintf(why, sizeof(why),
-				 "rank %u is lower than ours and should wait for our dial", rank);
+				 "rank %d is lower than ours and should wait for our dial", rank);
 			reason = RDMA_REJ_HELLO;
 			rank = -1;
 		} else {
@@ -900,7 +900,7 @@ static int64_t rdma_probe_tick(struct rdma_tp *t, int64_t now)
 				continue;
 			}
 		}
-		if (!p->lost || p->live || p->reported)
+		if (!p->lost || p->live || p->reported || !d->probe_ok)
 			continue;
 		due = p->lost_ms + every;
 		if (d->next_ms > due)
@@ -1286,6 +1286,14 @@ int ferry__rdma_tp_connect(struct ferry_tp *tp, const void *const *addrs, const 
 
 		if (r == cfg->rank)
 			continue;
+		if (r > cfg->rank) {
+			/* a higher rank's listener is only probed (session.c): no address, no probe */
+			if (!ferry__tp_parse_ipv4(addrs[r], lens[r], &d->sa)) {
+				d->probe_ok = 1;
+				rdma_sa_str((struct sockaddr *)&d->sa, d->where, sizeof(d->where));
+			}
+			continue;
+		}
 		if (ferry__tp_parse_ipv4(addrs[r], lens[r], &d->sa)) {
 			ferry_err("rdma: rank %u: the address of rank %u is not an \"ip:port\" of "
 				  "the rdma transport; do all nodes use the same transport?",

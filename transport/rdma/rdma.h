@@ -412,6 +412,7 @@ struct rdma_dial {
 	int logged;	   /* a refused HELLO was logged */
 	char why[160];	   /* the last failure; under setup_lock */
 	uint32_t attempts; /* dials made: each REQ's proof names its number */
+	int probe_ok;	   /* a higher rank: its address parsed, it may be probed */
 };
 
 enum rdma_phase {
