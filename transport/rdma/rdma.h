@@ -16,8 +16,12 @@
  *   device.c    memlock check, device, port and GID, probe, init/fini (caller);
  *               the listening cm_id, PD, CQs, the message   probe, memlock: any
  *               buffers
- *   cm.c        rdma_cm: HELLO, dial, accept, reject,       progress thread;
+ *   cm.c        rdma_cm: dial, accept, reject,              progress thread;
  *               connection setup, connect()                 connect(): caller
+ *   hello.c     HELLO and token proof of REQ/REP, REJ       progress thread;
+ *               reasons, probes of a lost higher rank       connect(): caller
+ *   session.c   a peer's session: a lost link, RESUMEs,     progress thread
+ *               the grace, fault injection
  *   qp.c        a peer's queue pair: out queue, posting     senders (any thread),
  *               (chunks, credits, ops), flush, failures     progress thread
  *   cq.c        completions: the receive path (stream       progress thread;
@@ -630,6 +634,34 @@ void ferry__rdma_peers_fini(struct rdma_tp *t);
 /* cm.c: progress thread (ferry__rdma_conn_destroy also in fini; connect on its caller) */
 void ferry__rdma_conn_destroy(struct rdma_tp *t, struct rdma_conn *c);
 const char *ferry__rdma_conn_state_str(const struct rdma_conn *c);
+/* copy of the fields of an rdma_cm_event we use: the event is acked before they are (cm.c) */
+struct rdma_cm_ev {
+	enum rdma_cm_event_type type;
+	struct rdma_cm_id *id;
+	int status;
+	uint8_t pdata[RDMA_CM_PDATA_MAX];
+	uint8_t plen;
+	uint8_t initiator_depth;
+	uint8_t responder_resources;
+};
+
+/* cm.c */
+struct rdma_conn *ferry__rdma_conn_new(struct rdma_tp *t, enum rdma_conn_kind kind);
+void ferry__rdma_conn_reject(struct rdma_tp *t, struct rdma_conn *c, enum rdma_rej_reason reason);
+void ferry__rdma_conn_param(struct rdma_tp *t, struct rdma_conn *c, struct rdma_conn_param *cp,
+			    uint8_t their_init, uint8_t their_resp, int accepting);
+/* hello.c */
+void ferry__rdma_hello_build(struct rdma_tp *t);
+int ferry__rdma_hello_check(struct rdma_tp *t, const uint8_t *pdata, size_t len, int dialed,
+			    int probe_ok, uint32_t *inc_p, char *why, size_t wlen);
+void ferry__rdma_auth_mac(const struct rdma_tp *t, const char *label, uint32_t i, uint32_t j,
+			  uint32_t a, uint8_t *mac);
+int ferry__rdma_auth_check(const struct rdma_tp *t, const uint8_t *pdata, size_t len, int rep,
+			   uint32_t i, uint32_t j, uint32_t *attempt_p, char *why, size_t wlen);
+const char *ferry__rdma_rej_str(uint32_t reason);
+void ferry__rdma_probe_answer(struct rdma_tp *t, struct rdma_conn *c, struct rdma_peer *p);
+void ferry__rdma_probe_event(struct rdma_tp *t, struct rdma_conn *c, const struct rdma_cm_ev *ev);
+int64_t ferry__rdma_probe_tick(struct rdma_tp *t, int64_t now);
 void ferry__rdma_redial_note(struct rdma_peer *p, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
 /* how long a redial may stay in flight: max(RDMA_REDIAL_MIN_MS, FERRY_RECONNECT_MS / 2) */

@@ -37,7 +37,7 @@
  * when a redial comes from another incarnation (a restarted process), when
  * the peer said BYE, or when the core dropped it (a redial is refused).
  *
- * The lower rank probes (cm.c, rdma_probe_tick): a lost link to a higher
+ * The lower rank probes (hello.c, ferry__rdma_probe_tick): a lost link to a higher
  * rank that sent no request for rdma_probe_ms() (FERRY_RECONNECT_MS / 4,
  * within 100-250 ms) gets a connection request with our HELLO at its
  * listener, on a queue pair of the probe's own. A live peer refuses it
