@@ -18,7 +18,9 @@
  *   every 20 ms (rdma: 300 ms); every operation succeeds, every key ends with exactly the
  *   pushes that returned 0, and no peer is declared failed.
  * - a_killed_peer_is_failed_within_2_s: the same, and a node is SIGKILLed:
- *   the others' operations on it end with -FERRY_E_PEER within 2 s.
+ *   the others' operations on it end with -FERRY_E_PEER within 2 s. Over
+ *   rdma FERRY_RECONNECT_MS is 3000 there: the rank below the victim sees
+ *   the death in time only through its probe of the victim's listener.
  *
  * The cases run over tcp, or over rdma with FERRY_TRANSPORT=rdma (the
  * SoftRoCE guest: ci/softroce-vm.sh, with FERRY_BIND_ADDR the rxe address);
@@ -76,6 +78,17 @@ static const struct ferry_tp_ops *rc_ops(int rdma)
 	(void)rdma;
 	return &ferry__tcp_ops;
 }
+
+/*
+ * The grace of a lost link over rdma. In the 2-vCPU TCG guest, under the
+ * frames case's load (three transports in one process, every byte checked
+ * on the progress threads), a turn of a progress thread takes up to hundreds
+ * of ms and a redial needs several on both sides: the VM measured redials
+ * of up to 1.2 s and sessions resumed up to 2.9 s after the loss (a link
+ * that never came back, a bug since fixed, still fails at the grace). So
+ * the rdma cases give 6 s; the kill case 3 s, with its own reason.
+ */
+#define RC_RDMA_GRACE "6000"
 
 /* break links every @tcp_ms over tcp, every @rdma_ms over rdma */
 static void rc_fault(int tcp_ms, int rdma_ms)
@@ -307,7 +320,8 @@ Test(reconnect, frames_survive_many_resets, .timeout = 180)
 	cr_assert_not_null(nodes);
 	lc = logcount_shared();
 	rc_fault(10, 100);
-	setenv("FERRY_RECONNECT_MS", "2000", 0); /* sanitizer builds are slow to redial */
+	/* sanitizer builds are slow to redial; rdma under TCG more so (RC_RDMA_GRACE) */
+	setenv("FERRY_RECONNECT_MS", rdma ? RC_RDMA_GRACE : "2000", 0);
 	for (uint32_t r = 0; r < RN; r++) {
 		struct rnode *n = &nodes[r];
 		struct ferry_tp_config cfg = {
@@ -536,7 +550,7 @@ Test(reconnect, a_storm_keeps_every_push_exactly_once, .timeout = 180)
 
 	st = storm_map();
 	rc_fault(20, 300); /* over rdma under TCG a redial takes 50-300 ms */
-	setenv("FERRY_RECONNECT_MS", "2000", 0);
+	setenv("FERRY_RECONNECT_MS", rdma ? RC_RDMA_GRACE : "2000", 0);
 	rc_params(&p, rdma);
 	rc = ferry_local_cluster_fork(NODES, &p, pids);
 	if (rc >= 0 && rc < NODES)
@@ -554,7 +568,12 @@ Test(reconnect, a_storm_keeps_every_push_exactly_once, .timeout = 180)
 	cr_assert_eq(st->log.failed, 0, "%ld log lines marked a peer failed", st->log.failed);
 	cr_assert_geq(st->log.resets, least, "only %ld breaks were injected", st->log.resets);
 	cr_assert_geq(st->log.resumed, least, "only %ld sessions resumed", st->log.resumed);
-	cr_assert_gt(st->ops, rdma ? 100 : 1000, "only %ld operations ran", st->ops);
+	/*
+	 * over rdma in the TCG guest an operation often waits for a redial: 97
+	 * to 1284 operations were seen in 3 s (32 runs); the count only shows
+	 * that the storm ran, exactly-once is what is checked
+	 */
+	cr_assert_gt(st->ops, rdma ? 40 : 1000, "only %ld operations ran", st->ops);
 	munmap(st, sizeof(*st));
 }
 
@@ -630,6 +649,13 @@ Test(reconnect, a_killed_peer_is_failed_within_2_s, .timeout = 180)
 
 	st = storm_map();
 	rc_fault(30, 100);
+	/*
+	 * over rdma a grace longer than the 2 s allowed: rank 0 (below the
+	 * victim) sees the death in time only by probing the victim's listener
+	 * (transport/rdma/session.c), not by waiting the grace out
+	 */
+	if (rdma)
+		setenv("FERRY_RECONNECT_MS", "3000", 0);
 	rc_params(&p, rdma);
 	rc = ferry_local_cluster_fork(NODES, &p, pids);
 	if (rc >= 0 && rc < NODES)

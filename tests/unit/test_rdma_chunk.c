@@ -10,10 +10,14 @@
  * - a RESUME's carries both flags and the count modulo 2^16;
  * - the count a RESUME names is found again from its 16 bits for every
  *   window of unacknowledged chunks (up to RDMA_CREDITS), across the 2^16
- *   wrap, and a count beyond what was sent is refused.
+ *   wrap, and a count beyond what was sent is refused;
+ * - a RESUME read from a lost link's queue pair while it drains resumes
+ *   nothing (ferry__rdma_resume_got on a bare peer: nothing is posted).
  */
 #include <criterion/criterion.h>
+#include <pthread.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #ifdef FERRY_HAVE_RDMA
 #include "transport/rdma/rdma.h"
@@ -70,6 +74,52 @@ Test(rdma_chunk, the_resume_count_is_found_again_across_the_wrap)
 					     (unsigned long long)acked, (unsigned long long)posted,
 					     (unsigned long long)d);
 		}
+}
+
+/*
+ * A RESUME that the peer sent on a queue pair before the link was lost, read
+ * while that queue pair drains, resumes nothing: the session stays lost (and
+ * so is redialed, or failed when its grace ends). It once resumed the
+ * session on the dead queue pair, which left the link away for good.
+ */
+Test(rdma_chunk, a_resume_read_from_a_draining_queue_pair_resumes_nothing)
+{
+	struct rdma_tp *t = calloc(1, sizeof(*t));
+	struct rdma_peer *p;
+	const char *why = NULL;
+
+	cr_assert_not_null(t);
+	t->base.cfg.rank = 0;
+	t->base.cfg.world = 2;
+	t->reconnect_ms = 1000;
+	t->peers = calloc(2, sizeof(*t->peers));
+	cr_assert_not_null(t->peers);
+	p = &t->peers[1];
+	pthread_mutex_init(&p->lock, NULL);
+	pthread_cond_init(&p->q_drained, NULL);
+	p->rank = 1;
+	p->ever_up = 1;
+	p->lost = 1;
+	p->draining = 1; /* qp is the lost link's, and is NULL: nothing may be posted */
+	p->state = RDMA_PEER_LOST;
+	p->rsm_sent = 1; /* our RESUME went out on that queue pair before the loss */
+	p->tx_acked = 70000;
+	p->s_posted = 70010;
+
+	cr_assert_eq(ferry__rdma_resume_got(t, p, (70004u) & 0xffff, &why), 0);
+	cr_assert_null(why, "a good RESUME refused: %s", why);
+	cr_assert_eq(p->rsm_got, 1, "the chunks after it on that queue pair are taken");
+	cr_assert_eq(p->lost, 1, "the session resumed on a dead queue pair");
+	cr_assert_eq(p->state, RDMA_PEER_LOST);
+	cr_assert_eq(p->credits, 0, "credits given for a dead queue pair");
+
+	/* a second one on the same queue pair is still a protocol error */
+	cr_assert_eq(ferry__rdma_resume_got(t, p, (70004u) & 0xffff, &why), 0);
+	cr_assert_not_null(why);
+	pthread_mutex_destroy(&p->lock);
+	pthread_cond_destroy(&p->q_drained);
+	free(t->peers);
+	free(t);
 }
 
 #else

@@ -32,6 +32,9 @@
  *   later strangers are refused by the kernel. A redial passes the same
  *   checks, and its HELLO must carry the incarnation the session began with.
  *
+ * The HELLO, the token proof and the probe of a lost higher rank are built
+ * and checked in hello.c.
+ *
  * Token (cfg.auth). rdma_cm carries one message each way before the
  * connection stands (56 bytes of private data in a REQ), so the proof here
  * is not tcp's nonce exchange (transport/base/auth.h) but a MAC under the
@@ -50,6 +53,7 @@
  */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -68,158 +72,9 @@ static void rdma_sa_str(const struct sockaddr *sa, char *buf, size_t len)
 	snprintf(buf, len, "%s:%u", ip, (unsigned)ntohs(in->sin_port));
 }
 
-/* ---- HELLO -------------------------------------------------------------- */
-
-/* our private data; call with setup_lock held, once cluster_id is known */
-static void rdma_hello_build(struct rdma_tp *t)
-{
-	const struct ferry_tp_config *cfg = &t->base.cfg;
-	struct ferry_msg_hdr hdr = {
-		.magic = FERRY_MSG_MAGIC,
-		.version = FERRY_PROTO_VERSION,
-		.type = FERRY_MSG_HELLO,
-		.len = RDMA_HELLO_LEN,
-		.src = cfg->rank,
-	};
-	struct ferry_msg_hello hello = {
-		.cluster_id = cfg->cluster_id,
-		.rank = cfg->rank,
-		.world = cfg->world,
-	};
-	struct rdma_hello_ext ext = {
-		.chunk_kib = RDMA_CHUNK >> 10,
-		.credits = RDMA_CREDITS,
-		.incarnation = t->incarnation,
-	};
-
-	memcpy(t->hello, &hdr, sizeof(hdr));
-	memcpy(t->hello + sizeof(hdr), &hello, sizeof(hello));
-	memcpy(t->hello + RDMA_HELLO_LEN, &ext, sizeof(ext));
-}
-
-/*
- * rdma_hello_check - is the peer's private data a HELLO of our cluster?
- * @dialed: the rank we dialed, or -1 for a request we got
- *
- * Context: progress thread, after connect() published the cluster id.
- * Return: the peer's rank (its incarnation in *@inc_p), or -1 with @why
- * saying what is wrong.
- */
-static int rdma_hello_check(struct rdma_tp *t, const uint8_t *pdata, size_t len, int dialed,
-			    uint32_t *inc_p, char *why, size_t wlen)
-{
-	const struct ferry_tp_config *cfg = &t->base.cfg;
-	struct rdma_hello_ext ext;
-	int peer;
-
-	if (len < RDMA_PDATA_LEN) {
-		snprintf(why, wlen, "its private data is %zu bytes, not a HELLO", len);
-		return -1;
-	}
-	peer = ferry__proto_check_hello(pdata, RDMA_HELLO_LEN, cfg->cluster_id, cfg->world,
-					cfg->rank, dialed, why, wlen);
-	if (peer < 0)
-		return -1;
-	memcpy(&ext, pdata + RDMA_HELLO_LEN, sizeof(ext));
-	if (ext.chunk_kib != RDMA_CHUNK >> 10 || ext.credits != RDMA_CREDITS || !ext.incarnation) {
-		snprintf(why, wlen,
-			 "its receive buffers (%u x %u KiB) differ from ours (%u x %u): a "
-			 "different Ferry build",
-			 ext.credits, ext.chunk_kib, RDMA_CREDITS, RDMA_CHUNK >> 10);
-		return -1;
-	}
-	*inc_p = ext.incarnation;
-	return peer;
-}
-
-/* the MAC of attempt @a of rank @i's dials to rank @j; @label: whose */
-static void rdma_auth_mac(const struct rdma_tp *t, const char *label, uint32_t i, uint32_t j,
-			  uint32_t a, uint8_t *mac)
-{
-	const uint64_t cid = t->base.cfg.cluster_id;
-	const void *parts[] = { &cid, &i, &j, &a };
-	const size_t lens[] = { sizeof(cid), sizeof(i), sizeof(j), sizeof(a) };
-
-	ferry__auth_mac(t->base.cfg.auth_key, label, parts, lens, 4, mac);
-}
-
-/*
- * rdma_auth_check - the token proof after a HELLO of rank @i to rank @j
- * @rep: 0 a dialer's REQ (checked by the acceptor: its attempt must be above
- *       @attempt_p's), 1 an acceptor's REP (its attempt must be *@attempt_p)
- * Return: 0 (a REQ's attempt stored in *@attempt_p), or -1 with @why.
- */
-static int rdma_auth_check(const struct rdma_tp *t, const uint8_t *pdata, size_t len, int rep,
-			   uint32_t i, uint32_t j, uint32_t *attempt_p, char *why, size_t wlen)
-{
-	uint8_t mac[FERRY_AUTH_MAC_LEN];
-	struct rdma_auth_rep ar;
-	struct rdma_auth_req aq;
-	size_t need = rep ? RDMA_REP_PDATA_LEN : RDMA_REQ_PDATA_LEN;
-
-	if (len < need) {
-		snprintf(why, wlen,
-			 "it sent no token proof (%zu bytes of private data): was it "
-			 "started without FERRY_TOKEN? every node needs the same one",
-			 len);
-		return -1;
-	}
-	rdma_auth_mac(t, rep ? "rdma rep" : "rdma req", i, j,
-		      rep ? (memcpy(&ar, pdata + RDMA_PDATA_LEN, sizeof(ar)), ar.attempt) :
-			    (memcpy(&aq, pdata + RDMA_PDATA_LEN, sizeof(aq)), aq.attempt),
-		      mac);
-	if (!ferry__auth_equal(mac, rep ? ar.mac : aq.mac, rep ? sizeof(ar.mac) : sizeof(aq.mac))) {
-		snprintf(why, wlen,
-			 "its token proof is wrong: it was started with another "
-			 "FERRY_TOKEN, or none");
-		return -1;
-	}
-	if (rep && ar.attempt != *attempt_p) {
-		snprintf(why, wlen, "its token proof answers dial attempt %u, not %u", ar.attempt,
-			 *attempt_p);
-		return -1;
-	}
-	if (!rep && aq.attempt <= *attempt_p) {
-		snprintf(why, wlen,
-			 "it replays the token proof of dial attempt %u (attempt %u passed "
-			 "already)",
-			 aq.attempt, *attempt_p);
-		return -1;
-	}
-	if (!rep)
-		*attempt_p = aq.attempt;
-	return 0;
-}
-
-static const char *rdma_rej_str(uint32_t reason)
-{
-	switch (reason) {
-	case RDMA_REJ_AUTH:
-		return "it did not accept our token proof (see its log)";
-	case RDMA_REJ_HELLO:
-		return "it did not accept our HELLO (see its log)";
-	case RDMA_REJ_DUP:
-		return "it counts us as connected already";
-	case RDMA_REJ_CLOSED:
-		return "its cluster is connected or gave up";
-	case RDMA_REJ_BUSY:
-		return "it holds too many requests";
-	case RDMA_REJ_RESOURCES:
-		return "it could not make a queue pair";
-	case RDMA_REJ_AGAIN:
-		return "it is still closing our last link";
-	case RDMA_REJ_FAILED:
-		return "it marked us failed";
-	case RDMA_REJ_INCARNATION:
-		return "it holds a session with another process of our rank";
-	default:
-		return "an unknown reason";
-	}
-}
-
 /* ---- connections (progress thread) ---------------------------------------- */
 
-static struct rdma_conn *rdma_conn_new(struct rdma_tp *t, enum rdma_conn_kind kind)
+struct rdma_conn *ferry__rdma_conn_new(struct rdma_tp *t, enum rdma_conn_kind kind)
 {
 	struct rdma_conn *c = calloc(1, sizeof(*c));
 
@@ -227,9 +82,41 @@ static struct rdma_conn *rdma_conn_new(struct rdma_tp *t, enum rdma_conn_kind ki
 		return NULL;
 	c->kind = kind;
 	c->rank = UINT32_MAX;
+	c->t0_ms = rdma_now_ms();
 	c->next = t->conns;
 	t->conns = c;
 	return c;
+}
+
+/* what a connection waits for, for the log */
+const char *ferry__rdma_conn_state_str(const struct rdma_conn *c)
+{
+	switch (c->state) {
+	case RDMA_CS_ADDR:
+		return "resolving the address";
+	case RDMA_CS_ROUTE:
+		return "resolving the route";
+	case RDMA_CS_HELD:
+		return "held until connect()";
+	case RDMA_CS_CONNECTING:
+		return c->kind == RDMA_CONN_DIAL ? "waiting for the REP" : "waiting for the RTU";
+	case RDMA_CS_UP:
+		return "established";
+	default:
+		return "new";
+	}
+}
+
+/* note the outcome of a redial of lost @p, for the line that fails it */
+void ferry__rdma_redial_note(struct rdma_peer *p, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (!p->lost)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(p->redial_why, sizeof(p->redial_why), fmt, ap);
+	va_end(ap);
 }
 
 /*
@@ -256,7 +143,7 @@ void ferry__rdma_conn_destroy(struct rdma_tp *t, struct rdma_conn *c)
 			p->rx_ok = 0;
 			p->rx_out = 0; /* its completions are dropped: another generation */
 		}
-		if (c->kind == RDMA_CONN_DIAL && c->rank < t->base.cfg.rank &&
+		if ((c->kind == RDMA_CONN_DIAL || c->kind == RDMA_CONN_PROBE) &&
 		    t->dials[c->rank].conn == c)
 			t->dials[c->rank].conn = NULL;
 	}
@@ -269,14 +156,23 @@ void ferry__rdma_conn_destroy(struct rdma_tp *t, struct rdma_conn *c)
 		}
 	}
 	if (c->id) {
+		int64_t t0 = rdma_now_ms(), took;
+
 		if (c->id->qp)
 			rdma_destroy_qp(c->id);
 		rdma_destroy_id(c->id);
+		took = rdma_now_ms() - t0;
+		if (took >= RDMA_SLOW_CALL_MS)
+			ferry_dbg(
+				"rdma: rank %u: destroying a connection of rank %u (%s) took %lld "
+				"ms",
+				t->base.cfg.rank, c->rank, ferry__rdma_conn_state_str(c),
+				(long long)took);
 	}
 	free(c);
 }
 
-static void rdma_conn_reject(struct rdma_tp *t, struct rdma_conn *c, enum rdma_rej_reason reason)
+void ferry__rdma_conn_reject(struct rdma_tp *t, struct rdma_conn *c, enum rdma_rej_reason reason)
 {
 	struct rdma_rej rej = { .magic = RDMA_REJ_MAGIC, .reason = reason };
 
@@ -285,7 +181,7 @@ static void rdma_conn_reject(struct rdma_tp *t, struct rdma_conn *c, enum rdma_r
 }
 
 /* our private data for @c: the HELLO, and with a token the proof of c->attempt */
-static void rdma_conn_param(struct rdma_tp *t, struct rdma_conn *c, struct rdma_conn_param *cp,
+void ferry__rdma_conn_param(struct rdma_tp *t, struct rdma_conn *c, struct rdma_conn_param *cp,
 			    uint8_t their_init, uint8_t their_resp, int accepting)
 {
 	uint32_t me = t->base.cfg.rank;
@@ -297,14 +193,14 @@ static void rdma_conn_param(struct rdma_tp *t, struct rdma_conn *c, struct rdma_
 	if (t->base.cfg.auth && accepting) {
 		struct rdma_auth_rep ar = { .attempt = c->attempt };
 
-		rdma_auth_mac(t, "rdma rep", c->rank, me, c->attempt, ar.mac);
+		ferry__rdma_auth_mac(t, "rdma rep", c->rank, me, c->attempt, ar.mac);
 		memcpy(c->pdata_out + RDMA_PDATA_LEN, &ar, sizeof(ar));
 		cp->private_data_len = RDMA_REP_PDATA_LEN;
 	} else if (t->base.cfg.auth) {
 		uint8_t mac[FERRY_AUTH_MAC_LEN];
 		struct rdma_auth_req aq = { .attempt = c->attempt };
 
-		rdma_auth_mac(t, "rdma req", me, c->rank, c->attempt, mac);
+		ferry__rdma_auth_mac(t, "rdma req", me, c->rank, c->attempt, mac);
 		memcpy(aq.mac, mac, sizeof(aq.mac));
 		memcpy(c->pdata_out + RDMA_PDATA_LEN, &aq, sizeof(aq));
 		cp->private_data_len = RDMA_REQ_PDATA_LEN;
@@ -326,8 +222,7 @@ static bool rdma_conn_current(const struct rdma_tp *t, const struct rdma_conn *c
 {
 	if (c->rank >= t->base.cfg.world)
 		return false;
-	return t->peers[c->rank].conn == c ||
-	       (c->rank < t->base.cfg.rank && t->dials[c->rank].conn == c);
+	return t->peers[c->rank].conn == c || t->dials[c->rank].conn == c;
 }
 
 /* the progress thread's side of connect(): a peer is up */
@@ -355,8 +250,10 @@ static void rdma_conn_up(struct rdma_tp *t, struct rdma_conn *c)
 		p->live = 1;
 		p->ever_up = 1;
 		p->up_ms = rdma_now_ms();
-		ferry_dbg("rdma: rank %u is connected to rank %u (%s, %s)", t->base.cfg.rank,
-			  c->rank, c->kind == RDMA_CONN_DIAL ? "dialed" : "accepted", c->who);
+		ferry_dbg("rdma: rank %u is connected to rank %u (%s, %s, after %lld ms)",
+			  t->base.cfg.rank, c->rank,
+			  c->kind == RDMA_CONN_DIAL ? "dialed" : "accepted", c->who,
+			  (long long)(p->up_ms - c->t0_ms));
 		if (ferry__rdma_resume_post(t, p))
 			return; /* lost again */
 		/*
@@ -442,16 +339,22 @@ static void rdma_accept_request(struct rdma_tp *t, struct rdma_conn *c)
 	struct rdma_peer *p;
 	uint32_t inc = 0;
 	char why[192];
-	int rank;
+	int rank, probe_ok;
 
-	rank = rdma_hello_check(t, c->pdata, c->plen, -1, &inc, why, sizeof(why));
+	/* probes come only with reconnection, from a peer whose session began */
+	probe_ok = t->reconnect_ms != 0;
+	rank = ferry__rdma_hello_check(t, c->pdata, c->plen, -1, probe_ok, &inc, why, sizeof(why));
 	if (rank >= 0 && t->base.cfg.auth &&
-	    rdma_auth_check(t, c->pdata, c->plen, 0, (uint32_t)rank, me,
-			    &t->peers[rank].auth_attempt, why, sizeof(why))) {
+	    ferry__rdma_auth_check(t, c->pdata, c->plen, 0, (uint32_t)rank, me,
+				   &t->peers[rank].auth_attempt, why, sizeof(why))) {
 		reason = RDMA_REJ_AUTH;
 		rank = -1;
 	}
 	p = rank >= 0 ? &t->peers[rank] : NULL;
+	if (p && p->lost && (uint32_t)rank > me) {
+		p->redials++;
+		p->req_ms = rdma_now_ms();
+	}
 	if (p && p->reported) {
 		snprintf(why, sizeof(why), "rank %d was marked failed: it stays so", rank);
 		reason = RDMA_REJ_FAILED;
@@ -464,6 +367,16 @@ static void rdma_accept_request(struct rdma_tp *t, struct rdma_conn *c)
 			 rank, inc, p->inc);
 		reason = RDMA_REJ_INCARNATION;
 		rank = -1;
+	} else if (p && (uint32_t)rank < me) {
+		if (!p->ever_up) {
+			snprintf(why, sizeof(why),
+				 "rank %d is lower than ours and should wait for our dial", rank);
+			reason = RDMA_REJ_HELLO;
+			rank = -1;
+		} else {
+			ferry__rdma_probe_answer(t, c, p);
+			return;
+		}
 	} else if (p && p->conn && p->conn->state == RDMA_CS_UP &&
 		   (p->live || !ferry__rdma_peer_drained(t, p))) {
 		/* a redial: it lost the link. Take ours for lost, and let it dial again */
@@ -474,12 +387,16 @@ static void rdma_accept_request(struct rdma_tp *t, struct rdma_conn *c)
 		}
 		ferry_dbg("rdma: rank %u: rank %d redials while its last link drains: dial again",
 			  me, rank);
-		rdma_conn_reject(t, c, RDMA_REJ_AGAIN);
+		ferry__rdma_redial_note(p, "request %u refused: the last link was draining",
+					p->redials);
+		ferry__rdma_conn_reject(t, c, RDMA_REJ_AGAIN);
 		return;
 	}
 	if (rank < 0) {
+		if (p)
+			ferry__rdma_redial_note(p, "request %u refused: %s", p->redials, why);
 		ferry_warn("rdma: rank %u rejected a connection from %s: %s", me, c->who, why);
-		rdma_conn_reject(t, c, reason);
+		ferry__rdma_conn_reject(t, c, reason);
 		/*
 		 * (another incarnation is not taken for proof that ours died: a
 		 * stranger could send it. If it did, the link is lost and stays so.)
@@ -491,36 +408,33 @@ static void rdma_accept_request(struct rdma_tp *t, struct rdma_conn *c)
 	 * retried; a lost link's drained queue pair goes too
 	 */
 	if (ferry__rdma_conn_attach(t, c, (uint32_t)rank)) {
-		rdma_conn_reject(t, c, RDMA_REJ_RESOURCES);
+		ferry__rdma_conn_reject(t, c, RDMA_REJ_RESOURCES);
 		return;
 	}
 	p->inc = inc;
 	c->attempt = t->peers[rank].auth_attempt;
-	rdma_conn_param(t, c, &cp, c->initiator_depth, c->responder_resources, 1);
+	ferry__rdma_conn_param(t, c, &cp, c->initiator_depth, c->responder_resources, 1);
 	if (rdma_accept(c->id, &cp)) {
 		ferry_warn("rdma: rank %u: rdma_accept of rank %d from %s: %s", me, rank, c->who,
 			   strerror(errno));
+		ferry__rdma_redial_note(p, "request %u: rdma_accept failed", p->redials);
 		ferry__rdma_conn_destroy(t, c);
 		return;
 	}
 	c->state = RDMA_CS_CONNECTING;
+	if (p->lost) {
+		ferry__rdma_redial_note(p, "request %u accepted", p->redials);
+		ferry_dbg(
+			"rdma: rank %u: accepted the redial of rank %d (request %u since the loss, "
+			"%lld ms after it)",
+			me, rank, p->redials, (long long)(rdma_now_ms() - p->lost_ms));
+	}
 }
-
-/* copy of the fields of an rdma_cm_event we use: the event is acked before they are */
-struct rdma_cm_ev {
-	enum rdma_cm_event_type type;
-	struct rdma_cm_id *id;
-	int status;
-	uint8_t pdata[RDMA_CM_PDATA_MAX];
-	uint8_t plen;
-	uint8_t initiator_depth;
-	uint8_t responder_resources;
-};
 
 static void rdma_on_request(struct rdma_tp *t, const struct rdma_cm_ev *ev)
 {
 	uint32_t me = t->base.cfg.rank;
-	struct rdma_conn *c = rdma_conn_new(t, RDMA_CONN_ACCEPT);
+	struct rdma_conn *c = ferry__rdma_conn_new(t, RDMA_CONN_ACCEPT);
 
 	if (!c) {
 		rdma_reject(ev->id, NULL, 0);
@@ -542,7 +456,7 @@ static void rdma_on_request(struct rdma_tp *t, const struct rdma_cm_ev *ev)
 			ferry_warn("rdma: rank %u rejected a connection from %s: %d requests wait "
 				   "for connect() already",
 				   me, c->who, RDMA_MAX_HELD);
-			rdma_conn_reject(t, c, RDMA_REJ_BUSY);
+			ferry__rdma_conn_reject(t, c, RDMA_REJ_BUSY);
 			return;
 		}
 		c->state = RDMA_CS_HELD;
@@ -560,7 +474,7 @@ static void rdma_on_request(struct rdma_tp *t, const struct rdma_cm_ev *ev)
 	default:
 		ferry_info("rdma: rank %u rejected a connection from %s: the cluster is %s", me,
 			   c->who, t->seen_phase == RDMA_PHASE_DONE ? "connected" : "closed");
-		rdma_conn_reject(t, c, RDMA_REJ_CLOSED);
+		ferry__rdma_conn_reject(t, c, RDMA_REJ_CLOSED);
 		return;
 	}
 }
@@ -582,7 +496,7 @@ static void rdma_dial_retry(struct rdma_tp *t, uint32_t j, const char *why)
 static void rdma_dial_start(struct rdma_tp *t, uint32_t j)
 {
 	struct rdma_dial *d = &t->dials[j];
-	struct rdma_conn *c = rdma_conn_new(t, RDMA_CONN_DIAL);
+	struct rdma_conn *c = ferry__rdma_conn_new(t, RDMA_CONN_DIAL);
 	char why[96];
 
 	if (!c) {
@@ -603,6 +517,15 @@ static void rdma_dial_start(struct rdma_tp *t, uint32_t j)
 	}
 	c->state = RDMA_CS_ADDR;
 	d->conn = c;
+	if (t->peers[j].lost) {
+		struct rdma_peer *p = &t->peers[j];
+
+		p->redials++;
+		ferry__rdma_redial_note(p, "dial %u: resolving the address", p->redials);
+		ferry_dbg(
+			"rdma: rank %u: redialing rank %u (dial %u since the loss, %lld ms after it)",
+			t->base.cfg.rank, j, p->redials, (long long)(c->t0_ms - p->lost_ms));
+	}
 	return;
 
 err_destroy:
@@ -634,7 +557,7 @@ static void rdma_dial_event(struct rdma_tp *t, struct rdma_conn *c, const struct
 			break;
 		}
 		c->attempt = ++d->attempts;
-		rdma_conn_param(t, c, &cp, 0, 0, 0);
+		ferry__rdma_conn_param(t, c, &cp, 0, 0, 0);
 		if (rdma_connect(c->id, &cp)) {
 			snprintf(why, sizeof(why), "rdma_connect: %s", strerror(errno));
 			break;
@@ -642,9 +565,10 @@ static void rdma_dial_event(struct rdma_tp *t, struct rdma_conn *c, const struct
 		c->state = RDMA_CS_CONNECTING;
 		return;
 	case RDMA_CM_EVENT_ESTABLISHED:
-		if (rdma_hello_check(t, ev->pdata, ev->plen, (int)j, &inc, why, sizeof(why)) < 0 ||
-		    (t->base.cfg.auth && rdma_auth_check(t, ev->pdata, ev->plen, 1, me, j,
-							 &c->attempt, why, sizeof(why))) ||
+		if (ferry__rdma_hello_check(t, ev->pdata, ev->plen, (int)j, 0, &inc, why,
+					    sizeof(why)) < 0 ||
+		    (t->base.cfg.auth && ferry__rdma_auth_check(t, ev->pdata, ev->plen, 1, me, j,
+								&c->attempt, why, sizeof(why))) ||
 		    (p->inc && inc != p->inc &&
 		     (gone = snprintf(why, sizeof(why),
 				      "it is another process (incarnation %08x, not %08x): the "
@@ -667,7 +591,7 @@ static void rdma_dial_event(struct rdma_tp *t, struct rdma_conn *c, const struct
 		if (ev->plen >= sizeof(rej))
 			memcpy(&rej, ev->pdata, sizeof(rej));
 		if (rej.magic == RDMA_REJ_MAGIC)
-			snprintf(why, sizeof(why), "rejected: %s", rdma_rej_str(rej.reason));
+			snprintf(why, sizeof(why), "rejected: %s", ferry__rdma_rej_str(rej.reason));
 		else
 			snprintf(why, sizeof(why), "rejected (status %d): nothing listens there",
 				 ev->status);
@@ -703,7 +627,10 @@ static void rdma_dial_event(struct rdma_tp *t, struct rdma_conn *c, const struct
 	/* this attempt failed */
 	if (c->state == RDMA_CS_UP)
 		return;
-	ferry_dbg("rdma: rank %u: dialing rank %u at %s: %s", me, j, d->where, why);
+	ferry_dbg("rdma: rank %u: dialing rank %u at %s: %s (after %lld ms)", me, j, d->where, why,
+		  (long long)(rdma_now_ms() - c->t0_ms));
+	ferry__rdma_redial_note(p, "dial %u: %s after %lld ms", p->redials, why,
+				(long long)(rdma_now_ms() - c->t0_ms));
 	ferry__rdma_conn_destroy(t, c);
 	if (p->lost && !p->reported && gone) {
 		ferry_warn("rdma: rank %u: redialing rank %u at %s after a lost link: %s; marking "
@@ -743,8 +670,13 @@ static void rdma_accept_event(struct rdma_tp *t, struct rdma_conn *c, const stru
 	default:
 		return;
 	}
-	ferry_dbg("rdma: rank %u: the connection from %s (rank %u) failed before it stood: %s",
-		  t->base.cfg.rank, c->who, c->rank, rdma_event_str(ev->type));
+	ferry_dbg("rdma: rank %u: the connection from %s (rank %u) failed before it stood: %s "
+		  "after %lld ms",
+		  t->base.cfg.rank, c->who, c->rank, rdma_event_str(ev->type),
+		  (long long)(rdma_now_ms() - c->t0_ms));
+	if (c->rank < t->base.cfg.world && t->peers[c->rank].conn == c)
+		ferry__rdma_redial_note(&t->peers[c->rank], "request %u: %s before it stood",
+					t->peers[c->rank].redials, rdma_event_str(ev->type));
 	ferry__rdma_conn_destroy(t, c);
 }
 
@@ -797,7 +729,7 @@ void ferry__rdma_setup_sync(struct rdma_tp *t)
  */
 int64_t ferry__rdma_setup_tick(struct rdma_tp *t)
 {
-	int64_t now, next = -1;
+	int64_t now, next = -1, probe;
 
 	if (t->seen_phase != RDMA_PHASE_CONNECTING && t->seen_phase != RDMA_PHASE_DONE)
 		return -1;
@@ -806,6 +738,32 @@ int64_t ferry__rdma_setup_tick(struct rdma_tp *t)
 		struct rdma_dial *d = &t->dials[j];
 		struct rdma_peer *p = &t->peers[j];
 
+		if (d->conn && p->lost && !p->live && d->conn->state != RDMA_CS_UP) {
+			/*
+			 * a redial in flight is bounded: a REQ, REP or REJ lost on the
+			 * way is sent again by the kernel's CM only after seconds (its
+			 * response timeout), past the grace. Destroying the attempt
+			 * rejects it at the peer; the next one starts afresh.
+			 */
+			int64_t due = d->conn->t0_ms + ferry__rdma_redial_ms(t);
+
+			if (now < due) {
+				if (next < 0 || due < next)
+					next = due;
+				continue;
+			}
+			ferry_info("rdma: rank %u: redial %u of rank %u hung %s for %lld ms; "
+				   "dialing again",
+				   t->base.cfg.rank, p->redials, j,
+				   ferry__rdma_conn_state_str(d->conn),
+				   (long long)(now - d->conn->t0_ms));
+			ferry__rdma_redial_note(p, "dial %u: hung %s for %lld ms", p->redials,
+						ferry__rdma_conn_state_str(d->conn),
+						(long long)(now - d->conn->t0_ms));
+			ferry__rdma_conn_destroy(t, d->conn);
+			d->conn = NULL;
+			d->next_ms = now;
+		}
 		if (p->live || p->reported || d->conn)
 			continue;
 		if (p->lost && !ferry__rdma_peer_drained(t, p)) {
@@ -823,6 +781,9 @@ int64_t ferry__rdma_setup_tick(struct rdma_tp *t)
 		if (!d->conn && (next < 0 || d->next_ms < next))
 			next = d->next_ms;
 	}
+	probe = ferry__rdma_probe_tick(t, now);
+	if (probe >= 0 && (next < 0 || probe < next))
+		next = probe;
 	return next;
 }
 
@@ -844,6 +805,9 @@ static void rdma_cm_dispatch(struct rdma_tp *t, const struct rdma_cm_ev *ev)
 		break;
 	case RDMA_CONN_ACCEPT:
 		rdma_accept_event(t, c, ev);
+		break;
+	case RDMA_CONN_PROBE:
+		ferry__rdma_probe_event(t, c, ev);
 		break;
 	case RDMA_CONN_LISTEN:
 		if (ev->type == RDMA_CM_EVENT_DEVICE_REMOVAL)
@@ -933,9 +897,19 @@ int ferry__rdma_tp_connect(struct ferry_tp *tp, const void *const *addrs, const 
 
 	if (t->connected)
 		return -EALREADY;
-	for (uint32_t r = 0; r < cfg->rank; r++) {
+	for (uint32_t r = 0; r < cfg->world; r++) {
 		struct rdma_dial *d = &t->dials[r];
 
+		if (r == cfg->rank)
+			continue;
+		if (r > cfg->rank) {
+			/* a higher rank's listener is only probed (session.c): no address, no probe */
+			if (!ferry__tp_parse_ipv4(addrs[r], lens[r], &d->sa)) {
+				d->probe_ok = 1;
+				rdma_sa_str((struct sockaddr *)&d->sa, d->where, sizeof(d->where));
+			}
+			continue;
+		}
 		if (ferry__tp_parse_ipv4(addrs[r], lens[r], &d->sa)) {
 			ferry_err("rdma: rank %u: the address of rank %u is not an \"ip:port\" of "
 				  "the rdma transport; do all nodes use the same transport?",
@@ -947,7 +921,7 @@ int ferry__rdma_tp_connect(struct ferry_tp *tp, const void *const *addrs, const 
 
 	ferry__deadline_ms(timeout_ms, &dl);
 	pthread_mutex_lock(&t->setup_lock);
-	rdma_hello_build(t);
+	ferry__rdma_hello_build(t);
 	t->phase = t->missing ? RDMA_PHASE_CONNECTING : RDMA_PHASE_DONE;
 	pthread_mutex_unlock(&t->setup_lock);
 	ferry__rdma_wake(t);

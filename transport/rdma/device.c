@@ -593,7 +593,7 @@ int ferry__rdma_peers_init(struct rdma_tp *t)
 	t->peers = calloc(world, sizeof(*t->peers));
 	t->dirty = calloc(world, sizeof(*t->dirty));
 	t->up = calloc(world, sizeof(*t->up));
-	t->dials = calloc(me ? me : 1, sizeof(*t->dials));
+	t->dials = calloc(world, sizeof(*t->dials));
 	if (!t->peers || !t->dirty || !t->up || !t->dials) {
 		ret = -ENOMEM;
 		goto err_free;

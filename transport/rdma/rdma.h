@@ -16,8 +16,12 @@
  *   device.c    memlock check, device, port and GID, probe, init/fini (caller);
  *               the listening cm_id, PD, CQs, the message   probe, memlock: any
  *               buffers
- *   cm.c        rdma_cm: HELLO, dial, accept, reject,       progress thread;
+ *   cm.c        rdma_cm: dial, accept, reject,              progress thread;
  *               connection setup, connect()                 connect(): caller
+ *   hello.c     HELLO and token proof of REQ/REP, REJ       progress thread;
+ *               reasons, probes of a lost higher rank       connect(): caller
+ *   session.c   a peer's session: a lost link, RESUMEs,     progress thread
+ *               the grace, fault injection
  *   qp.c        a peer's queue pair: out queue, posting     senders (any thread),
  *               (chunks, credits, ops), flush, failures     progress thread
  *   cq.c        completions: the receive path (stream       progress thread;
@@ -163,6 +167,15 @@
 #define RDMA_RECONNECT_MS 1000 /* FERRY_RECONNECT_MS default: grace of a lost link */
 #define RDMA_DRAIN_GRACE_MS 20 /* a lost qp's completions not flushed by then never will be */
 #define RDMA_RESUME_MIN_MS 100 /* a new link resumes within max(this, FERRY_RECONNECT_MS / 4) */
+/* a redial in flight longer than max(this, FERRY_RECONNECT_MS / 2) is abandoned and made again */
+#define RDMA_REDIAL_MIN_MS 100
+/* the reason of a kernel CM's REJ when nothing listens on the port (IB_CM_REJ_INVALID_SERVICE_ID) */
+#define RDMA_CM_REJ_NO_LISTENER 8
+/* a lower rank probes a lost higher rank after FERRY_RECONNECT_MS / 4 within these (session.c) */
+#define RDMA_PROBE_MIN_MS 100
+#define RDMA_PROBE_MAX_MS 250
+#define RDMA_STALL_MS 2000   /* frames waiting this long on an unmoving stream are logged (debug) */
+#define RDMA_SLOW_CALL_MS 20 /* a verbs or rdma_cm call this slow is logged (debug) */
 
 #define RDMA_REJ_MAGIC 0x4a525946u /* "FYRJ" */
 #define RDMA_CM_PDATA_MAX 96	   /* private data bytes we look at */
@@ -221,6 +234,7 @@ enum rdma_rej_reason {
 	RDMA_REJ_AGAIN,	      /* a redial: the last link is still being closed; dial again */
 	RDMA_REJ_FAILED,      /* a redial of a rank marked failed (or dropped by the core) */
 	RDMA_REJ_INCARNATION, /* a redial from another process than the session's */
+	RDMA_REJ_REDIAL,      /* a probe of a live peer: it redials us (session.c) */
 };
 
 struct rdma_rej {
@@ -274,6 +288,7 @@ enum rdma_conn_kind {
 	RDMA_CONN_LISTEN,
 	RDMA_CONN_DIAL,
 	RDMA_CONN_ACCEPT,
+	RDMA_CONN_PROBE, /* a lower rank's probe of a lost higher rank's listener (session.c) */
 };
 
 enum rdma_conn_state {
@@ -300,6 +315,7 @@ struct rdma_conn {
 	uint8_t initiator_depth;
 	uint8_t responder_resources;
 	uint32_t attempt; /* with a token: the dial attempt its proofs name */
+	int64_t t0_ms;	  /* when it was made: a redial in flight is bounded (session.c) */
 	unsigned char pdata_out[RDMA_REP_PDATA_LEN]; /* what we send: HELLO, proof */
 };
 
@@ -360,6 +376,13 @@ struct rdma_peer {
 	int64_t lost_ms;	/* when it was lost (FERRY_RECONNECT_MS counts from here) */
 	int64_t err_ms;		/* when its queue pair was moved to the error state */
 	int64_t up_ms;		/* when the last connection stood (the RESUMEs are due) */
+	uint32_t redials;	/* since the loss: dials made (higher rank) or requests seen */
+	int64_t req_ms;		/* the last request from it (a higher rank) while lost */
+	uint32_t probes;	/* probes of it (a higher rank) made, for the log */
+	uint64_t stall_seq;	/* s_posted + rx_seq when last seen to move (session.c) */
+	int64_t stall_ms;	/* since when it has not moved while frames wait */
+	int stall_logged;
+	char redial_why[96]; /* the last one's outcome, for the line that fails the peer */
 
 	int dirty;		/* flush after this batch of completions */
 	unsigned char *asm_buf; /* reassembly of a frame that spans chunks */
@@ -383,7 +406,7 @@ struct rdma_mr {
 	struct rdma_mr *next; /* in rdma_tp.mrs */
 };
 
-/* dial state for one lower rank */
+/* dial state for one lower rank; for a higher one, its probes (session.c) */
 struct rdma_dial {
 	struct sockaddr_in sa;
 	char where[64];
@@ -393,6 +416,7 @@ struct rdma_dial {
 	int logged;	   /* a refused HELLO was logged */
 	char why[160];	   /* the last failure; under setup_lock */
 	uint32_t attempts; /* dials made: each REQ's proof names its number */
+	int probe_ok;	   /* a higher rank: its address parsed, it may be probed */
 };
 
 enum rdma_phase {
@@ -476,7 +500,7 @@ struct rdma_tp {
 	enum rdma_phase phase;
 	uint32_t missing;
 	uint8_t *up;		 /* per rank: connected */
-	struct rdma_dial *dials; /* ranks [0, rank) */
+	struct rdma_dial *dials; /* per rank: dials of [0, rank), probes of (rank, world) */
 	unsigned char hello[RDMA_PDATA_LEN];
 
 	/* progress thread only */
@@ -609,6 +633,42 @@ void ferry__rdma_peers_fini(struct rdma_tp *t);
 
 /* cm.c: progress thread (ferry__rdma_conn_destroy also in fini; connect on its caller) */
 void ferry__rdma_conn_destroy(struct rdma_tp *t, struct rdma_conn *c);
+const char *ferry__rdma_conn_state_str(const struct rdma_conn *c);
+/* copy of the fields of an rdma_cm_event we use: the event is acked before they are (cm.c) */
+struct rdma_cm_ev {
+	enum rdma_cm_event_type type;
+	struct rdma_cm_id *id;
+	int status;
+	uint8_t pdata[RDMA_CM_PDATA_MAX];
+	uint8_t plen;
+	uint8_t initiator_depth;
+	uint8_t responder_resources;
+};
+
+/* cm.c */
+struct rdma_conn *ferry__rdma_conn_new(struct rdma_tp *t, enum rdma_conn_kind kind);
+void ferry__rdma_conn_reject(struct rdma_tp *t, struct rdma_conn *c, enum rdma_rej_reason reason);
+void ferry__rdma_conn_param(struct rdma_tp *t, struct rdma_conn *c, struct rdma_conn_param *cp,
+			    uint8_t their_init, uint8_t their_resp, int accepting);
+/* hello.c */
+void ferry__rdma_hello_build(struct rdma_tp *t);
+int ferry__rdma_hello_check(struct rdma_tp *t, const uint8_t *pdata, size_t len, int dialed,
+			    int probe_ok, uint32_t *inc_p, char *why, size_t wlen);
+void ferry__rdma_auth_mac(const struct rdma_tp *t, const char *label, uint32_t i, uint32_t j,
+			  uint32_t a, uint8_t *mac);
+int ferry__rdma_auth_check(const struct rdma_tp *t, const uint8_t *pdata, size_t len, int rep,
+			   uint32_t i, uint32_t j, uint32_t *attempt_p, char *why, size_t wlen);
+const char *ferry__rdma_rej_str(uint32_t reason);
+void ferry__rdma_probe_answer(struct rdma_tp *t, struct rdma_conn *c, struct rdma_peer *p);
+void ferry__rdma_probe_event(struct rdma_tp *t, struct rdma_conn *c, const struct rdma_cm_ev *ev);
+int64_t ferry__rdma_probe_tick(struct rdma_tp *t, int64_t now);
+void ferry__rdma_redial_note(struct rdma_peer *p, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+/* how long a redial may stay in flight: max(RDMA_REDIAL_MIN_MS, FERRY_RECONNECT_MS / 2) */
+static inline int ferry__rdma_redial_ms(const struct rdma_tp *t)
+{
+	return t->reconnect_ms / 2 > RDMA_REDIAL_MIN_MS ? t->reconnect_ms / 2 : RDMA_REDIAL_MIN_MS;
+}
 void ferry__rdma_setup_sync(struct rdma_tp *t);
 int64_t ferry__rdma_setup_tick(struct rdma_tp *t);
 void ferry__rdma_cm_input(struct rdma_tp *t);

@@ -37,6 +37,19 @@
  * when a redial comes from another incarnation (a restarted process), when
  * the peer said BYE, or when the core dropped it (a redial is refused).
  *
+ * The lower rank probes (hello.c, ferry__rdma_probe_tick): a lost link to a higher
+ * rank that sent no request for rdma_probe_ms() (FERRY_RECONNECT_MS / 4,
+ * within 100-250 ms) gets a connection request with our HELLO at its
+ * listener, on a queue pair of the probe's own. A live peer refuses it
+ * (RDMA_REJ_REDIAL), takes its own link for lost if it still stood, and
+ * redials at once; the kernel of a dead one answers that nobody listens
+ * (IB_CM_REJ_INVALID_SERVICE_ID), and the peer is failed then, not when the
+ * grace ends.
+ *
+ * A redial (or probe) in flight is bounded (FERRY_RECONNECT_MS / 2 and the
+ * probe interval): a REQ, REP or REJ lost on the way is sent again by the
+ * kernel's CM only after seconds.
+ *
  * FERRY_RDMA_FAULT_BREAK_MS=N (tests only; the log warns when it is set):
  * every N ms the progress thread breaks one established link, in turn, with
  * rdma_disconnect() (both queue pairs go to the error state and drop what
@@ -156,6 +169,9 @@ void ferry__rdma_peer_lost(struct rdma_tp *t, struct rdma_peer *p, const char *w
 	if (!p->lost) {
 		p->lost = 1;
 		p->lost_ms = now;
+		p->redials = 0;
+		snprintf(p->redial_why, sizeof(p->redial_why), "%s",
+			 p->rank < me ? "no dial yet" : "no request came");
 		ferry_info("rdma: %s; %s rank %u for up to %d ms", why,
 			   p->rank < me ? "redialing" : "waiting for", p->rank, t->reconnect_ms);
 	} else {
@@ -290,7 +306,15 @@ int ferry__rdma_resume_got(struct rdma_tp *t, struct rdma_peer *p, uint32_t coun
 	} else {
 		p->rsm_from = from;
 		p->rsm_got = 1;
-		go = p->rsm_sent;
+		/*
+		 * A RESUME read from a lost link's queue pair while it drains (it
+		 * came before the loss) resumes nothing: that queue pair is dead.
+		 * Resuming on it left the peer neither lost nor live, so it was
+		 * never redialed and its grace never ran out: the link stayed
+		 * away for good (the VM showed it). The chunks after it on that
+		 * queue pair are still delivered; the new one carries its own.
+		 */
+		go = p->rsm_sent && !p->draining;
 		if (go)
 			ret = rdma_resume_go_locked(t, p, &resent);
 	}
@@ -321,6 +345,47 @@ static void rdma_fault_break(struct rdma_tp *t)
 }
 
 /*
+ * a stream that does not move while frames wait for it, or a frame half
+ * received, is logged once at debug level with its counters: what a stuck
+ * session looks like from here
+ */
+static void rdma_stall_check(struct rdma_tp *t, struct rdma_peer *p, int64_t now)
+{
+	uint64_t posted, done, acked, seq;
+	uint32_t credits, sig_n;
+	size_t queued;
+	int state;
+
+	pthread_mutex_lock(&p->lock);
+	posted = p->s_posted;
+	done = p->s_done;
+	acked = p->tx_acked;
+	credits = p->credits;
+	queued = p->q_bytes;
+	sig_n = p->sig_n;
+	state = p->state;
+	pthread_mutex_unlock(&p->lock);
+	seq = posted + p->rx_seq;
+	if (seq != p->stall_seq || (!queued && !p->asm_need && posted == acked)) {
+		p->stall_seq = seq;
+		p->stall_ms = now;
+		p->stall_logged = 0;
+		return;
+	}
+	if (p->stall_logged || now - p->stall_ms < RDMA_STALL_MS)
+		return;
+	p->stall_logged = 1;
+	ferry_dbg("rdma: rank %u: the stream with rank %u has not moved for %lld ms: state %d, "
+		  "live %d, lost %d, %zu bytes queued, credits %u, chunks posted %llu, completed "
+		  "%llu, acknowledged %llu, %u signaled out; received %llu, a frame waits for %zu "
+		  "of %zu bytes",
+		  t->base.cfg.rank, p->rank, (long long)(now - p->stall_ms), state, p->live,
+		  p->lost, queued, credits, (unsigned long long)posted, (unsigned long long)done,
+		  (unsigned long long)acked, sig_n, (unsigned long long)p->rx_seq,
+		  p->asm_need > p->asm_have ? p->asm_need - p->asm_have : 0, p->asm_need);
+}
+
+/*
  * ferry__rdma_session_tick - fail the lost links past FERRY_RECONNECT_MS, and
  * inject faults when asked. Return: when to look again, or -1.
  */
@@ -332,6 +397,9 @@ int64_t ferry__rdma_session_tick(struct rdma_tp *t)
 		struct rdma_peer *p = &t->peers[r];
 		int64_t due;
 
+		/* (checked whenever the thread turns; it sets no timer of its own) */
+		if (r != t->base.cfg.rank && !p->reported && p->ever_up)
+			rdma_stall_check(t, p, now);
 		if (r == t->base.cfg.rank || !p->lost || p->reported)
 			continue;
 		if (p->live) {
@@ -368,12 +436,14 @@ int64_t ferry__rdma_session_tick(struct rdma_tp *t)
 				"rdma: rank %u: the link to rank %u was lost %lld ms ago and did "
 				"not come back; marking it failed (FERRY_RECONNECT_MS sets the "
 				"grace, now %d ms; its last queue pair: %s, %u receives and %u "
-				"signaled requests outstanding)",
+				"signaled requests outstanding; %u %s since the loss, the last: "
+				"%s)",
 				t->base.cfg.rank, r, (long long)(now - p->lost_ms), t->reconnect_ms,
 				!p->conn		     ? "none" :
 				p->conn->state == RDMA_CS_UP ? "draining" :
-							       "connecting",
-				p->rx_out, sig_n);
+							       ferry__rdma_conn_state_str(p->conn),
+				p->rx_out, sig_n, p->redials,
+				r < t->base.cfg.rank ? "dials" : "requests from it", p->redial_why);
 			p->lost = 0;
 			ferry__rdma_peer_fail(t, p, -FERRY_E_PEER);
 			continue;
