@@ -212,6 +212,15 @@ struct tcp_tp {
 	struct tcp_selfmsg *self_head;
 	struct tcp_selfmsg *self_tail;
 
+	/*
+	 * The engine: whoever holds it runs the handlers, the sessions and the
+	 * timers (what "progress thread" says below: the progress thread, or a
+	 * waiting worker inside ferry__tcp_poll); one holder at a time, so
+	 * every handler still runs one call at a time. The progress thread
+	 * drops it only around epoll_wait().
+	 */
+	pthread_mutex_t engine;
+	int worker_poll;  /* FERRY_TCP_WORKER_POLL=1: waiting workers poll (set in init) */
 	int closing;	  /* atomic: fini() asked the progress thread to stop */
 	int fail_pending; /* atomic: some connection is BROKEN */
 
@@ -248,6 +257,10 @@ static inline int64_t tcp_now_ms(void)
 int ferry__tcp_start_thread(struct tcp_tp *t);
 /* Context: any thread. Wakes the progress thread out of epoll_wait(). */
 void ferry__tcp_wake(struct tcp_tp *t);
+/* ops->poll: a waiting worker takes what arrived, when the engine is free */
+int ferry__tcp_poll(struct ferry_tp *tp, unsigned flags);
+/* the calling thread holds a transport's engine (it must not wait for room) */
+int ferry__tcp_engine_held(void);
 
 /* ---- conn.c ------------------------------------------------------------- */
 
