@@ -141,8 +141,8 @@ int ferry__arena_init(struct ferry_arena *a, uint32_t capacity, uint32_t max_len
 /*
  * Map the pages of @len bytes at @p (fresh, zero), written: one
  * MADV_POPULATE_WRITE (Linux 5.14) faults them in the kernel without a trap
- * per page, which took most of a localize of fresh keys (about 3x the time
- * of the copies). The pages at both ends may hold slots of the neighbouring
+ * per page (the traps were a large part of a batch localize of fresh keys:
+ * docs/benchmarks.md). The pages at both ends may hold slots of the neighbouring
  * chunks: those are zero too and populating a mapped page changes nothing.
  * An older kernel (EINVAL) gets the memset, which faults page by page.
  */

@@ -40,9 +40,9 @@ static void tcp_engine_unlock(struct tcp_tp *t)
 	pthread_mutex_unlock(&t->engine);
 }
 
-int ferry__tcp_engine_held(void)
+int ferry__tcp_engine_held(const struct tcp_tp *t)
 {
-	return tcp_engine_of != NULL;
+	return tcp_engine_of == t;
 }
 
 /* Context: any thread. Wakes the progress thread out of epoll_wait(). */
@@ -144,8 +144,11 @@ static void tcp_events(struct tcp_tp *t, const struct epoll_event *evs, int n)
  * data, finds nothing left and sleeps again. Handlers run here as they run
  * on the progress thread: one at a time, the engine held, rcu_read_lock
  * taken by the core around each, on an RCU-registered thread (a worker's)
- * that holds no lock of the core. A timer armed here (an ACK's) that is
- * earlier than the progress thread's sleep wakes it. Context: a waiting
+ * that holds no lock of the core. A timer armed here (an ACK's, a lost
+ * link's) that is earlier than the progress thread's sleep wakes it, and
+ * the wake eventfd is left to the progress thread: a poller that read it
+ * would take that wake-up away (epoll_wait finds it drained and sleeps on
+ * with its old timeout, and the timer never runs). Context: a waiting
  * worker (ferry__node_poll), never inside a handler; not once fini() began.
  * Return: events handled.
  */
@@ -163,6 +166,9 @@ int ferry__tcp_poll(struct ferry_tp *tp, unsigned flags)
 	tcp_engine_of = t;
 	timer = t->timer_ms;
 	n = epoll_wait(t->epfd, evs, TCP_EVENTS, 0);
+	for (int i = 0; i < n; i++)
+		if (!evs[i].data.ptr) /* the wake eventfd: the progress thread's */
+			evs[i--] = evs[--n];
 	if (n > 0)
 		tcp_events(t, evs, n);
 	if (t->timer_ms && (!timer || t->timer_ms < timer))

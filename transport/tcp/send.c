@@ -452,7 +452,7 @@ int ferry__tcp_send(struct ferry_tp *tp, uint32_t dst, const struct iovec *iov, 
 		ret = c->state == TCP_CONN_IDLE ? -ENOTCONN : -FERRY_E_PEER;
 		goto out_unlock;
 	}
-	if (c->oq_bytes > FERRY_TP_SENDQ_MAX && !ferry__tcp_engine_held()) {
+	if (c->oq_bytes > FERRY_TP_SENDQ_MAX && !ferry__tcp_engine_held(t)) {
 		ret = tcp_wait_room(t, c);
 		if (ret)
 			goto out_unlock;

@@ -259,8 +259,8 @@ int ferry__tcp_start_thread(struct tcp_tp *t);
 void ferry__tcp_wake(struct tcp_tp *t);
 /* ops->poll: a waiting worker takes what arrived, when the engine is free */
 int ferry__tcp_poll(struct ferry_tp *tp, unsigned flags);
-/* the calling thread holds a transport's engine (it must not wait for room) */
-int ferry__tcp_engine_held(void);
+/* the calling thread holds @t's engine (it must not wait for room) */
+int ferry__tcp_engine_held(const struct tcp_tp *t);
 
 /* ---- conn.c ------------------------------------------------------------- */
 
