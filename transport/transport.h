@@ -19,7 +19,9 @@
  *                                             a read's also inside poll())
  *
  * A transport owns exactly one progress thread per node. Every handler is
- * called on it, one call at a time; messages from one source arrive in the
+ * called on it, one call at a time (tcp with FERRY_TCP_WORKER_POLL=1: or on
+ * a waiting worker inside poll(), never at the same time as the progress
+ * thread runs one); messages from one source arrive in the
  * order that source sent them (a FIFO per ordered pair of ranks, including
  * a node sending to itself). send() never blocks on the network: what the
  * socket or queue pair cannot take now is queued and flushed by the progress
@@ -169,7 +171,9 @@ struct ferry_tp_ops {
 	/* optional: handle the completions that are ready on the calling
 	 * thread, so a waiting worker needs no hand-off from the progress
 	 * thread: on_rdma_done of a read() may run inside it (a write()'s
-	 * still runs on the progress thread). Any RCU-registered thread, not
+	 * still runs on the progress thread); tcp's runs on_msg and
+	 * on_peer_failed there when it may (FERRY_TCP_WORKER_POLL=1), one
+	 * handler at a time with its progress thread. Any RCU-registered thread, not
 	 * inside a handler; never blocks (another poller busy: returns 0);
 	 * must not be called once fini() began. @flags FERRY_TP_POLL_LAST: the
 	 * caller stops polling now (it goes to sleep), so completions must

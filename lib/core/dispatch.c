@@ -22,8 +22,9 @@
  * sender is dropped and the node keeps serving everyone else.
  *
  * Context: every function here but ferry__dispatch_register runs on the
- * progress thread (on_rdma_done also on a worker inside ferry__node_poll),
- * with rcu_read_lock taken here around the handler.
+ * progress thread (on_rdma_done also on a worker inside ferry__node_poll,
+ * and with tcp's FERRY_TCP_WORKER_POLL=1 every handler: one at a time all
+ * the same), with rcu_read_lock taken here around the handler.
  */
 #include <errno.h>
 

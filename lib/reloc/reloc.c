@@ -58,192 +58,37 @@
 #include <sys/mman.h>
 
 #include "lib/ops/ops.h"
+#include "lib/reloc/batch.h"
 #include "lib/reloc/inbox.h"
 #include "lib/reloc/reloc.h"
 
 /* ---- requester: start ------------------------------------------------- */
-
-/*
- * A batch: the move entries for one destination, in frames of at most
- * FERRY_MSG_MAX bytes. reloc_batch_add sends the frame built so far when the
- * next entry would not fit, so a batch of any size goes out in pieces; the
- * user's call may be as large as memory allows.
- *
- * A HANDOVER frame carries values: the slots they came from leave service
- * only once the transport accepted the frame (then they are freed after a
- * grace period); a frame that could not be built or sent puts its keys
- * back into service here (reloc_restore), so no value is lost.
- */
-struct reloc_item {
-	uint64_t key;
-	uint32_t slot;	      /* LOCALIZE: the slot reserved here */
-	uint32_t ticket;      /* LOCALIZE: the move's ticket */
-	struct ferry_slot *s; /* HANDOVER(_DONE): the slot the value left from */
-};
-
-struct reloc_batch {
-	uint8_t type;
-	uint32_t dst;
-	uint32_t requester;
-	struct ferry_frame f;
-	uint32_t count;
-	struct ferry_frame vals;  /* HANDOVER: values, spliced in at send */
-	struct reloc_item *items; /* the frame's keys, to settle after the send */
-	uint32_t nitems, items_cap;
-	int rc; /* first send failure */
-};
-
-static void reloc_batch_init(struct reloc_batch *b, uint8_t type, uint32_t dst, uint32_t requester)
-{
-	memset(b, 0, sizeof(*b));
-	b->type = type;
-	b->dst = dst;
-	b->requester = requester;
-}
 
 static void reloc_restore(struct ferry *fy, struct ferry_table *t, struct ferry_slot *s,
 			  uint64_t key, uint32_t requester);
 static void reloc_unstart(struct ferry *fy, struct ferry_table *t, uint64_t key, uint32_t slot,
 			  int status);
 
-/* finish and send the frame built so far; settle the slots it carried */
-static int reloc_batch_flush(struct ferry *fy, struct ferry_table *t, struct reloc_batch *b)
+/* move batches (batch.c); a frame that cannot go is undone with these */
+static const struct ferry_reloc_undo reloc_undo = { .restore = reloc_restore,
+						    .unstart = reloc_unstart };
+
+static void reloc_batch_init(struct ferry_reloc_batch *b, uint8_t type, uint32_t dst,
+			     uint32_t requester)
 {
-	struct ferry_msg_move *m;
-	int rc;
-
-	if (!b->f.buf)
-		return 0;
-	if (b->vals.len) {
-		void *p = b->vals.len == SIZE_MAX ? NULL : ferry__frame_put(&b->f, b->vals.len);
-
-		if (p)
-			memcpy(p, b->vals.buf, b->vals.len);
-		else
-			b->f.len = SIZE_MAX;
-	}
-	rc = ferry__frame_finish(&b->f, b->type, fy->rank, t->id);
-	if (!rc) {
-		m = (struct ferry_msg_move *)(b->f.buf + sizeof(struct ferry_msg_hdr));
-		m->count = b->count;
-		ferry__tl_stamp_keys(fy, ferry__tl_send_step(b->type), &b->items[0].key,
-				     sizeof(*b->items), b->nitems);
-		rc = ferry__send(fy, b->dst, b->f.buf, b->f.len);
-	}
-	for (uint32_t i = 0; i < b->nitems; i++) {
-		struct reloc_item *it = &b->items[i];
-
-		if (it->s && !rc)
-			ferry__arena_free_deferred(&t->arena, ferry__arena_idx(&t->arena, it->s));
-		else if (it->s)
-			reloc_restore(fy, t, it->s, it->key, b->requester);
-		else if (rc && b->type == FERRY_MSG_LOCALIZE)
-			reloc_unstart(fy, t, it->key, it->slot, rc);
-		else if (rc && b->type == FERRY_MSG_HANDOVER_REQ)
-			/* replicas: the old owner failed before the takeover,
-			 * which ends the requester's move */
-			(void)ferry__repl_want(t, it->key, b->requester);
-	}
-	if (rc && b->nitems)
-		ferry_err("reloc: table %u: cannot send %u moves (type %u) to rank %u: %s; %s",
-			  t->id, b->nitems, b->type, b->dst, ferry_strerror(rc),
-			  b->type == FERRY_MSG_LOCALIZE ? "their localize fails, the keys stay "
-							  "where they are" :
-							  "the keys stay live here");
-	ferry__frame_free(&b->f);
-	ferry__frame_free(&b->vals);
-	b->count = 0;
-	b->nitems = 0;
-	if (rc && !b->rc)
-		b->rc = rc;
-	return rc;
+	ferry__reloc_batch_init(b, type, dst, requester, &reloc_undo);
 }
 
-/* send what is left and free the batch's memory; Return: the first failure */
-static int reloc_batch_end(struct ferry *fy, struct ferry_table *t, struct reloc_batch *b)
-{
-	reloc_batch_flush(fy, t, b);
-	free(b->items);
-	b->items = NULL;
-	b->items_cap = 0;
-	return b->rc;
-}
-
-/*
- * Add one move entry for @key. @s: the taken slot of a HANDOVER or
- * HANDOVER_DONE (settled after the send), else NULL; @with_value: copy the
- * slot's value into a HANDOVER; @slot: the requester's slot; @landing: its
- * landing entry, or FERRY_LANDING_NONE; @ticket: the requester's tag of the
- * move, passed on as it came. A LOCALIZE entry is undone if its
- * frame cannot go. Return: 0, or the failure of a frame sent to make room
- * (its keys were settled as reloc_batch_flush says).
- */
-static int reloc_batch_add(struct ferry *fy, struct ferry_table *t, struct reloc_batch *b,
-			   uint64_t key, uint32_t slot, uint32_t landing, uint32_t ticket,
-			   struct ferry_slot *s, int with_value)
-{
-	uint32_t len = with_value ? ferry__value_len(t, key) : 0;
-	size_t need = sizeof(struct ferry_msg_mv) + (size_t)len * sizeof(float);
-	struct ferry_msg_mv *mv;
-	int rc = 0;
-
-	/* room for the entry, its value and the padding: else send what we have */
-	if (b->f.buf && b->f.len != SIZE_MAX && b->vals.len != SIZE_MAX &&
-	    b->f.len + b->vals.len + need + FERRY_MSG_ALIGN > FERRY_MSG_MAX)
-		rc = reloc_batch_flush(fy, t, b);
-	if (b->nitems == b->items_cap) {
-		uint32_t cap = b->items_cap ? 2 * b->items_cap : 64;
-		struct reloc_item *items = realloc(b->items, cap * sizeof(*items));
-
-		if (!items) {
-			/* cannot track the key: settle it now as a failed send would */
-			if (s)
-				reloc_restore(fy, t, s, key, b->requester);
-			else if (b->type == FERRY_MSG_LOCALIZE)
-				reloc_unstart(fy, t, key, slot, -ENOMEM);
-			ferry_err("reloc: table %u: out of memory for a move of key %llu; it "
-				  "stays where it is",
-				  t->id, (unsigned long long)key);
-			return -ENOMEM;
-		}
-		b->items = items;
-		b->items_cap = cap;
-	}
-	if (!b->f.buf) {
-		struct ferry_msg_move *m;
-
-		ferry__frame_begin(&b->f);
-		m = ferry__frame_put(&b->f, sizeof(*m));
-		if (m)
-			m->requester = b->requester;
-		b->count = 0;
-	}
-	mv = ferry__frame_put(&b->f, sizeof(*mv));
-	if (mv) {
-		mv->key = key;
-		mv->slot = slot;
-		mv->len = len;
-		mv->landing = landing;
-		mv->ticket = ticket;
-	}
-	b->count++;
-	if (with_value) {
-		float *dst = ferry__frame_put(&b->vals, (size_t)len * sizeof(float));
-
-		if (dst)
-			memcpy(dst, s->val, (size_t)len * sizeof(float));
-	}
-	b->items[b->nitems++] = (struct reloc_item){ .key = key, .slot = slot, .s = s };
-	return rc;
-}
+#define reloc_batch_add ferry__reloc_batch_add
+#define reloc_batch_end ferry__reloc_batch_end
 
 int ferry__reloc_start(struct ferry_worker *w, struct ferry_table *t, struct ferry_req *r,
 		       uint64_t ticket)
 {
 	struct ferry *fy = w->fy;
-	struct reloc_batch *to = calloc(fy->world, sizeof(*to));
+	struct ferry_reloc_batch *to = calloc(fy->world, sizeof(*to));
 	uint32_t *done_idx = malloc((r->n ? r->n : 1) * sizeof(uint32_t));
-	struct reloc_item *moves = malloc((r->n ? r->n : 1) * sizeof(*moves));
+	struct ferry_reloc_item *moves = malloc((r->n ? r->n : 1) * sizeof(*moves));
 	uint32_t *lands = malloc((r->n ? r->n : 1) * sizeof(*lands));
 	uint32_t ndone = 0, nfail = 0, nmoves = 0;
 	bool inbox;
@@ -319,7 +164,7 @@ int ferry__reloc_start(struct ferry_worker *w, struct ferry_table *t, struct fer
 					ferry__arena_free(&t->arena, slot);
 				} else {
 					lands[nmoves] = land;
-					moves[nmoves++] = (struct reloc_item){
+					moves[nmoves++] = (struct ferry_reloc_item){
 						.key = key, .slot = slot, .ticket = e->ticket
 					};
 				}
@@ -408,8 +253,8 @@ static void reloc_on_localize(struct ferry *fy, struct ferry_table *t, uint32_t 
 			      const struct ferry_proto_view *v)
 {
 	const struct ferry_msg_move *m = v->body;
-	struct reloc_batch *to = calloc(fy->world, sizeof(*to));
-	struct reloc_batch ack;
+	struct ferry_reloc_batch *to = calloc(fy->world, sizeof(*to));
+	struct ferry_reloc_batch ack;
 
 	if (!to) {
 		ferry_err("localize: out of memory at the home of %u keys", v->count);
@@ -495,7 +340,7 @@ static void reloc_take(struct ferry *fy, struct ferry_table *t, struct ferry_slo
  * slot is freed, or put back into service, once the frame's send is known */
 static void reloc_give(struct ferry *fy, struct ferry_table *t, struct ferry_slot *s, uint64_t key,
 		       uint32_t slot, uint32_t landing, uint32_t ticket, int published,
-		       struct reloc_batch *b)
+		       struct ferry_reloc_batch *b)
 {
 	reloc_take(fy, t, s, key, b->requester, published);
 	reloc_batch_add(fy, t, b, key, slot, landing, ticket, s, 1);
@@ -560,7 +405,7 @@ struct reloc_wbatch {
 static void reloc_wbatch_put(struct ferry *fy, struct reloc_wbatch *wb)
 {
 	struct ferry_table *t = wb->t;
-	struct reloc_batch b;
+	struct ferry_reloc_batch b;
 
 	if (__atomic_sub_fetch(&wb->pending, 1, __ATOMIC_ACQ_REL))
 		return;
@@ -624,7 +469,7 @@ static void reloc_on_handover_req(struct ferry *fy, struct ferry_table *t, uint3
 {
 	const struct ferry_msg_move *m = v->body;
 	struct reloc_wbatch *wb = NULL;
-	struct reloc_batch b;
+	struct ferry_reloc_batch b;
 	uint32_t nland = 0;
 
 	if (m->requester >= fy->world) {
@@ -796,7 +641,7 @@ static void reloc_install(struct ferry *fy, struct ferry_table *t, struct ferry_
 		} else {
 			/* moved on before anyone here saw it; a hand-over that
 			 * cannot go leaves the key live here (reloc_restore) */
-			struct reloc_batch b;
+			struct ferry_reloc_batch b;
 
 			reloc_batch_init(&b, FERRY_MSG_HANDOVER, it->requester, it->requester);
 			ferry__repl_handoff(t, e->key, s, it->requester);

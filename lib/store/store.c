@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <urcu/urcu-memb.h>
 
@@ -137,6 +138,26 @@ int ferry__arena_init(struct ferry_arena *a, uint32_t capacity, uint32_t max_len
 	return 0;
 }
 
+/*
+ * Map the pages of @len bytes at @p (fresh, zero), written: one
+ * MADV_POPULATE_WRITE (Linux 5.14) faults them in the kernel without a trap
+ * per page (the traps were a large part of a batch localize of fresh keys:
+ * docs/benchmarks.md). The pages at both ends may hold slots of the neighbouring
+ * chunks: those are zero too and populating a mapped page changes nothing.
+ * An older kernel (EINVAL) gets the memset, which faults page by page.
+ */
+static void arena_populate(uint8_t *p, size_t len)
+{
+#ifdef MADV_POPULATE_WRITE
+	uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+	uintptr_t lo = (uintptr_t)p & ~(pg - 1), hi = ((uintptr_t)p + len + pg - 1) & ~(pg - 1);
+
+	if (!madvise((void *)lo, hi - lo, MADV_POPULATE_WRITE))
+		return;
+#endif
+	memset(p, 0, len);
+}
+
 /* make the chunk of slot @idx usable; Return: 0 or the hook's error */
 static int arena_grow(struct ferry_arena *a, uint32_t c)
 {
@@ -150,7 +171,7 @@ static int arena_grow(struct ferry_arena *a, uint32_t c)
 		 * which would map the zero page and make the write after it a
 		 * copy with a TLB shootdown (an IPI to every CPU) per page */
 		ferry__arena_chunk_span(a, c, &first, &n);
-		memset(a->base + (size_t)first * a->stride, 0, (size_t)n * a->stride);
+		arena_populate(a->base + (size_t)first * a->stride, (size_t)n * a->stride);
 		rc = a->on_chunk ? a->on_chunk(a->chunk_arg, a, c) : 0;
 		if (!rc) {
 			pthread_mutex_lock(&a->lock);

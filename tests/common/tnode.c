@@ -68,7 +68,9 @@ static void note_bad(struct tnode *n, int *counter, const char *what, uint32_t s
 /* every handler starts here: is it on the progress thread, before fini? */
 static void handler_enter(struct tnode *n)
 {
-	if (!n->starts || !pthread_equal(pthread_self(), n->progress))
+	if (tn_in_poll)
+		n->msgs_polled++; /* on the thread in poll(): tcp's FERRY_TCP_WORKER_POLL */
+	else if (!n->starts || !pthread_equal(pthread_self(), n->progress))
 		n->wrong_thread++;
 	if (n->fini_done)
 		n->after_fini++;

@@ -70,6 +70,7 @@ struct tnode {
 	int rdma_first_err;
 	int rdma_off_thread; /* ... off the progress thread, outside poll() */
 	int rdma_polled;     /* ... inside poll(), on the thread that called it */
+	int msgs_polled;     /* on_msg/on_peer_failed inside poll() (tcp's worker poll) */
 
 	/* when set, every data frame checks that watch holds watch_len bytes of watch_want */
 	const uint8_t *watch;

@@ -160,3 +160,139 @@ Test(bigbatch, localize_pull_push_of_100_mib_cross_the_frame_limit, .timeout = 3
 {
 	big_case();
 }
+
+/*
+ * Values of mixed sizes in one localize: about one key in five holds 512 B
+ * or more (sent from its slot, FERRY_RELOC_IOV_BYTES in lib/reloc/batch.h), the
+ * others 4-508 B (copied into runs). 4000 keys of about 4 MB cross both of
+ * a hand-over frame's bounds (1 MiB, 256 values sent from slots). Rank 1
+ * localizes them all from rank 0, then rank 0 localizes them back (the
+ * hand-over now leaves from installed slots); every value is checked after
+ * each move.
+ */
+enum {
+	MIX_KEYS = 4000
+};
+
+static uint32_t mix_lens[MIX_KEYS];
+
+static float mix_val(uint64_t key, uint32_t j)
+{
+	return (float)(key * 131 + j * 7) + 0.25f;
+}
+
+struct mix {
+	size_t total; /* floats */
+	uint64_t keys[MIX_KEYS];
+	float *vals;
+	int failures;
+	char why[256];
+};
+
+static int mix_check(struct mix *m, struct ferry_worker *w, struct ferry_table *t, const char *what)
+{
+	size_t off = 0;
+	int rc;
+
+	memset(m->vals, 0, m->total * sizeof(float));
+	rc = ferry_pull(w, t, m->keys, MIX_KEYS, m->vals);
+	if (rc) {
+		snprintf(m->why, sizeof(m->why), "%s: pull: %s", what, ferry_strerror(rc));
+		m->failures++;
+		return rc;
+	}
+	for (uint64_t k = 0; k < MIX_KEYS; k++)
+		for (uint32_t j = 0; j < mix_lens[k]; j++, off++)
+			if (m->vals[off] != mix_val(k, j)) {
+				snprintf(m->why, sizeof(m->why),
+					 "%s: key %llu (%u floats) float %u is %g, not %g", what,
+					 (unsigned long long)k, mix_lens[k], j,
+					 (double)m->vals[off], (double)mix_val(k, j));
+				m->failures++;
+				return -EIO;
+			}
+	return 0;
+}
+
+static int mix_run(struct tc *c, int rank, void *arg)
+{
+	struct mix *m = arg;
+	struct ferry_worker *w;
+	int rc;
+
+	rc = ferry_worker_create(c->fy[rank], &w);
+	if (rc)
+		return rc;
+	if (rank == 0) {
+		size_t off = 0;
+
+		for (uint64_t k = 0; k < MIX_KEYS; k++)
+			for (uint32_t j = 0; j < mix_lens[k]; j++)
+				m->vals[off++] = mix_val(k, j);
+		rc = ferry_set(w, c->t[0], m->keys, MIX_KEYS, m->vals);
+		if (rc) {
+			snprintf(m->why, sizeof(m->why), "set: %s", ferry_strerror(rc));
+			m->failures++;
+		}
+	}
+	if (!rc)
+		rc = ferry_barrier(c->fy[rank]);
+	for (int round = 0; round < 2 && !rc; round++) {
+		int mover = round ? 0 : 1;
+
+		if (rank == mover) {
+			rc = ferry_localize(w, c->t[rank], m->keys, MIX_KEYS);
+			if (rc) {
+				snprintf(m->why, sizeof(m->why), "localize to rank %d: %s", rank,
+					 ferry_strerror(rc));
+				m->failures++;
+			}
+			if (!rc)
+				rc = mix_check(m, w, c->t[rank],
+					       round ? "rank 0 after the move back" :
+						       "rank 1 after the localize");
+		}
+		if (!rc)
+			rc = ferry_barrier(c->fy[rank]);
+	}
+	ferry_worker_destroy(w);
+	return rc;
+}
+
+Test(bigbatch, localize_of_mixed_value_sizes_in_many_frames, .timeout = 120)
+{
+	struct ferry_table_params tp = { .num_keys = 2 * MIX_KEYS,
+					 .placement = FERRY_PLACEMENT_RANGE };
+	static uint32_t lens[2 * MIX_KEYS];
+	struct mix *m = calloc(1, sizeof(*m));
+	size_t big = 0;
+	struct tc c;
+	int rc;
+
+	cr_assert_not_null(m);
+	for (uint64_t k = 0; k < 2 * MIX_KEYS; k++) {
+		/* 128 floats is 512 B: the boundary itself is one of the sizes */
+		lens[k] = k % 5 == 0 ? 128 + (uint32_t)(k * 37 % 1900) :
+				       1 + (uint32_t)(k * 13 % 127);
+		if (k < MIX_KEYS) {
+			mix_lens[k] = lens[k];
+			m->keys[k] = k;
+			m->total += lens[k];
+			big += lens[k] >= 128;
+		}
+	}
+	tp.value_lens = lens;
+	cr_assert_gt(big, 2 * 256, "the test needs values sent from slots in several frames");
+	cr_assert_gt(m->total * sizeof(float), 3u << 20, "the test needs several 1 MiB frames");
+	m->vals = malloc(m->total * sizeof(float));
+	cr_assert_not_null(m->vals);
+	rc = tc_open(&c, 2, &tp, 30000);
+	cr_assert_eq(rc, 0, "cluster open: %s", ferry_strerror(rc));
+	cr_assert_eq(ferry_table_home(c.t[0], MIX_KEYS - 1), 0);
+	rc = tc_run(&c, mix_run, m);
+	tc_close(&c);
+	cr_assert_eq(m->failures, 0, "%s", m->why);
+	cr_assert_eq(rc, 0, "%s", ferry_strerror(rc));
+	free(m->vals);
+	free(m);
+}

@@ -1420,6 +1420,57 @@ static void tnode_poll(struct tnode *n)
 }
 
 /*
+ * tcp, FERRY_TCP_WORKER_POLL=1: a thread that waits in poll() takes the frames
+ * that arrived and runs on_msg itself when the progress thread is not
+ * running handlers; every frame arrives once, in order and intact, and no
+ * handler runs on any other thread. Without the variable, poll() runs none.
+ * One frame at a time, so the spinning poller and the sleeping progress
+ * thread race for each.
+ */
+TP_TEST(tcp_worker_poll_runs_handlers_on_the_polling_thread)
+{
+	const struct ferry_tp_ops *ops = tp_get(*tpi);
+	enum {
+		N = 300
+	};
+	struct tnode nodes[2];
+
+	tp_require_tcp(ops);
+	for (int on = 0; on < 2; on++) {
+		uint32_t seq;
+		int polled;
+
+		setenv("FERRY_TCP_WORKER_POLL", on ? "1" : "0", 1);
+		cluster_up(nodes, ops, 2, 0);
+		unsetenv("FERRY_TCP_WORKER_POLL");
+		seq = LOCKED(&nodes[0], nodes[0].next_seq[1][7]);
+		for (uint32_t i = 0; i < N; i++) {
+			int64_t until = tn_now_ms() + WAIT_MS;
+			uint64_t want = i + 1;
+
+			cr_assert_eq(send_frame(&nodes[1], 0, 7, seq + i, 64), 0);
+			while (LOCKED(&nodes[0], nodes[0].frames[1]) < want &&
+			       tn_now_ms() < until) {
+				tn_in_poll = 1;
+				ops->poll(nodes[0].tp, 0);
+				tn_in_poll = 0;
+			}
+			cr_assert_eq(LOCKED(&nodes[0], nodes[0].frames[1]), want,
+				     "frame %u of %u did not arrive", i + 1, N);
+		}
+		polled = LOCKED(&nodes[0], nodes[0].msgs_polled);
+		if (on)
+			cr_expect_gt(polled, 0, "no frame of %d was handled by the polling thread",
+				     N);
+		else
+			cr_expect_eq(polled, 0, "poll() ran %d handlers with the poll off", polled);
+		assert_clean(&nodes[0]);
+		assert_clean(&nodes[1]);
+		cluster_down(nodes, 2);
+	}
+}
+
+/*
  * read_v: runs of reads to one peer leave under one doorbell; every read that
  * was posted completes once, with its bytes, whether the progress thread or a
  * poll() on the waiting thread takes its completion; a bad entry is refused

@@ -25,6 +25,26 @@
 
 #include "transport/tcp/tcp.h"
 
+/* the engine this thread holds (struct tcp_tp's engine), or NULL */
+static __thread struct tcp_tp *tcp_engine_of;
+
+static void tcp_engine_lock(struct tcp_tp *t)
+{
+	pthread_mutex_lock(&t->engine);
+	tcp_engine_of = t;
+}
+
+static void tcp_engine_unlock(struct tcp_tp *t)
+{
+	tcp_engine_of = NULL;
+	pthread_mutex_unlock(&t->engine);
+}
+
+int ferry__tcp_engine_held(const struct tcp_tp *t)
+{
+	return tcp_engine_of == t;
+}
+
 /* Context: any thread. Wakes the progress thread out of epoll_wait(). */
 void ferry__tcp_wake(struct tcp_tp *t)
 {
@@ -85,6 +105,78 @@ static void tcp_conn_event(struct tcp_tp *t, struct tcp_conn *c, uint32_t events
 		ferry__tcp_conn_input(t, c);
 }
 
+/* handle @n events of epoll_wait(); the engine held */
+static void tcp_events(struct tcp_tp *t, const struct epoll_event *evs, int n)
+{
+	for (int i = 0; i < n; i++) {
+		void *p = evs[i].data.ptr;
+
+		if (!p) {
+			tcp_wake_input(t);
+			continue;
+		}
+		switch (*(const int *)p) { /* enum tcp_ev, every target's first member */
+		case TCP_EV_CONN:
+			tcp_conn_event(t, p, evs[i].events);
+			break;
+		case TCP_EV_LISTEN:
+			ferry__tcp_listen_event(t);
+			break;
+		case TCP_EV_LINK:
+			ferry__tcp_link_event(t, p, evs[i].events);
+			break;
+		case TCP_EV_ACC:
+			ferry__tcp_acc_event(t, p, evs[i].events);
+			break;
+		}
+	}
+}
+
+/*
+ * ferry__tcp_poll - ops->poll: a worker waiting for a reply takes what the
+ * sockets hold and runs its handlers itself, so the reply needs no hand-off
+ * from the progress thread (one thread wake-up less per round trip)
+ *
+ * Only with FERRY_TCP_WORKER_POLL=1 (else it returns 0 at once). It takes
+ * the engine with a trylock: while the progress thread handles events, or
+ * another worker polls, it returns 0 and the caller waits as before. The
+ * epoll set is level-triggered, so the progress thread, woken by the same
+ * data, finds nothing left and sleeps again. Handlers run here as they run
+ * on the progress thread: one at a time, the engine held, rcu_read_lock
+ * taken by the core around each, on an RCU-registered thread (a worker's)
+ * that holds no lock of the core. A timer armed here (an ACK's, a lost
+ * link's) that is earlier than the progress thread's sleep wakes it, and
+ * the wake eventfd is left to the progress thread: a poller that read it
+ * would take that wake-up away (epoll_wait finds it drained and sleeps on
+ * with its old timeout, and the timer never runs). Context: a waiting
+ * worker (ferry__node_poll), never inside a handler; not once fini() began.
+ * Return: events handled.
+ */
+int ferry__tcp_poll(struct ferry_tp *tp, unsigned flags)
+{
+	struct tcp_tp *t = to_tcp(tp);
+	struct epoll_event evs[TCP_EVENTS];
+	int64_t timer;
+	int n;
+
+	(void)flags; /* the progress thread sleeps in epoll_wait() all along */
+	if (!t->worker_poll || __atomic_load_n(&t->closing, __ATOMIC_ACQUIRE) ||
+	    pthread_mutex_trylock(&t->engine))
+		return 0;
+	tcp_engine_of = t;
+	timer = t->timer_ms;
+	n = epoll_wait(t->epfd, evs, TCP_EVENTS, 0);
+	for (int i = 0; i < n; i++)
+		if (!evs[i].data.ptr) /* the wake eventfd: the progress thread's */
+			evs[i--] = evs[--n];
+	if (n > 0)
+		tcp_events(t, evs, n);
+	if (t->timer_ms && (!timer || t->timer_ms < timer))
+		ferry__tcp_wake(t); /* it computes its sleep from the new timer */
+	tcp_engine_unlock(t);
+	return n > 0 ? n : 0;
+}
+
 /*
  * tcp_progress - the progress thread: every handler runs here, one at a time
  *
@@ -101,6 +193,7 @@ static void *tcp_progress(void *arg)
 
 	if (h->on_thread_start)
 		h->on_thread_start(t->base.cfg.core);
+	tcp_engine_lock(t);
 	if (t->fault_ms)
 		ferry__tcp_timer_at(t, tcp_now_ms() + t->fault_ms);
 
@@ -121,7 +214,9 @@ static void *tcp_progress(void *arg)
 					timeout = (int)wait;
 			}
 		}
+		tcp_engine_unlock(t);
 		n = epoll_wait(t->epfd, evs, TCP_EVENTS, timeout);
+		tcp_engine_lock(t);
 
 		if (n < 0 && errno != EINTR) {
 			ferry_err("tcp: rank %u: epoll_wait: %s; the progress thread stops",
@@ -130,28 +225,8 @@ static void *tcp_progress(void *arg)
 		}
 		if (busy && n == 0)
 			sched_yield(); /* spin, but let runnable threads have the core */
-		for (int i = 0; i < n; i++) {
-			void *p = evs[i].data.ptr;
-
-			if (!p) {
-				tcp_wake_input(t);
-				continue;
-			}
-			switch (*(const int *)p) { /* enum tcp_ev, every target's first member */
-			case TCP_EV_CONN:
-				tcp_conn_event(t, p, evs[i].events);
-				break;
-			case TCP_EV_LISTEN:
-				ferry__tcp_listen_event(t);
-				break;
-			case TCP_EV_LINK:
-				ferry__tcp_link_event(t, p, evs[i].events);
-				break;
-			case TCP_EV_ACC:
-				ferry__tcp_acc_event(t, p, evs[i].events);
-				break;
-			}
-		}
+		if (n > 0)
+			tcp_events(t, evs, n);
 		if (!__atomic_load_n(&t->closing, __ATOMIC_ACQUIRE))
 			continue;
 		if (drain_end < 0)
@@ -166,6 +241,7 @@ static void *tcp_progress(void *arg)
 		}
 	}
 
+	tcp_engine_unlock(t);
 	if (h->on_thread_stop)
 		h->on_thread_stop(t->base.cfg.core);
 	return NULL;

@@ -52,8 +52,12 @@ void ferry__tcp_oq_free(struct tcp_conn *c)
 		next = ch->next;
 		free(ch);
 	}
-	free(c->spare);
+	for (ch = c->spare; ch; ch = next) {
+		next = ch->next;
+		free(ch);
+	}
 	c->spare = NULL;
+	c->spare_bytes = 0;
 	c->oq_head = c->oq_tail = c->snd = NULL;
 	c->snd_off = 0;
 	c->oq_bytes = 0;
@@ -63,16 +67,21 @@ void ferry__tcp_oq_free(struct tcp_conn *c)
 /* make room at the log's end for a frame of @total bytes. c->lock held. */
 static int tcp_log_room(struct tcp_conn *c, size_t total)
 {
-	struct tcp_chunk *tail = c->oq_tail, *fresh;
-	size_t cap = total < TCP_CHUNK_SIZE ? TCP_CHUNK_SIZE : total;
+	struct tcp_chunk *tail = c->oq_tail, *fresh, **pp;
+	/* whole TCP_CHUNK_SIZEs: frames of one size range reuse each other's */
+	size_t cap = (total + TCP_CHUNK_SIZE - 1) / TCP_CHUNK_SIZE * TCP_CHUNK_SIZE;
 
 	if (tail && tail->cap - tail->len >= total)
 		return 0;
-	/* reuse the chunk the last acknowledgement freed: no malloc, no page
-	 * faults of fresh memory, and its lines are likely still cached */
-	if (c->spare && c->spare->cap >= total) {
-		fresh = c->spare;
-		c->spare = NULL;
+	/* reuse a chunk an acknowledgement freed: no malloc, no page faults
+	 * of fresh memory (a stream of large frames faulted in every chunk),
+	 * and its lines are likely still cached */
+	for (pp = &c->spare; *pp && (*pp)->cap < total; pp = &(*pp)->next)
+		;
+	if (*pp) {
+		fresh = *pp;
+		*pp = fresh->next;
+		c->spare_bytes -= fresh->cap;
 	} else {
 		fresh = malloc(sizeof(*fresh) + cap);
 		if (!fresh)
@@ -133,11 +142,10 @@ static void tcp_log_trim(struct tcp_conn *c, int written_only)
 		if (!c->oq_head)
 			c->oq_tail = NULL;
 		c->oq_bytes -= ch->len;
-		if (!c->spare && ch->cap <= TCP_SPARE_MAX) {
+		if (c->spare_bytes + ch->cap <= TCP_SPARE_MAX) {
+			ch->next = c->spare;
 			c->spare = ch;
-		} else if (c->spare && ch->cap > c->spare->cap && ch->cap <= TCP_SPARE_MAX) {
-			free(c->spare); /* keep the larger: it fits more frames */
-			c->spare = ch;
+			c->spare_bytes += ch->cap;
 		} else {
 			free(ch);
 		}
@@ -444,7 +452,7 @@ int ferry__tcp_send(struct ferry_tp *tp, uint32_t dst, const struct iovec *iov, 
 		ret = c->state == TCP_CONN_IDLE ? -ENOTCONN : -FERRY_E_PEER;
 		goto out_unlock;
 	}
-	if (c->oq_bytes > FERRY_TP_SENDQ_MAX && !pthread_equal(pthread_self(), t->thread)) {
+	if (c->oq_bytes > FERRY_TP_SENDQ_MAX && !ferry__tcp_engine_held(t)) {
 		ret = tcp_wait_room(t, c);
 		if (ret)
 			goto out_unlock;

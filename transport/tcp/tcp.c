@@ -105,12 +105,20 @@ static int tcp_init(struct ferry_tp *tp, const struct ferry_tp_config *cfg)
 	ret = -pthread_mutex_init(&t->self_lock, NULL);
 	if (ret)
 		goto err_free_conns;
+	ret = -pthread_mutex_init(&t->engine, NULL);
+	if (ret)
+		goto err_destroy_self_lock;
+	{
+		const char *e = getenv("FERRY_TCP_WORKER_POLL");
+
+		t->worker_poll = e && !strcmp(e, "1");
+	}
 
 	t->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 	if (t->wake_fd < 0) {
 		ret = -errno;
 		ferry_err("tcp: eventfd: %s", strerror(errno));
-		goto err_destroy_self_lock;
+		goto err_destroy_engine;
 	}
 	t->epfd = epoll_create1(EPOLL_CLOEXEC);
 	if (t->epfd < 0) {
@@ -133,6 +141,8 @@ err_close_epoll:
 	close(t->epfd);
 err_close_wake:
 	close(t->wake_fd);
+err_destroy_engine:
+	pthread_mutex_destroy(&t->engine);
 err_destroy_self_lock:
 	pthread_mutex_destroy(&t->self_lock);
 err_free_conns:
@@ -166,6 +176,7 @@ static void tcp_fini(struct ferry_tp *tp)
 	}
 	t->self_head = t->self_tail = NULL;
 	pthread_mutex_destroy(&t->self_lock);
+	pthread_mutex_destroy(&t->engine);
 	close(t->epfd);
 	close(t->wake_fd);
 	if (t->lfd >= 0)
@@ -197,5 +208,6 @@ const struct ferry_tp_ops ferry__tcp_ops = {
 	.connect = ferry__tcp_connect,
 	.send = ferry__tcp_send,
 	.drop = ferry__tcp_drop,
+	.poll = ferry__tcp_poll,
 	.fini = tcp_fini,
 };

@@ -53,7 +53,7 @@
 #define TCP_READ_MIN (16u << 10)   /* compact when less room is left */
 #define TCP_READS_PER_EVENT 16	   /* then let the other connections in */
 #define TCP_CHUNK_SIZE (64u << 10) /* least capacity of a send log chunk */
-#define TCP_SPARE_MAX (4u << 20)   /* a freed chunk up to this size is kept for reuse */
+#define TCP_SPARE_MAX (4u << 20)   /* freed chunks up to this much are kept for reuse */
 #define TCP_FLUSH_IOV 64	   /* chunks per gathered write */
 #define TCP_EVENTS 64		   /* epoll events per wait */
 #define TCP_MAX_HANDSHAKES 64	   /* accepted connections in their HELLO at once */
@@ -147,7 +147,8 @@ struct tcp_conn {
 	struct tcp_chunk *snd;	   /* the next byte to write; NULL: all written */
 	size_t snd_off;		   /* < snd->len */
 	size_t oq_bytes;	   /* in the log: unwritten and unacknowledged */
-	struct tcp_chunk *spare;   /* one acknowledged chunk kept for reuse (<= TCP_SPARE_MAX) */
+	struct tcp_chunk *spare;   /* acknowledged chunks kept for reuse, */
+	size_t spare_bytes;	   /* of capacities <= TCP_SPARE_MAX in all */
 	uint64_t tx_seq;	   /* sequenced frames appended: the last one's number */
 	uint64_t tx_acked;	   /* of them, acknowledged by the peer */
 	pthread_cond_t oq_drained; /* oq_bytes fell below FERRY_TP_SENDQ_MAX / 2 */
@@ -211,6 +212,15 @@ struct tcp_tp {
 	struct tcp_selfmsg *self_head;
 	struct tcp_selfmsg *self_tail;
 
+	/*
+	 * The engine: whoever holds it runs the handlers, the sessions and the
+	 * timers (what "progress thread" says below: the progress thread, or a
+	 * waiting worker inside ferry__tcp_poll); one holder at a time, so
+	 * every handler still runs one call at a time. The progress thread
+	 * drops it only around epoll_wait().
+	 */
+	pthread_mutex_t engine;
+	int worker_poll;  /* FERRY_TCP_WORKER_POLL=1: waiting workers poll (set in init) */
 	int closing;	  /* atomic: fini() asked the progress thread to stop */
 	int fail_pending; /* atomic: some connection is BROKEN */
 
@@ -247,6 +257,10 @@ static inline int64_t tcp_now_ms(void)
 int ferry__tcp_start_thread(struct tcp_tp *t);
 /* Context: any thread. Wakes the progress thread out of epoll_wait(). */
 void ferry__tcp_wake(struct tcp_tp *t);
+/* ops->poll: a waiting worker takes what arrived, when the engine is free */
+int ferry__tcp_poll(struct ferry_tp *tp, unsigned flags);
+/* the calling thread holds @t's engine (it must not wait for room) */
+int ferry__tcp_engine_held(const struct tcp_tp *t);
 
 /* ---- conn.c ------------------------------------------------------------- */
 
