@@ -176,6 +176,9 @@ struct ferry_table {
 	 * the request path in turn (so a pointer, set by lib/table/) */
 	int (*codec_push)(struct ferry_worker *w, struct ferry_table *t, const uint64_t *keys,
 			  size_t n, const float *deltas);
+	/* hot keys: their replicas and deltas (lib/cons/hot.c); read by the
+	 * progress thread under RCU, freed after a grace period */
+	void *hot;
 };
 
 struct ferry_worker;
