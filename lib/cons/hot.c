@@ -21,8 +21,9 @@
  * the initial value plus this node's pushes plus every frame applied here.
  *
  * Bound, per table and node: replicas, pend and the batch in flight: 3 x the
- * hot keys' values (hot_count <= FERRY_HOT_MAX), plus 1 byte per hot key and
- * 16 bytes per rank; one sync thread.
+ * hot keys' values (hot_count <= FERRY_HOT_MAX), plus 17 bytes per hot key
+ * (sorted keys, offsets, dirty flag; 8 more in a frame in flight) and 16
+ * bytes per rank; one sync thread.
  *
  * FERRY_CONS_FAULT_EVERY=N (tests, as push.c): of the HOT_PUSH frames a node
  * receives, every Nth is dropped unapplied, and the answer to every (N/2)th
