@@ -281,8 +281,9 @@ struct ferry_table_params {
 	 * hot_sync_ms (0: 10; at most 60000), summed per key, applied once at
 	 * every replica. ferry_flush() sends them at once and waits until
 	 * every node applied them. A set of a hot key is -EINVAL (they start
-	 * at params.init). Distinct keys below num_keys, at most
-	 * FERRY_HOT_MAX; not with sparse, push_codec, SSP or ESSP. Must agree.
+	 * at params.init). With SSP or ESSP a clock also sends them, and
+	 * the bound holds for them. Distinct keys below num_keys, at most
+	 * FERRY_HOT_MAX; not with sparse or push_codec. Must agree.
 	 */
 	const uint64_t *hot_keys;
 	uint32_t hot_count;

@@ -583,6 +583,10 @@ static int cons_advance(struct ferry_cons_node *cn, struct ferry_worker *w)
 			trc = cons_table_flush(t->cons, w,
 					       ((struct cons_table *)t->cons)->model ==
 						       FERRY_CONS_EVENTUAL);
+			/* SSP, ESSP: hot deltas of the clocks below target are
+			 * applied at every replica before the CLOCK goes */
+			if (!trc && t->hot && cons_ssp(t->cons))
+				trc = ferry__hot_flush(t);
 			if (trc && !rc)
 				rc = trc;
 		}

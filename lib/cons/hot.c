@@ -60,6 +60,7 @@ struct ferry_hot {
 	uint64_t *keys;			      /* sorted */
 	uint64_t *offs;			      /* n + 1: each key's floats in val, pend */
 	uint32_t sync_ms;
+	bool ssp; /* SSP or ESSP: reads wait for the bound (hot_ssp_read) */
 	pthread_mutex_t lock;
 	pthread_cond_t cond; /* a batch done, a kick, stop */
 	float *val;	     /* the replicas */
@@ -109,13 +110,10 @@ int ferry__hot_check(const struct ferry_table_params *p)
 			  FERRY_HOT_MAX);
 		return -EINVAL;
 	}
-	if (p->sparse || p->push_codec ||
-	    (p->consistency != FERRY_CONS_SEQUENTIAL && p->consistency != FERRY_CONS_EVENTUAL)) {
-		ferry_err("table: hot keys go with SEQUENTIAL or EVENTUAL dense tables without a "
-			  "push_codec (not yet with %s); drop hot_keys or that option",
-			  p->sparse	? "sparse" :
-			  p->push_codec ? "push_codec" :
-					  "SSP or ESSP");
+	if (p->sparse || p->push_codec) {
+		ferry_err("table: hot keys go with dense tables without a push_codec (not yet "
+			  "with %s); drop hot_keys or that option",
+			  p->sparse ? "sparse" : "push_codec");
 		return -EINVAL;
 	}
 	if (p->hot_sync_ms > HOT_SYNC_MS_MAX) {
@@ -653,6 +651,33 @@ static int hot_inner(struct ferry_hot *h, struct ferry_worker *w, uint8_t op, co
 	return ferry__ops_sync(w, h->t, op, keys, n, in, out, NULL);
 }
 
+/*
+ * SSP, ESSP: a reader at clock c needs every update of clocks below c - s.
+ * Every node applied its hot deltas of clocks below g at every replica
+ * before it announced g (cons.c's clock advance flushes them), so the
+ * replica holds every update of clocks below the global clock g: wait until
+ * g >= c - s (ferry_clock has mostly waited already), and count the read
+ * c - g clocks behind.
+ */
+static int hot_ssp_read(struct ferry_hot *h, struct ferry_worker *w, size_t nhot)
+{
+	struct ferry_cons_node *cn = h->t->fy->cons;
+	uint32_t s = h->t->params.staleness;
+	uint64_t c = ferry__cons_wclock(cn, w), need = c > s ? c - s : 0, g, b;
+	int rc = 0;
+
+	if (ferry__cons_global(cn) < need)
+		rc = ferry__cons_wait_global(cn, need, c, s);
+	if (rc)
+		return rc;
+	g = ferry__cons_global(cn);
+	b = c > g ? c - g : 0;
+	if (b >= FERRY_STALENESS_BUCKETS)
+		b = FERRY_STALENESS_BUCKETS - 1;
+	atomic_fetch_add_explicit(&h->t->fy->staleness[b], nhot, memory_order_relaxed);
+	return 0;
+}
+
 static int hot_pull(struct ferry_worker *w, struct ferry_table *t, const uint64_t *keys, size_t n,
 		    float *vals)
 {
@@ -684,6 +709,8 @@ static int hot_pull(struct ferry_worker *w, struct ferry_table *t, const uint64_
 			}
 		free(tmp);
 	}
+	if (!rc && h->ssp)
+		rc = hot_ssp_read(h, w, s.nhot);
 	if (!rc) {
 		pthread_mutex_lock(&h->lock);
 		for (size_t i = 0; i < n; i++)
@@ -894,6 +921,7 @@ int ferry__hot_table_init(struct ferry_table *t)
 	h->t = t;
 	h->n = p->hot_count;
 	h->sync_ms = p->hot_sync_ms ? p->hot_sync_ms : HOT_SYNC_MS_DEFAULT;
+	h->ssp = p->consistency == FERRY_CONS_SSP || p->consistency == FERRY_CONS_ESSP;
 	pthread_mutex_init(&h->lock, NULL);
 	ferry__cond_init_monotonic(&h->cond);
 	h->keys = malloc(h->n * sizeof(*h->keys));

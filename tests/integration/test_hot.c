@@ -487,8 +487,6 @@ Test(hot, bad_parameters_and_calls_are_refused_with_a_log_line, .timeout = 60)
 	REFUSED(tp.hot_keys = NULL);
 	REFUSED(tp.hot_sync_ms = 60001);
 	REFUSED(tp.hot_count = 0; tp.hot_sync_ms = 5);
-	REFUSED(tp.consistency = FERRY_CONS_SSP; tp.staleness = 1);
-	REFUSED(tp.consistency = FERRY_CONS_ESSP; tp.staleness = 1);
 	REFUSED(tp.push_codec = FERRY_CODEC_BF16);
 	REFUSED(tp.sparse = 1; tp.num_keys = 0);
 #undef REFUSED
