@@ -748,6 +748,25 @@ static int cons_barrier(struct ferry *fy, int after)
 	return rc;
 }
 
+/* ferry_close(): the hot keys' sync threads stop before the transport goes
+ * (a table not destroyed yet is freed after it) */
+static void cons_close(struct ferry *fy)
+{
+	struct ferry_cons_node *cn = fy->cons;
+
+	pthread_mutex_lock(&cn->flush_lock);
+	for (uint32_t id = 0; id < FERRY_MAX_TABLES; id++) {
+		struct ferry_table *t;
+
+		pthread_mutex_lock(&cn->lock);
+		t = cn->hot[id];
+		pthread_mutex_unlock(&cn->lock);
+		if (t)
+			ferry__hot_stop(t);
+	}
+	pthread_mutex_unlock(&cn->flush_lock);
+}
+
 static void cons_node_free(void *p)
 {
 	struct ferry_cons_node *cn = p;
@@ -778,6 +797,7 @@ int ferry__cons_attach(struct ferry *fy)
 	fy->cons_worker_new = cons_worker_new;
 	fy->cons_worker_gone = cons_worker_gone;
 	fy->cons_barrier = cons_barrier;
+	fy->cons_close = cons_close;
 	rc = ferry__cons_clock_attach(fy, cn);
 	if (!rc)
 		rc = ferry__hot_attach(fy);

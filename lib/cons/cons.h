@@ -214,6 +214,9 @@ int ferry__hot_attach(struct ferry *fy);
 int ferry__hot_table_init(struct ferry_table *t);
 /* the table exists everywhere: the sync thread starts */
 int ferry__hot_table_publish(struct ferry_table *t);
+/* stop the sync thread (its unsent deltas stay, a flush then waits in
+ * vain); the application thread that closes or destroys */
+void ferry__hot_stop(struct ferry_table *t);
 /* stop the sync thread, free (after an RCU grace period); any number of times */
 void ferry__hot_table_fini(struct ferry_table *t);
 /* send this node's hot deltas now and wait until every live node applied

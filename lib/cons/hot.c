@@ -973,20 +973,27 @@ int ferry__hot_table_publish(struct ferry_table *t)
 	return 0;
 }
 
+void ferry__hot_stop(struct ferry_table *t)
+{
+	struct ferry_hot *h = t->hot;
+
+	if (!h || !h->running)
+		return;
+	pthread_mutex_lock(&h->lock);
+	h->stop = true;
+	pthread_cond_broadcast(&h->cond);
+	pthread_mutex_unlock(&h->lock);
+	pthread_join(h->thr, NULL);
+	h->running = false;
+}
+
 void ferry__hot_table_fini(struct ferry_table *t)
 {
 	struct ferry_hot *h = t->hot;
 
 	if (!h)
 		return;
-	if (h->running) {
-		pthread_mutex_lock(&h->lock);
-		h->stop = true;
-		pthread_cond_broadcast(&h->cond);
-		pthread_mutex_unlock(&h->lock);
-		pthread_join(h->thr, NULL);
-		h->running = false;
-	}
+	ferry__hot_stop(t);
 	if (h->ndirty || h->done < h->taken)
 		ferry_warn("cons: table %u destroyed with hot-key deltas of this node not applied "
 			   "everywhere; call ferry_flush() or ferry_barrier() before "
