@@ -12,9 +12,9 @@
  *         |--> push.c     numbered push batches (CONS_PUSH, CONS_ACK): each
  *         |               delta applied once, held until acknowledged
  *          --> hot.c      hot keys (NuPS): a replica on every node, deltas
- *                         synced in the background (HOT_PUSH, HOT_ACK);
- *                         its hooks wrap the model's (or the sequential
- *                         path) for the other keys
+ *               \         synced in the background (HOT_PUSH, HOT_ACK)
+ *                --> hotops.c  their pulls, pushes, sets; the hooks wrap the
+ *                         model's (or the sequential path) for the other keys
  *
  * docs/consistency.md ("Models") states each model's guarantee and cost.
  */
@@ -223,8 +223,6 @@ void ferry__hot_table_fini(struct ferry_table *t);
  * them. Return: 0, -ETIMEDOUT (kept, sent again), -FERRY_E_CLOSED. Context:
  * an application thread. */
 int ferry__hot_flush(struct ferry_table *t);
-/* this node has hot deltas not yet applied everywhere */
-bool ferry__hot_pending(struct ferry_table *t);
 int ferry__hot_stats(struct ferry_table *t, struct ferry_hot_stats *st);
 
 /* ---- clock.c: the node's clocks ---- */

@@ -38,6 +38,7 @@
 #include <time.h>
 
 #include "lib/cons/cons.h"
+#include "lib/cons/hot.h"
 #include "lib/dir/placement.h"
 #include "lib/ops/ops.h"
 #include "lib/store/init.h"
@@ -46,41 +47,6 @@
 #define HOT_SYNC_MS_MAX 60000
 #define HOT_RESEND_MS 50	   /* least time before a frame goes again */
 #define HOT_FRAME_BYTES (4u << 20) /* a frame's entries and values, at most */
-#define HOT_SMALL 64		   /* keys of a call whose bookkeeping fits on the stack */
-
-struct hot_frame {
-	uint64_t seq;
-	struct ferry_frame f;
-};
-
-struct ferry_hot {
-	struct ferry_table *t;
-	const struct ferry_cons_hooks *inner; /* the model's hooks; NULL: SEQUENTIAL */
-	uint32_t n;			      /* hot keys */
-	uint64_t *keys;			      /* sorted */
-	uint64_t *offs;			      /* n + 1: each key's floats in val, pend */
-	uint32_t sync_ms;
-	bool ssp; /* SSP or ESSP: reads wait for the bound (hot_ssp_read) */
-	pthread_mutex_t lock;
-	pthread_cond_t cond; /* a batch done, a kick, stop */
-	float *val;	     /* the replicas */
-	float *pend;	     /* this node's deltas not yet in a batch */
-	uint8_t *dirty;	     /* pend[i] holds a delta */
-	uint32_t ndirty;
-	/* the batch in flight: frames (sync thread), last_seq (lock) */
-	struct hot_frame *fr;
-	uint32_t nfr;
-	uint64_t last_seq; /* the last frame number given out */
-	uint64_t *acked;   /* per rank: the last frame it applied */
-	uint64_t taken;	   /* batches taken from pend */
-	uint64_t done;	   /* batches every live node applied */
-	uint64_t want;	   /* a flush waits for this batch */
-	uint64_t *rx;	   /* per sender rank: the last of its frames applied here */
-	bool stop, running;
-	pthread_t thr;
-	struct ferry_hot_stats st;
-	_Atomic uint64_t fault_rx, fault_tx;
-};
 
 /* ---- parameters ---------------------------------------------------------- */
 
@@ -153,24 +119,6 @@ uint64_t ferry__hot_hash(const struct ferry_table_params *p)
 	for (uint32_t i = 0; p->hot_keys && i < p->hot_count; i++)
 		h += ferry__hash64(p->hot_keys[i] ^ 0x9e3779b97f4a7c15ull);
 	return h;
-}
-
-/* the position of @key among the hot keys, or -1 */
-static int64_t hot_index(const struct ferry_hot *h, uint64_t key)
-{
-	uint32_t lo = 0, hi = h->n;
-
-	while (lo < hi) {
-		uint32_t mid = lo + (hi - lo) / 2;
-
-		if (h->keys[mid] < key)
-			lo = mid + 1;
-		else if (h->keys[mid] > key)
-			hi = mid;
-		else
-			return mid;
-	}
-	return -1;
 }
 
 /* ---- faults (tests) -------------------------------------------------------- */
@@ -558,257 +506,6 @@ int ferry__hot_attach(struct ferry *fy)
 					     hot_on_ack);
 }
 
-/* ---- pulls, pushes, sets ------------------------------------------------------ */
-
-static int hot_check_call(struct ferry_worker *w, struct ferry_table *t, const uint64_t *keys,
-			  size_t n, const void *buf, const char *what)
-{
-	if (!w || w->fy != t->fy) {
-		ferry_err("%s: %s worker for table %u; pass a worker of the table's node", what,
-			  w ? "another node's" : "a NULL", t->id);
-		return -EINVAL;
-	}
-	if (n && (!keys || !buf)) {
-		ferry_err("%s: NULL %s for %zu keys", what, keys ? "values" : "keys", n);
-		return -EINVAL;
-	}
-	if (atomic_load(&t->fy->closed))
-		return -FERRY_E_CLOSED;
-	for (size_t i = 0; i < n; i++)
-		if (!ferry__key_ok(t, keys[i])) {
-			ferry_err("%s: key %llu is out of range; table %u has keys 0 .. %llu", what,
-				  (unsigned long long)keys[i], t->id,
-				  (unsigned long long)t->params.num_keys - 1);
-			return -ERANGE;
-		}
-	return 0;
-}
-
-/* the call's keys split: hot ones (@hi: their index among the hot keys, or
- * -1), the others gathered into @ok, @ov (their values), and each key's
- * offset in the caller's buffer */
-struct hot_split {
-	int64_t small_hi[HOT_SMALL];
-	uint64_t small_offs[HOT_SMALL + 1], small_ok[HOT_SMALL];
-	int64_t *hi;
-	uint64_t *offs, *ok; /* ok: the other keys */
-	size_t nhot, nother;
-	uint64_t other_floats;
-};
-
-static void hot_split_free(struct hot_split *s)
-{
-	if (s->hi != s->small_hi)
-		free(s->hi);
-	if (s->offs != s->small_offs)
-		free(s->offs);
-	if (s->ok != s->small_ok)
-		free(s->ok);
-}
-
-static int hot_split(const struct ferry_hot *h, const uint64_t *keys, size_t n, struct hot_split *s)
-{
-	s->hi = s->small_hi;
-	s->offs = s->small_offs;
-	s->ok = s->small_ok;
-	if (n > HOT_SMALL) {
-		s->hi = malloc(n * sizeof(*s->hi));
-		s->offs = malloc((n + 1) * sizeof(*s->offs));
-		s->ok = malloc(n * sizeof(*s->ok));
-		if (!s->hi || !s->offs || !s->ok) {
-			hot_split_free(s);
-			ferry_err("cons: table %u: out of memory for a call of %zu keys", h->t->id,
-				  n);
-			return -ENOMEM;
-		}
-	}
-	s->nhot = s->nother = 0;
-	s->other_floats = 0;
-	s->offs[0] = 0;
-	for (size_t i = 0; i < n; i++) {
-		uint32_t len = ferry__value_len(h->t, keys[i]);
-
-		s->hi[i] = hot_index(h, keys[i]);
-		s->offs[i + 1] = s->offs[i] + len;
-		if (s->hi[i] >= 0) {
-			s->nhot++;
-		} else {
-			s->ok[s->nother++] = keys[i];
-			s->other_floats += len;
-		}
-	}
-	return 0;
-}
-
-/* the other keys' operation: through the model's hooks, or the sequential path */
-static int hot_inner(struct ferry_hot *h, struct ferry_worker *w, uint8_t op, const uint64_t *keys,
-		     size_t n, const float *in, float *out)
-{
-	if (h->inner)
-		return op == FERRY_OP_PULL ? h->inner->pull(w, h->t, keys, n, out) :
-		       op == FERRY_OP_PUSH ? h->inner->push(w, h->t, keys, n, in) :
-					     h->inner->set(w, h->t, keys, n, in);
-	return ferry__ops_sync(w, h->t, op, keys, n, in, out, NULL);
-}
-
-/*
- * SSP, ESSP: a reader at clock c needs every update of clocks below c - s.
- * Every node applied its hot deltas of clocks below g at every replica
- * before it announced g (cons.c's clock advance flushes them), so the
- * replica holds every update of clocks below the global clock g: wait until
- * g >= c - s (ferry_clock has mostly waited already), and count the read
- * c - g clocks behind.
- */
-static int hot_ssp_read(struct ferry_hot *h, struct ferry_worker *w, size_t nhot)
-{
-	struct ferry_cons_node *cn = h->t->fy->cons;
-	uint32_t s = h->t->params.staleness;
-	uint64_t c = ferry__cons_wclock(cn, w), need = c > s ? c - s : 0, g, b;
-	int rc = 0;
-
-	if (ferry__cons_global(cn) < need)
-		rc = ferry__cons_wait_global(cn, need, c, s);
-	if (rc)
-		return rc;
-	g = ferry__cons_global(cn);
-	b = c > g ? c - g : 0;
-	if (b >= FERRY_STALENESS_BUCKETS)
-		b = FERRY_STALENESS_BUCKETS - 1;
-	atomic_fetch_add_explicit(&h->t->fy->staleness[b], nhot, memory_order_relaxed);
-	return 0;
-}
-
-static int hot_pull(struct ferry_worker *w, struct ferry_table *t, const uint64_t *keys, size_t n,
-		    float *vals)
-{
-	struct ferry_hot *h = t->hot;
-	struct hot_split s;
-	float *tmp = NULL;
-	int rc = hot_check_call(w, t, keys, n, vals, "pull");
-
-	if (rc || !n)
-		return rc;
-	rc = hot_split(h, keys, n, &s);
-	if (rc)
-		return rc;
-	if (!s.nhot) {
-		hot_split_free(&s);
-		return hot_inner(h, w, FERRY_OP_PULL, keys, n, NULL, vals);
-	}
-	if (s.nother) {
-		tmp = malloc(s.other_floats * sizeof(float));
-		rc = tmp ? hot_inner(h, w, FERRY_OP_PULL, s.ok, s.nother, NULL, tmp) : -ENOMEM;
-		if (rc == -ENOMEM && !tmp)
-			ferry_err("pull: table %u: out of memory for %zu keys", t->id, s.nother);
-		for (size_t i = 0, off = 0; !rc && i < n; i++)
-			if (s.hi[i] < 0) {
-				uint64_t len = s.offs[i + 1] - s.offs[i];
-
-				memcpy(vals + s.offs[i], tmp + off, len * sizeof(float));
-				off += len;
-			}
-		free(tmp);
-	}
-	if (!rc && h->ssp)
-		rc = hot_ssp_read(h, w, s.nhot);
-	if (!rc) {
-		pthread_mutex_lock(&h->lock);
-		for (size_t i = 0; i < n; i++)
-			if (s.hi[i] >= 0)
-				memcpy(vals + s.offs[i], h->val + h->offs[s.hi[i]],
-				       (s.offs[i + 1] - s.offs[i]) * sizeof(float));
-		h->st.reads += s.nhot;
-		pthread_mutex_unlock(&h->lock);
-	}
-	hot_split_free(&s);
-	return rc;
-}
-
-static int hot_push(struct ferry_worker *w, struct ferry_table *t, const uint64_t *keys, size_t n,
-		    const float *deltas)
-{
-	struct ferry_hot *h = t->hot;
-	struct hot_split s;
-	float *tmp = NULL;
-	int rc = hot_check_call(w, t, keys, n, deltas, "push");
-
-	if (rc || !n)
-		return rc;
-	rc = hot_split(h, keys, n, &s);
-	if (rc)
-		return rc;
-	if (!s.nhot) {
-		hot_split_free(&s);
-		return hot_inner(h, w, FERRY_OP_PUSH, keys, n, deltas, NULL);
-	}
-	/* the other keys first: when they fail, the hot ones are not pushed */
-	if (s.nother) {
-		tmp = malloc(s.other_floats * sizeof(float));
-		if (!tmp) {
-			ferry_err("push: table %u: out of memory for %zu keys", t->id, s.nother);
-			rc = -ENOMEM;
-		}
-		for (size_t i = 0, off = 0; tmp && i < n; i++)
-			if (s.hi[i] < 0) {
-				uint64_t len = s.offs[i + 1] - s.offs[i];
-
-				memcpy(tmp + off, deltas + s.offs[i], len * sizeof(float));
-				off += len;
-			}
-		if (tmp)
-			rc = hot_inner(h, w, FERRY_OP_PUSH, s.ok, s.nother, tmp, NULL);
-		free(tmp);
-	}
-	if (!rc) {
-		pthread_mutex_lock(&h->lock);
-		for (size_t i = 0; i < n; i++) {
-			uint64_t len = s.offs[i + 1] - s.offs[i], o;
-			const float *d = deltas + s.offs[i];
-
-			if (s.hi[i] < 0)
-				continue;
-			o = h->offs[s.hi[i]];
-			for (uint64_t k = 0; k < len; k++) {
-				h->val[o + k] += d[k];
-				h->pend[o + k] += d[k];
-			}
-			if (!h->dirty[s.hi[i]]) {
-				h->dirty[s.hi[i]] = 1;
-				h->ndirty++;
-			}
-		}
-		h->st.pushes += s.nhot;
-		pthread_mutex_unlock(&h->lock);
-	}
-	hot_split_free(&s);
-	return rc;
-}
-
-static int hot_set(struct ferry_worker *w, struct ferry_table *t, const uint64_t *keys, size_t n,
-		   const float *vals)
-{
-	struct ferry_hot *h = t->hot;
-	int rc = hot_check_call(w, t, keys, n, vals, "set");
-
-	if (rc || !n)
-		return rc;
-	for (size_t i = 0; i < n; i++)
-		if (hot_index(h, keys[i]) >= 0) {
-			ferry_err(
-				"set: key %llu of table %u is hot; hot keys change by pushes only "
-				"(they start at the table's init); nothing of this call is set",
-				(unsigned long long)keys[i], t->id);
-			return -EINVAL;
-		}
-	return hot_inner(h, w, FERRY_OP_SET, keys, n, vals, NULL);
-}
-
-static const struct ferry_cons_hooks hot_hooks = {
-	.pull = hot_pull,
-	.push = hot_push,
-	.set = hot_set,
-};
-
 /* ---- flush, life ------------------------------------------------------------ */
 
 int ferry__hot_flush(struct ferry_table *t)
@@ -860,19 +557,6 @@ int ferry__hot_flush(struct ferry_table *t)
 	}
 	pthread_mutex_unlock(&h->lock);
 	return rc;
-}
-
-bool ferry__hot_pending(struct ferry_table *t)
-{
-	struct ferry_hot *h = t->hot;
-	bool p;
-
-	if (!h)
-		return false;
-	pthread_mutex_lock(&h->lock);
-	p = h->ndirty || h->done < h->taken;
-	pthread_mutex_unlock(&h->lock);
-	return p;
 }
 
 int ferry__hot_stats(struct ferry_table *t, struct ferry_hot_stats *st)
@@ -946,7 +630,7 @@ int ferry__hot_table_init(struct ferry_table *t)
 				  (uint32_t)(h->offs[i + 1] - h->offs[i]));
 	h->inner = t->cons_hooks;
 	t->params.hot_keys = NULL; /* the caller's array: copied */
-	t->cons_hooks = &hot_hooks;
+	t->cons_hooks = &ferry__hot_hooks;
 	t->hot = h;
 	return 0;
 nomem:
