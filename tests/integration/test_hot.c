@@ -534,3 +534,34 @@ Test(hot, bad_parameters_and_calls_are_refused_with_a_log_line, .timeout = 60)
 	ferry_worker_destroy(w);
 	tc_close(&c);
 }
+
+/* a node closed with its hot table never destroyed: the sync thread stops
+ * before the transport goes (ferry_close's cons_close hook); the sanitizer
+ * builds see any use of the transport after it */
+Test(hot, nodes_closed_with_a_hot_table_stop_its_sync_first, .timeout = 60)
+{
+	struct ferry_table_params tp;
+	struct ferry_worker *w;
+	struct tc c;
+
+	hot_params(&tp, FERRY_CONS_SEQUENTIAL, 1);
+	cr_assert_eq(tc_open(&c, 2, &tp, 10000), 0);
+	for (int r = 0; r < 2; r++) {
+		float d[VLEN] = { 1, 1 };
+
+		cr_assert_eq(ferry_worker_create(c.fy[r], &w), 0);
+		for (int i = 0; i < 200; i++) {
+			uint64_t k = hot_keys[i % NHOT];
+
+			cr_assert_eq(ferry_push(w, c.t[r], &k, 1, d), 0);
+		}
+		ferry_worker_destroy(w);
+	}
+	/* close while frames are still going, tables not destroyed */
+	for (int r = 0; r < 2; r++) {
+		c.t[r] = NULL;
+		ferry_close(c.fy[r]);
+		c.fy[r] = NULL;
+	}
+	tc_close(&c);
+}
