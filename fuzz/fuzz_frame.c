@@ -97,6 +97,19 @@ static void walk(const uint8_t *buf, size_t len, const struct ferry_proto_limits
 		for (uint32_t i = 0; i < v->count; i++)
 			sum += v->arenas[i].addr + v->arenas[i].inbox_entries;
 	}
+	if (hdr->type == FERRY_MSG_HOT_PUSH) {
+		/* hot-key deltas (lib/cons/hot.c): entries ascending, values after */
+		const struct ferry_msg_hot_ent *es = v->data;
+
+		in_frame(buf, len, es, (size_t)v->count * sizeof(*es));
+		for (uint32_t i = 0; i < v->count; i++) {
+			if ((i && es[i].idx <= es[i - 1].idx) || !es[i].len)
+				abort();
+			nvals += es[i].len;
+		}
+		if (nvals != v->nvals)
+			abort();
+	}
 	if (v->nvals && v->codes) {
 		/* a compressed push: 16-bit codes instead of floats */
 		if (v->vals || hdr->type != FERRY_MSG_OP ||

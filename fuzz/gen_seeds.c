@@ -157,6 +157,26 @@ static void frames(void)
 		c->rkey = 0x5678;
 		seed_frame("chunk-inbox", &f, FERRY_MSG_CHUNK, 1, 3);
 	}
+	{
+		/* hot-key deltas (lib/cons/hot.c): two entries, then their values */
+		struct ferry_msg_hot_push *h;
+		struct ferry_msg_hot_ent *e;
+
+		ferry__frame_begin(&f);
+		h = ferry__frame_put(&f, sizeof(*h));
+		h->seq = 1;
+		h->count = 2;
+		e = ferry__frame_put(&f, 2 * sizeof(*e));
+		e[0] = (struct ferry_msg_hot_ent){ .idx = 0, .len = 2 };
+		e[1] = (struct ferry_msg_hot_ent){ .idx = 5, .len = 2 };
+		for (int i = 0; i < 4; i++)
+			*(float *)ferry__frame_put(&f, sizeof(float)) = (float)i;
+		seed_frame("hot-push", &f, FERRY_MSG_HOT_PUSH, 1, 3);
+		ferry__frame_begin(&f);
+		((struct ferry_msg_hot_ack *)ferry__frame_put(&f, sizeof(struct ferry_msg_hot_ack)))
+			->seq = 1;
+		seed_frame("hot-ack", &f, FERRY_MSG_HOT_ACK, 1, 3);
+	}
 	ferry__frame_begin(&f);
 	ferry__frame_put(&f, sizeof(struct ferry_msg_table));
 	seed_frame("table", &f, FERRY_MSG_TABLE, 1, 3);

@@ -83,6 +83,9 @@ void ferry_close(struct ferry *fy)
 	m = ferry__mgr_detach(fy);
 	/* no heartbeat goes once the node starts to leave */
 	ferry__heartbeat_stop(fy);
+	/* hot keys' sync threads send; they stop before the transport goes */
+	if (fy->cons_close)
+		fy->cons_close(fy);
 	/* destroyed tables still registered with the transport go first */
 	ferry__table_close(fy);
 	ferry__node_close(fy);

@@ -15,12 +15,21 @@
  * workers over the time from the start until the last worker finished. Keys are placed by hash, so a random key
  * is remote with probability (N-1)/N.
  *
+ * --zipf S draws keys from a Zipf law of exponent S (key k with weight
+ * 1 / (k + 1)^S: key 0 is the most used) instead of uniformly. --hot H
+ * measures hot keys (docs/consistency.md, "Hot keys") instead of the four
+ * models: SEQUENTIAL and EVENTUAL, each without and with keys 0 .. H-1 hot
+ * (the H most used under --zipf), the same keys and draws, ratios to
+ * SEQUENTIAL without hot keys. --hot-sync-ms sets their interval.
+ *
  *   ferry-cons-bench [--nodes 4] [--workers 2] [--keys 100000] [--len 8]
  *                    [--batch 16] [--clock-every 10] [--iters 2000]
  *                    [--rounds 2] [--staleness 2] [--transport tcp|loop|rdma]
+ *                    [--zipf S] [--hot H] [--hot-sync-ms MS]
  */
 #include <errno.h>
 #include <getopt.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -39,6 +48,11 @@ struct cb_cfg {
 	long iters;
 	int push; /* this run: 1 pushes, 0 pulls */
 	enum ferry_transport_kind transport;
+	double zipf;  /* 0: uniform keys */
+	double *cdf;  /* --zipf: keys' cumulative weights */
+	uint32_t hot; /* --hot: keys 0 .. hot-1 hot in the runs that have them */
+	uint32_t hot_sync_ms;
+	uint64_t *hot_keys;
 };
 
 struct cb_node {
@@ -74,6 +88,27 @@ static uint64_t cb_rand(uint64_t *s)
 	return *s;
 }
 
+/* a key: uniform, or by the Zipf law's cumulative weights */
+static uint64_t cb_key(const struct cb_cfg *cfg, uint64_t *seed)
+{
+	double u;
+	uint64_t lo = 0, hi;
+
+	if (!cfg->cdf)
+		return cb_rand(seed) % cfg->keys;
+	u = (double)(cb_rand(seed) >> 11) * 0x1p-53;
+	hi = cfg->keys - 1;
+	while (lo < hi) {
+		uint64_t mid = lo + (hi - lo) / 2;
+
+		if (cfg->cdf[mid] < u)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
 static void *cb_worker_main(void *p)
 {
 	struct cb_worker *a = p;
@@ -95,7 +130,7 @@ static void *cb_worker_main(void *p)
 		ones[i] = 1;
 	for (long it = 0; it < cfg->iters; it++) {
 		for (int i = 0; i < cfg->batch; i++)
-			keys[i] = cb_rand(&seed) % cfg->keys;
+			keys[i] = cb_key(cfg, &seed);
 		if (!cfg->push) {
 			rc = ferry_pull(w, nd->t, keys, (size_t)cfg->batch, vals);
 			if (rc)
@@ -216,7 +251,7 @@ static void *cb_create_main(void *p)
 
 /* one run of @model; *@rate_p: key operations per second (pulls or pushes) */
 static int cb_measure(const struct cb_cfg *cfg, struct ferry **fys, enum ferry_consistency model,
-		      double *rate_p, double *stale_mean_p, double *hit_p)
+		      int hot, double *rate_p, double *stale_mean_p, double *hit_p)
 {
 	struct ferry_table_params tp = {
 		.num_keys = cfg->keys,
@@ -226,6 +261,9 @@ static int cb_measure(const struct cb_cfg *cfg, struct ferry **fys, enum ferry_c
 		.consistency = model,
 		.staleness = model == FERRY_CONS_SSP || model == FERRY_CONS_ESSP ? cfg->staleness :
 										   0,
+		.hot_keys = hot ? cfg->hot_keys : NULL,
+		.hot_count = hot ? cfg->hot : 0,
+		.hot_sync_ms = hot ? cfg->hot_sync_ms : 0,
 	};
 	struct cb_node nd[MAXN];
 	struct cb_create cc[MAXN];
@@ -300,7 +338,7 @@ static int cb_usage(void)
 {
 	fprintf(stderr, "usage: ferry-cons-bench [--nodes N] [--workers W] [--keys K] [--len L] "
 			"[--batch B] [--clock-every C] [--iters I] [--rounds R] [--staleness S] "
-			"[--transport tcp|loop|rdma]\n");
+			"[--transport tcp|loop|rdma] [--zipf S] [--hot H] [--hot-sync-ms MS]\n");
 	return 2;
 }
 
@@ -317,9 +355,18 @@ int main(int argc, char **argv)
 		{ "rounds", required_argument, NULL, 'r' },
 		{ "staleness", required_argument, NULL, 's' },
 		{ "transport", required_argument, NULL, 'T' },
+		{ "zipf", required_argument, NULL, 'z' },
+		{ "hot", required_argument, NULL, 'H' },
+		{ "hot-sync-ms", required_argument, NULL, 'S' },
 		{ 0 },
 	};
-	static const char *const names[] = { "seq", "eventual", "ssp", "essp" };
+	static const char *const mnames[] = { "seq", "eventual", "ssp", "essp" };
+	static const char *const hnames[] = { "seq", "seq+hot", "eventual", "eventual+hot" };
+	/* the runs: the four models, or (--hot) two models without and with hot keys */
+	static const int mmodel[] = { 0, 1, 2, 3 }, mhot[] = { 0, 0, 0, 0 };
+	static const int hmodel[] = { 0, 0, 1, 1 }, hhot[] = { 0, 1, 0, 1 };
+	const char *const *names;
+	const int *model, *hot;
 	struct cb_cfg cfg = { .nodes = 4,
 			      .workers = 2,
 			      .batch = 16,
@@ -365,6 +412,15 @@ int main(int argc, char **argv)
 		case 's':
 			cfg.staleness = (uint32_t)atoi(optarg);
 			break;
+		case 'z':
+			cfg.zipf = atof(optarg);
+			break;
+		case 'H':
+			cfg.hot = (uint32_t)atoi(optarg);
+			break;
+		case 'S':
+			cfg.hot_sync_ms = (uint32_t)atoi(optarg);
+			break;
 		case 'T':
 			if (!strcmp(optarg, "tcp"))
 				cfg.transport = FERRY_TRANSPORT_TCP;
@@ -381,8 +437,29 @@ int main(int argc, char **argv)
 	}
 	if (cfg.nodes < 1 || cfg.nodes > MAXN || cfg.workers < 1 || cfg.workers > 64 ||
 	    cfg.batch < 1 || cfg.clock_every < 1 || cfg.rounds < 1 || cfg.len < 1 ||
-	    cfg.keys < (uint64_t)cfg.nodes || cfg.iters < 1)
+	    cfg.keys < (uint64_t)cfg.nodes || cfg.iters < 1 || cfg.zipf < 0 || cfg.hot > cfg.keys)
 		return cb_usage();
+	names = cfg.hot ? hnames : mnames;
+	model = cfg.hot ? hmodel : mmodel;
+	hot = cfg.hot ? hhot : mhot;
+	if (cfg.zipf > 0) {
+		double sum = 0;
+
+		cfg.cdf = malloc(cfg.keys * sizeof(*cfg.cdf));
+		if (!cfg.cdf)
+			return 1;
+		for (uint64_t k = 0; k < cfg.keys; k++)
+			cfg.cdf[k] = sum += pow((double)(k + 1), -cfg.zipf);
+		for (uint64_t k = 0; k < cfg.keys; k++)
+			cfg.cdf[k] /= sum;
+	}
+	if (cfg.hot) {
+		cfg.hot_keys = malloc(cfg.hot * sizeof(*cfg.hot_keys));
+		if (!cfg.hot_keys)
+			return 1;
+		for (uint32_t k = 0; k < cfg.hot; k++)
+			cfg.hot_keys[k] = k;
+	}
 	ferry_params_init(&fp);
 	fp.transport = cfg.transport;
 	rc = ferry_local_cluster_open(cfg.nodes, &fp, fys);
@@ -393,22 +470,24 @@ int main(int argc, char **argv)
 	}
 	printf("ferry-cons-bench: %d nodes x %d workers, %llu keys of %u floats (hash placed), "
 	       "batches of %d, a clock every %d iterations, staleness %u, %ld iterations per "
-	       "worker x %d rounds\n",
+	       "worker x %d rounds; keys %s (exponent %.2f); %u hot keys\n",
 	       cfg.nodes, cfg.workers, (unsigned long long)cfg.keys, cfg.len, cfg.batch,
-	       cfg.clock_every, cfg.staleness, cfg.iters, cfg.rounds);
+	       cfg.clock_every, cfg.staleness, cfg.iters, cfg.rounds,
+	       cfg.zipf > 0 ? "Zipf" : "uniform", cfg.zipf, cfg.hot);
 	for (int r = 0; r < cfg.rounds && !rc; r++)
 		for (int m = 0; m < 4 && !rc; m++) {
 			double pl, ps, st, st2, hit, hit2;
 
 			cfg.push = 0;
-			rc = cb_measure(&cfg, fys, (enum ferry_consistency)m, &pl, &st, &hit);
+			rc = cb_measure(&cfg, fys, (enum ferry_consistency)model[m], hot[m], &pl,
+					&st, &hit);
 			cfg.push = 1;
 			if (!rc)
-				rc = cb_measure(&cfg, fys, (enum ferry_consistency)m, &ps, &st2,
-						&hit2);
+				rc = cb_measure(&cfg, fys, (enum ferry_consistency)model[m], hot[m],
+						&ps, &st2, &hit2);
 			if (rc)
 				break;
-			printf("  round %d %-8s pulls %10.0f keys/s  pushes %10.0f keys/s  pulls: "
+			printf("  round %d %-12s pulls %10.0f keys/s  pushes %10.0f keys/s  pulls: "
 			       "mean staleness %.2f clocks, %.0f%% from the copy (the check's "
 			       "reads included)\n",
 			       r + 1, names[m], pl, ps, st, 100 * hit);
@@ -417,14 +496,16 @@ int main(int argc, char **argv)
 			stale[m] += st / cfg.rounds;
 		}
 	if (!rc) {
-		printf("%-8s %14s %14s %10s %10s %10s\n", "model", "pulls keys/s", "pushes keys/s",
+		printf("%-12s %14s %14s %10s %10s %10s\n", "model", "pulls keys/s", "pushes keys/s",
 		       "pull x seq", "push x seq", "staleness");
 		for (int m = 0; m < 4; m++)
-			printf("%-8s %14.0f %14.0f %10.2f %10.2f %10.2f\n", names[m], pulls[m],
+			printf("%-12s %14.0f %14.0f %10.2f %10.2f %10.2f\n", names[m], pulls[m],
 			       pushes[m], pulls[m] / pulls[0], pushes[m] / pushes[0], stale[m]);
 		printf("every key's sum after each run equals the pushes counted\n");
 	}
 	for (int i = 0; i < cfg.nodes; i++)
 		ferry_close(fys[i]);
+	free(cfg.cdf);
+	free(cfg.hot_keys);
 	return rc ? 1 : 0;
 }

@@ -273,7 +273,24 @@ struct ferry_table_params {
 	 */
 	enum ferry_push_codec push_codec;
 	uint32_t codec_keys;
+	/*
+	 * Hot keys (NuPS; docs/consistency.md, "Hot keys"): hot_keys[0 ..
+	 * hot_count) have a replica on every node. A pull of one reads this
+	 * node's replica; a push adds to it and to this node's deltas, which
+	 * every node sends to every other in the background, every
+	 * hot_sync_ms (0: 10; at most 60000), summed per key, applied once at
+	 * every replica. ferry_flush() sends them at once and waits until
+	 * every node applied them. A set of a hot key is -EINVAL (they start
+	 * at params.init). With SSP or ESSP a clock also sends them, and
+	 * the bound holds for them. Distinct keys below num_keys, at most
+	 * FERRY_HOT_MAX; not with sparse or push_codec. Must agree.
+	 */
+	const uint64_t *hot_keys;
+	uint32_t hot_count;
+	uint32_t hot_sync_ms;
 };
+
+#define FERRY_HOT_MAX 65536u /* most hot keys of a table */
 
 /**
  * ferry_table_create - create a table on every node (collective)

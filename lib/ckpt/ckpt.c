@@ -263,6 +263,12 @@ int ferry_table_checkpoint_start(struct ferry_table *t, const char *dir,
 	if (!t || !dir || !*dir || !ck_p)
 		return -EINVAL;
 	fy = t->fy;
+	if (t->params.hot_count) {
+		ferry_err("checkpoint: table %u has hot keys, whose replicas a checkpoint does "
+			  "not hold yet; checkpoint a table without hot_keys",
+			  t->id);
+		return -EOPNOTSUPP;
+	}
 	if (strlen(dir) + 64 > PATH_MAX) {
 		ferry_err("checkpoint: folder name too long (%zu bytes)", strlen(dir));
 		return -EINVAL;

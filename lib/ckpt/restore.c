@@ -469,6 +469,12 @@ int ferry_table_restore(struct ferry_table *t, const char *dir)
 	if (!t || !dir || !*dir)
 		return -EINVAL;
 	fy = t->fy;
+	if (t->params.hot_count) {
+		ferry_err("restore: table %u has hot keys, whose replicas a restore does not "
+			  "set yet; restore into a table without hot_keys",
+			  t->id);
+		return -EOPNOTSUPP;
+	}
 	if (strlen(dir) + 64 > PATH_MAX) {
 		ferry_err("restore: folder name too long (%zu bytes)", strlen(dir));
 		return -EINVAL;

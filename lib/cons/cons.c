@@ -583,6 +583,10 @@ static int cons_advance(struct ferry_cons_node *cn, struct ferry_worker *w)
 			trc = cons_table_flush(t->cons, w,
 					       ((struct cons_table *)t->cons)->model ==
 						       FERRY_CONS_EVENTUAL);
+			/* SSP, ESSP: hot deltas of the clocks below target are
+			 * applied at every replica before the CLOCK goes */
+			if (!trc && t->hot && cons_ssp(t->cons))
+				trc = ferry__hot_flush(t);
 			if (trc && !rc)
 				rc = trc;
 		}
@@ -659,6 +663,17 @@ int ferry_flush(struct ferry_worker *w, struct ferry_table *t)
 		return -EINVAL;
 	if (t->params.push_codec)
 		return ferry__codec_flush(w, t); /* SEQUENTIAL only (codec.h) */
+	if (t->hot) {
+		if (!w || w->fy != t->fy) {
+			ferry_err(
+				"flush: %s worker for table %u; pass a worker of the table's node",
+				w ? "another node's" : "a NULL", t->id);
+			return -EINVAL;
+		}
+		rc = ferry__hot_flush(t);
+		if (rc)
+			return rc;
+	}
 	if (!t->cons)
 		return 0;
 	rc = cons_check(w, t, NULL, 0, NULL, "flush");
@@ -689,6 +704,15 @@ static int cons_barrier(struct ferry *fy, int after)
 	int rc = 0;
 
 	pthread_mutex_lock(&cn->flush_lock);
+	for (uint32_t id = 0; id < FERRY_MAX_TABLES && !rc && !after; id++) {
+		struct ferry_table *t;
+
+		pthread_mutex_lock(&cn->lock);
+		t = cn->hot[id];
+		pthread_mutex_unlock(&cn->lock);
+		if (t)
+			rc = ferry__hot_flush(t);
+	}
 	for (uint32_t id = 0; id < FERRY_MAX_TABLES && !rc; id++) {
 		struct ferry_table *t;
 		struct cons_table *ct;
@@ -724,6 +748,25 @@ static int cons_barrier(struct ferry *fy, int after)
 	return rc;
 }
 
+/* ferry_close(): the hot keys' sync threads stop before the transport goes
+ * (a table not destroyed yet is freed after it) */
+static void cons_close(struct ferry *fy)
+{
+	struct ferry_cons_node *cn = fy->cons;
+
+	pthread_mutex_lock(&cn->flush_lock);
+	for (uint32_t id = 0; id < FERRY_MAX_TABLES; id++) {
+		struct ferry_table *t;
+
+		pthread_mutex_lock(&cn->lock);
+		t = cn->hot[id];
+		pthread_mutex_unlock(&cn->lock);
+		if (t)
+			ferry__hot_stop(t);
+	}
+	pthread_mutex_unlock(&cn->flush_lock);
+}
+
 static void cons_node_free(void *p)
 {
 	struct ferry_cons_node *cn = p;
@@ -754,11 +797,14 @@ int ferry__cons_attach(struct ferry *fy)
 	fy->cons_worker_new = cons_worker_new;
 	fy->cons_worker_gone = cons_worker_gone;
 	fy->cons_barrier = cons_barrier;
+	fy->cons_close = cons_close;
 	rc = ferry__cons_clock_attach(fy, cn);
+	if (!rc)
+		rc = ferry__hot_attach(fy);
 	return rc ? rc : ferry__cons_push_attach(fy);
 }
 
-int ferry__cons_table_init(struct ferry_table *t)
+static int cons_model_init(struct ferry_table *t)
 {
 	struct cons_table *ct;
 	int rc;
@@ -795,10 +841,25 @@ int ferry__cons_table_init(struct ferry_table *t)
 	return 0;
 }
 
+int ferry__cons_table_init(struct ferry_table *t)
+{
+	int rc = cons_model_init(t);
+
+	/* hot keys wrap the model's hooks: after them */
+	return rc ? rc : ferry__hot_table_init(t);
+}
+
 void ferry__cons_table_publish(struct ferry_table *t)
 {
 	struct cons_table *ct = t->cons;
 
+	if (t->hot && !ferry__hot_table_publish(t)) {
+		struct ferry_cons_node *cn = t->fy->cons;
+
+		pthread_mutex_lock(&cn->lock);
+		cn->hot[t->id] = t;
+		pthread_mutex_unlock(&cn->lock);
+	}
 	if (!ct)
 		return;
 	pthread_mutex_lock(&ct->cn->flush_lock);
@@ -811,8 +872,21 @@ void ferry__cons_table_publish(struct ferry_table *t)
 
 void ferry__cons_table_fini(struct ferry_table *t)
 {
-	struct cons_table *ct = t->cons;
+	struct cons_table *ct;
 
+	if (t->hot) {
+		struct ferry_cons_node *cn = t->fy->cons;
+
+		/* flush_lock: a barrier's flush of the table is not under way */
+		pthread_mutex_lock(&cn->flush_lock);
+		pthread_mutex_lock(&cn->lock);
+		if (cn->hot[t->id] == t)
+			cn->hot[t->id] = NULL;
+		pthread_mutex_unlock(&cn->lock);
+		pthread_mutex_unlock(&cn->flush_lock);
+		ferry__hot_table_fini(t);
+	}
+	ct = t->cons;
 	if (!ct)
 		return;
 	if (ct->published) {

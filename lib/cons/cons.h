@@ -9,8 +9,12 @@
  *       \---> map.c       a table's per-node entries: cached values with the
  *        \                clock each is fresh to, unsent deltas, deltas in
  *         \               flight
- *          --> push.c     numbered push batches (CONS_PUSH, CONS_ACK): each
- *                         delta applied once, held until acknowledged
+ *         |--> push.c     numbered push batches (CONS_PUSH, CONS_ACK): each
+ *         |               delta applied once, held until acknowledged
+ *          --> hot.c      hot keys (NuPS): a replica on every node, deltas
+ *               \         synced in the background (HOT_PUSH, HOT_ACK)
+ *                --> hotops.c  their pulls, pushes, sets; the hooks wrap the
+ *                         model's (or the sequential path) for the other keys
  *
  * docs/consistency.md ("Models") states each model's guarantee and cost.
  */
@@ -188,6 +192,39 @@ int ferry__cons_push_attach(struct ferry *fy);
 int ferry__cons_rx_init(struct cons_table *ct);
 void ferry__cons_rx_fini(struct cons_table *ct);
 
+/* ---- hot.c: hot keys (docs/consistency.md, "Hot keys") ---- */
+
+/* what one node's hot keys of a table did (tests, bench) */
+struct ferry_hot_stats {
+	uint64_t keys, bytes;	 /* hot keys; bytes held for them here */
+	uint64_t reads, pushes;	 /* keys read from / pushed to the replicas */
+	uint64_t batches;	 /* batches of deltas this node sent */
+	uint64_t frames_sent;	 /* their frames, each sent to every other node */
+	uint64_t frames_resent;	 /* frames sent again (unanswered) */
+	uint64_t frames_applied; /* other nodes' frames applied here */
+	uint64_t frames_again;	 /* ... that came again and were not applied again */
+};
+
+/* table parameters: 0, or -EINVAL / -ENOMEM with a log line */
+int ferry__hot_check(const struct ferry_table_params *p);
+/* what every node must agree on: count and keys, in any order */
+uint64_t ferry__hot_hash(const struct ferry_table_params *p);
+int ferry__hot_attach(struct ferry *fy);
+/* replicas at their initial values, the hooks wrapped (creation) */
+int ferry__hot_table_init(struct ferry_table *t);
+/* the table exists everywhere: the sync thread starts */
+int ferry__hot_table_publish(struct ferry_table *t);
+/* stop the sync thread (its unsent deltas stay, a flush then waits in
+ * vain); the application thread that closes or destroys */
+void ferry__hot_stop(struct ferry_table *t);
+/* stop the sync thread, free (after an RCU grace period); any number of times */
+void ferry__hot_table_fini(struct ferry_table *t);
+/* send this node's hot deltas now and wait until every live node applied
+ * them. Return: 0, -ETIMEDOUT (kept, sent again), -FERRY_E_CLOSED. Context:
+ * an application thread. */
+int ferry__hot_flush(struct ferry_table *t);
+int ferry__hot_stats(struct ferry_table *t, struct ferry_hot_stats *st);
+
 /* ---- clock.c: the node's clocks ---- */
 
 struct ferry_cons_node {
@@ -206,6 +243,8 @@ struct ferry_cons_node {
 	/* this node's tables with a model: flushes walk them (flush_lock and
 	 * lock to change; lock to read) */
 	struct ferry_table *tabs[FERRY_MAX_TABLES];
+	/* this node's tables with hot keys (hot.c): barriers flush them (lock) */
+	struct ferry_table *hot[FERRY_MAX_TABLES];
 	/* push.c: keys answered from the record (a batch's key that came
 	 * again and was not applied again); FERRY_CONS_FAULT_EVERY (tests):
 	 * N, and the CONS_PUSH frames received and sent so far */

@@ -176,6 +176,9 @@ struct ferry_table {
 	 * the request path in turn (so a pointer, set by lib/table/) */
 	int (*codec_push)(struct ferry_worker *w, struct ferry_table *t, const uint64_t *keys,
 			  size_t n, const float *deltas);
+	/* hot keys: their replicas and deltas (lib/cons/hot.c); read by the
+	 * progress thread under RCU, freed after a grace period */
+	void *hot;
 };
 
 struct ferry_worker;
@@ -316,6 +319,8 @@ struct ferry {
 	/* ferry_barrier() calls it with after = 0 before it enters (flush what
 	 * this node buffered) and after = 1 once released (drop cached copies) */
 	int (*cons_barrier)(struct ferry *fy, int after);
+	/* ferry_close(), before the transport goes: lib/cons/'s own threads stop */
+	void (*cons_close)(struct ferry *fy);
 	atomic_uint_fast64_t staleness[FERRY_STALENESS_BUCKETS];
 	atomic_uint_fast64_t cons_hits, cons_misses, cons_refreshed;
 	/* failure detector (heartbeat.c): per rank, set when a frame arrives

@@ -104,6 +104,10 @@ static size_t proto_body_size(uint8_t type)
 		return sizeof(struct ferry_msg_cons_push);
 	case FERRY_MSG_CONS_ACK:
 		return sizeof(struct ferry_msg_cons_ack);
+	case FERRY_MSG_HOT_PUSH:
+		return sizeof(struct ferry_msg_hot_push);
+	case FERRY_MSG_HOT_ACK:
+		return sizeof(struct ferry_msg_hot_ack);
 	case FERRY_MSG_COLL:
 	case FERRY_MSG_COLL_ACK:
 	case FERRY_MSG_COLL_KICK:
@@ -219,6 +223,40 @@ static int proto_parse_cons_push(const uint8_t *p, size_t left,
 		PROTO_FAIL("cons push: value bytes differ from the keys' lengths");
 	v->count = m->count;
 	v->data = ks;
+	v->vals = (const float *)p;
+	v->nvals = nvals;
+	return 0;
+}
+
+/* HOT_PUSH: count entries, idx ascending, each len that of a value (the
+ * handler checks idx and len against the table's hot keys), then their
+ * values */
+static int proto_parse_hot_push(const uint8_t *p, size_t left, struct ferry_proto_view *v,
+				const char **why_p)
+{
+	const struct ferry_msg_hot_push *m = v->body;
+	const struct ferry_msg_hot_ent *es = (const struct ferry_msg_hot_ent *)p;
+	size_t nvals = 0;
+
+	if (m->seq == 0)
+		PROTO_FAIL("hot push: frame number 0");
+	if (m->count == 0 || m->pad)
+		PROTO_FAIL("hot push: no entries, or a nonzero pad");
+	if (m->count > left / sizeof(*es))
+		PROTO_FAIL("hot push: entry count exceeds the frame");
+	for (uint32_t i = 0; i < m->count; i++) {
+		if (i && es[i].idx <= es[i - 1].idx)
+			PROTO_FAIL("hot push: entries not in ascending order");
+		if (es[i].len == 0 || es[i].len > (1u << 22))
+			PROTO_FAIL("hot push: value length out of range");
+		nvals += es[i].len;
+	}
+	p += (size_t)m->count * sizeof(*es);
+	left -= (size_t)m->count * sizeof(*es);
+	if (nvals > left / sizeof(float) || !proto_pad_ok(left, nvals * sizeof(float)))
+		PROTO_FAIL("hot push: value bytes differ from the entries' lengths");
+	v->count = m->count;
+	v->data = es;
 	v->vals = (const float *)p;
 	v->nvals = nvals;
 	return 0;
@@ -558,6 +596,19 @@ int ferry__proto_parse(const void *buf, size_t len, const struct ferry_proto_lim
 		}
 		if (!proto_pad_ok(left, (size_t)m->count * sizeof(struct ferry_msg_cons_st)))
 			PROTO_FAIL("cons ack: trailing bytes after the answers");
+		return 0;
+	}
+	case FERRY_MSG_HOT_PUSH:
+		if (!lim)
+			PROTO_FAIL("hot push: no table");
+		return proto_parse_hot_push(p, left, view, why_p);
+	case FERRY_MSG_HOT_ACK: {
+		const struct ferry_msg_hot_ack *m = view->body;
+
+		if (!lim || m->seq == 0)
+			PROTO_FAIL("hot ack: no table, or frame number 0");
+		if (!proto_pad_ok(left, 0))
+			PROTO_FAIL("trailing bytes after the body");
 		return 0;
 	}
 	case FERRY_MSG_REPL_SYNC: {

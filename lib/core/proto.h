@@ -268,6 +268,11 @@ struct ferry_msg_table {
 	/* TABLE (replication): backups per key, which must agree */
 	uint32_t replicas;
 	uint32_t pad2;
+	/* TABLE: hot keys (lib/cons/hot.c), which must agree: their count,
+	 * the sync interval and a hash of the sorted keys */
+	uint32_t hot_count;
+	uint32_t hot_sync_ms;
+	uint64_t hot_hash;
 };
 
 /* FERRY_MSG_CLOCK (node scope): the sender's clock, which never goes down;
@@ -310,6 +315,29 @@ struct ferry_msg_cons_st {
 	uint32_t hint;	/* -EAGAIN: the rank to try next (world: none) */
 };
 
+/*
+ * FERRY_MSG_HOT_PUSH (table scope): frame @seq of the sender's hot-key
+ * deltas (lib/cons/hot.c), numbered from 1 per (sender, table); @count
+ * entries (idx ascending), then their values. A receiver applies frame seq
+ * only right after seq - 1, once, and answers HOT_ACK with the last frame it
+ * applied from the sender.
+ */
+struct ferry_msg_hot_push {
+	uint64_t seq;
+	uint32_t count;
+	uint32_t pad;
+};
+
+struct ferry_msg_hot_ent {
+	uint32_t idx; /* position in the table's sorted hot keys */
+	uint32_t len; /* floats of the key's value */
+};
+
+/* FERRY_MSG_HOT_ACK (table scope): every frame up to @seq is applied */
+struct ferry_msg_hot_ack {
+	uint64_t seq;
+};
+
 /* TABLE_ACK (one-sided transports): world entries after the body, rank order:
  * each rank's arena (remote read) and landing inbox (remote write) */
 struct ferry_msg_arena {
@@ -334,6 +362,7 @@ enum ferry_table_field {
 	FERRY_TF_SPARSE,
 	FERRY_TF_CONSISTENCY,
 	FERRY_TF_REPLICAS,
+	FERRY_TF_HOT,
 };
 
 /* what a frame's keys are checked against */

@@ -658,9 +658,11 @@ int ferry__ops_async(struct ferry_worker *w, struct ferry_table *t, uint8_t op,
 	if (t && t->cons_hooks && op != FERRY_REQ_LOCALIZE) {
 		/* lib/cons/ buffers and caches per node; a ticket would promise
 		 * an order and a completion it does not keep */
-		ferry_err("%s_start: table %u has a consistency model other than SEQUENTIAL; "
-			  "use ferry_%s (it does not wait for the owner there)",
-			  ferry__ops_name(op), t->id, ferry__ops_name(op));
+		ferry_err("%s_start: table %u has %s; use ferry_%s (it does not wait for the "
+			  "owner there)",
+			  ferry__ops_name(op), t->id,
+			  t->hot ? "hot keys" : "a consistency model other than SEQUENTIAL",
+			  ferry__ops_name(op));
 		return -EOPNOTSUPP;
 	}
 	idx = ops_start(w, t, op, keys, n, in, out, 1, &ticket, 0, start);

@@ -31,6 +31,7 @@ static const char *const table_field_names[] = {
 	[FERRY_TF_SPARSE] = "sparse",
 	[FERRY_TF_CONSISTENCY] = "consistency/staleness",
 	[FERRY_TF_REPLICAS] = "replicas",
+	[FERRY_TF_HOT] = "hot_keys/hot_count/hot_sync_ms",
 };
 
 static uint32_t table_diff(const struct ferry_msg_table *a, const struct ferry_msg_table *b)
@@ -59,6 +60,9 @@ static uint32_t table_diff(const struct ferry_msg_table *a, const struct ferry_m
 		return FERRY_TF_CONSISTENCY;
 	if (a->replicas != b->replicas)
 		return FERRY_TF_REPLICAS;
+	if (a->hot_count != b->hot_count || a->hot_sync_ms != b->hot_sync_ms ||
+	    a->hot_hash != b->hot_hash)
+		return FERRY_TF_HOT;
 	return FERRY_TF_NONE;
 }
 
@@ -310,7 +314,7 @@ static int table_check_params(const struct ferry_table_params *p)
 			  "table (num_keys) or replicas 0");
 		return -EINVAL;
 	}
-	if (ferry__codec_check(p))
+	if (ferry__codec_check(p) || ferry__hot_check(p))
 		return -EINVAL;
 	if (p->capacity > 0xffffffffull) {
 		ferry_err("table: capacity %llu is above 2^32-1 slots",
@@ -497,6 +501,9 @@ static int table_build(struct ferry *fy, const struct ferry_table_params *p, str
 		.consistency = (uint32_t)p->consistency,
 		.staleness = p->staleness,
 		.replicas = p->replicas,
+		.hot_count = p->hot_count,
+		.hot_sync_ms = p->hot_sync_ms,
+		.hot_hash = ferry__hot_hash(p),
 	};
 	/* one-sided access starts only once every arena is known (create) */
 	if (t->peer_chunks) {

@@ -268,7 +268,10 @@ static int ssp_node(struct tc *c, int rank, void *arg)
 	return rc;
 }
 
-static void ssp_history(enum ferry_consistency model, uint32_t s)
+/* hot keys of the SSP runs that have them: every other key (lib/cons/hot.c) */
+static const uint64_t ssp_hot[SSP_KEYS / 2] = { 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22 };
+
+static void ssp_history_hot(enum ferry_consistency model, uint32_t s, bool hot)
 {
 	struct ferry_table_params tp;
 	struct ssp_run *run = calloc(1, sizeof(*run));
@@ -281,6 +284,11 @@ static void ssp_history(enum ferry_consistency model, uint32_t s)
 	pthread_mutex_init(&run->why_lock, NULL);
 	pthread_barrier_init(&run->start, NULL, NW);
 	cons_params(&tp, model, s, SSP_KEYS, NW);
+	if (hot) {
+		tp.hot_keys = ssp_hot;
+		tp.hot_count = SSP_KEYS / 2;
+		tp.hot_sync_ms = 50; /* longer than a clock: the clocks must flush them */
+	}
 	cr_assert_eq(tc_open(&c, NODES, &tp, 20000), 0);
 	cr_assert_eq(tc_run(&c, ssp_node, run), 0, "%s", run->why);
 	cr_assert_eq(atomic_load(&run->errors), 0);
@@ -306,6 +314,28 @@ static void ssp_history(enum ferry_consistency model, uint32_t s)
 		cr_assert(stale > 0, "no read was ever behind: the cache is not used");
 	tc_close(&c);
 	free(run);
+}
+
+static void ssp_history(enum ferry_consistency model, uint32_t s)
+{
+	ssp_history_hot(model, s, false);
+}
+
+/* half of the keys hot: each read mixes replicas and copies; the bound
+ * holds for both (hot deltas are applied everywhere before each CLOCK) */
+Test(cons, ssp_reads_of_hot_keys_keep_the_staleness_bound, .timeout = 120)
+{
+	ssp_history_hot(FERRY_CONS_SSP, 3, true);
+}
+
+Test(cons, ssp_with_bound_0_and_hot_keys_reads_every_earlier_clock, .timeout = 120)
+{
+	ssp_history_hot(FERRY_CONS_SSP, 0, true);
+}
+
+Test(cons, essp_reads_of_hot_keys_keep_the_staleness_bound, .timeout = 120)
+{
+	ssp_history_hot(FERRY_CONS_ESSP, 3, true);
 }
 
 Test(cons, ssp_reads_keep_the_staleness_bound, .timeout = 120)

@@ -702,6 +702,8 @@ Test(proto, frame_shorter_than_its_fixed_body)
 		{ FERRY_MSG_CLOCK, sizeof(struct ferry_msg_clock) },
 		{ FERRY_MSG_CONS_PUSH, sizeof(struct ferry_msg_cons_push) },
 		{ FERRY_MSG_CONS_ACK, sizeof(struct ferry_msg_cons_ack) },
+		{ FERRY_MSG_HOT_PUSH, sizeof(struct ferry_msg_hot_push) },
+		{ FERRY_MSG_HOT_ACK, sizeof(struct ferry_msg_hot_ack) },
 	};
 
 	/* every type but BYE, which is a bare header (below); the numbers not
@@ -2254,6 +2256,82 @@ Test(proto, compressed_push_frames_are_checked)
 		}
 		fr_free(&x);
 	}
+}
+
+/* ---- HOT_PUSH and HOT_ACK (lib/cons/hot.c) ---- */
+
+/* HOT_PUSH frame @seq with entries idx 2i + 1, i < n, of @len floats each */
+static struct fr hot_push_frame(uint64_t seq, uint32_t n, uint32_t len)
+{
+	struct ferry_frame f;
+	struct ferry_msg_hot_push *m;
+
+	ferry__frame_begin(&f);
+	m = ferry__frame_put(&f, sizeof(*m));
+	m->seq = seq;
+	m->count = n;
+	for (uint32_t i = 0; i < n; i++) {
+		struct ferry_msg_hot_ent *e = ferry__frame_put(&f, sizeof(*e));
+
+		e->idx = 2 * i + 1;
+		e->len = len;
+	}
+	for (uint32_t i = 0; i < n * len; i++)
+		*(float *)ferry__frame_put(&f, sizeof(float)) = (float)i;
+	return fr_take(&f, FERRY_MSG_HOT_PUSH, 1, 0);
+}
+
+static struct ferry_msg_hot_ent *hot_ent(struct fr *x, uint32_t i)
+{
+	return (struct ferry_msg_hot_ent *)((uint8_t *)fr_body(x) +
+					    sizeof(struct ferry_msg_hot_push)) +
+	       i;
+}
+
+Test(proto, hot_push_and_ack_frames_are_checked)
+{
+	struct ferry_proto_view v;
+	struct fr x = hot_push_frame(9, 3, 5);
+
+	expect_ok(&x, &lim_fixed, &v, "a good HOT_PUSH");
+	cr_assert_eq(v.count, 3);
+	cr_assert_eq(v.nvals, 15);
+	cr_assert(v.vals[14] == 14.0f);
+	fr_free(&x);
+	x = hot_push_frame(0, 3, 5);
+	expect_body_bad(&x, &lim_fixed, "number 0", "frame number 0");
+	fr_free(&x);
+	x = hot_push_frame(9, 3, 5);
+	hot_ent(&x, 2)->idx = 3;
+	expect_body_bad(&x, &lim_fixed, "ascending", "an index repeated");
+	fr_free(&x);
+	x = hot_push_frame(9, 3, 5);
+	hot_ent(&x, 1)->len = 0;
+	expect_body_bad(&x, &lim_fixed, "length", "an empty value");
+	fr_free(&x);
+	x = hot_push_frame(9, 3, 5);
+	hot_ent(&x, 1)->len = 7; /* 6 would fit in the padding: the handler checks it */
+	expect_body_bad(&x, &lim_fixed, "value bytes", "a length past the values");
+	fr_free(&x);
+	x = hot_push_frame(9, 3, 5);
+	fr_resize(&x, -8);
+	expect_body_bad(&x, &lim_fixed, "value bytes", "values cut short");
+	fr_free(&x);
+	x = hot_push_frame(9, 3, 5);
+	((struct ferry_msg_hot_push *)fr_body(&x))->count = 1000;
+	expect_body_bad(&x, &lim_fixed, "count", "a count past the frame");
+	fr_free(&x);
+	x = hot_push_frame(9, 3, 5);
+	((struct ferry_msg_hot_push *)fr_body(&x))->count = 0;
+	expect_body_bad(&x, &lim_fixed, "no entries", "no entries");
+	fr_free(&x);
+
+	x = fixed_frame(FERRY_MSG_HOT_ACK, sizeof(struct ferry_msg_hot_ack), 0);
+	((struct ferry_msg_hot_ack *)fr_body(&x))->seq = 4;
+	expect_ok(&x, &lim_fixed, &v, "a good HOT_ACK");
+	((struct ferry_msg_hot_ack *)fr_body(&x))->seq = 0;
+	expect_body_bad(&x, &lim_fixed, "number 0", "an answer to frame 0");
+	fr_free(&x);
 }
 
 /* ---- CONS_PUSH and CONS_ACK (lib/cons/push.c) ---- */

@@ -79,6 +79,8 @@ enum ferry_msg_type {
 			       * below it are applied at their owners */
 	FERRY_MSG_CONS_PUSH = 37, /* node -> owner: a numbered batch of buffered deltas */
 	FERRY_MSG_CONS_ACK = 38,  /* owner -> node: per key, applied (once) or not here */
+	FERRY_MSG_HOT_PUSH = 39,  /* node -> every node: a numbered frame of hot-key deltas */
+	FERRY_MSG_HOT_ACK = 40,	  /* node -> sender: its hot frames up to seq are applied */
 	FERRY_MSG_TYPE_MAX
 };
 
