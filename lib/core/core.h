@@ -208,6 +208,7 @@ struct ferry_req {
 	bool dsts_many;
 	uint32_t dsts[8];
 	unsigned fail_seen; /* node.failures when it started */
+	unsigned take_seen; /* replicas: table.repl.takeovers when it was sent */
 	uint16_t flags;	    /* FERRY_OP_F_* of its OP frames (compressed pushes) */
 };
 

@@ -370,6 +370,7 @@ static void repl_try_take_over(struct ferry *fy, struct ferry_table *t, uint32_t
 			return;
 	rp->done[dead] = true;
 	repl_take_over(fy, t, dead);
+	atomic_fetch_add_explicit(&rp->takeovers, 1, memory_order_release);
 }
 
 static uint8_t *repl_synced(struct ferry *fy, struct ferry_table *t, uint32_t dead)

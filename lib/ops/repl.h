@@ -40,6 +40,10 @@ struct ferry_repl {
 	uint64_t next_token;
 	uint8_t **synced; /* per failed rank: which ranks sent their SYNC (world bytes) */
 	bool *done;	  /* per failed rank: takeover done */
+	/* takeovers ended here (any failed rank): a replicated request that
+	 * waits when one ends fails at once (lib/ops/request.c): a node that
+	 * forwarded it toward the dead rank before it knew has dropped it */
+	atomic_uint takeovers;
 	uint64_t copy_bytes;
 };
 
