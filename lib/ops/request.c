@@ -333,6 +333,8 @@ static int ops_wait_req(struct ferry_worker *w, struct ferry_req *r, int block)
 			rc = -FERRY_E_CLOSED;
 			break;
 		}
+		if (r->t->repl && (rc = ferry__fenced_check(fy, ferry__ops_name(r->op))))
+			break;
 		if (!r->held &&
 		    atomic_load_explicit(&fy->failures, memory_order_relaxed) != r->fail_seen) {
 			uint32_t dead = ops_req_dead_dst(fy, r);
@@ -532,6 +534,8 @@ int ferry__ops_sync(struct ferry_worker *w, struct ferry_table *t, uint8_t op, c
 	size_t done;
 	int idx;
 
+	if (t && t->repl && ferry__fenced_check(t->fy, ferry__ops_name(op)))
+		return -FERRY_E_PEER;
 	done = 0;
 	if ((op == FERRY_OP_PUSH || op == FERRY_OP_SET) && t && keys) {
 		/* a batch is checked whole before any of it is applied: the fast
@@ -572,6 +576,8 @@ int ferry__ops_async(struct ferry_worker *w, struct ferry_table *t, uint8_t op,
 		ferry_err("%s_start: NULL ticket pointer", ferry__ops_name(op));
 		return -EINVAL;
 	}
+	if (t && t->repl && ferry__fenced_check(t->fy, ferry__ops_name(op)))
+		return -FERRY_E_PEER;
 	if (t && t->params.push_codec && op == FERRY_OP_PUSH) {
 		/* the residuals change only once a push is known to be done */
 		ferry_err("push_start: table %u compresses its pushes (push_codec); use "
