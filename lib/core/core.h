@@ -407,6 +407,12 @@ int ferry__lease_takeover_ms(const struct ferry *fy);
 /* does the set of ranks @in (world bools, or NULL: the ranks not failed)
  * form a quorum? */
 bool ferry__quorum(const struct ferry *fy, const bool *in);
+/* @rank's process is known to be gone (its transport found no listener at
+ * its address: tcp's ECONNREFUSED, or a peer's SYNC said so): it can
+ * acknowledge nothing more, so a takeover of its keys need not wait its
+ * lease out. Any thread */
+void ferry__lease_gone(struct ferry *fy, uint32_t rank);
+bool ferry__lease_is_gone(const struct ferry *fy, uint32_t rank);
 /* stop serving tables with replicas for good; @why ends the log line */
 void ferry__node_fence(struct ferry *fy, const char *why);
 /* a function the heartbeat's tick calls (progress thread); 0 or -ENOSPC */

@@ -63,6 +63,8 @@ static void dispatch_on_thread_stop(void *core)
 
 static void dispatch_on_peer_failed(void *core, uint32_t src, int err)
 {
+	if (err == -ECONNREFUSED)
+		ferry__lease_gone(core, src); /* no lease to wait out (heartbeat.c) */
 	ferry__node_peer_failed(core, src);
 }
 

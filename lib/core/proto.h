@@ -221,6 +221,8 @@ struct ferry_msg_repl_ack {
  * handled by the sender
  */
 #define FERRY_SYNC_F_ECHO 1u
+/* the sender knows the dead rank's process is gone (no lease to wait out) */
+#define FERRY_SYNC_F_GONE 2u
 struct ferry_msg_repl_sync {
 	uint32_t dead;
 	uint32_t flags;

@@ -381,6 +381,8 @@ static void repl_try_take_over(struct ferry *fy, struct ferry_table *t, uint32_t
 	 * that and a margin from now, by when @dead acknowledges nothing (the
 	 * heartbeat's tick comes back here).
 	 */
+	if (ferry__lease_is_gone(fy, dead))
+		wait = 0; /* its process is gone: nothing to fence */
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	now = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 	if (!rp->ready_ns[dead])
@@ -410,7 +412,7 @@ static void repl_send_sync(struct ferry *fy, struct ferry_table *t, uint32_t dst
 	memset(&f, 0, sizeof(f));
 	ferry__proto_hdr_init(&f.h, FERRY_MSG_REPL_SYNC, sizeof(f), fy->rank, t->id);
 	f.s.dead = dead;
-	f.s.flags = flags;
+	f.s.flags = flags | (ferry__lease_is_gone(fy, dead) ? FERRY_SYNC_F_GONE : 0);
 	(void)ferry__send(fy, dst, &f, sizeof(f));
 }
 
@@ -458,6 +460,8 @@ static void repl_on_sync(struct ferry *fy, struct ferry_table *t, uint32_t src,
 		return;
 	}
 	synced[src] |= m->flags & FERRY_SYNC_F_ECHO ? REPL_ECHO_GOT : REPL_SYNC_GOT;
+	if (m->flags & FERRY_SYNC_F_GONE)
+		ferry__lease_gone(fy, m->dead); /* the sender found its process gone */
 	if (!atomic_load_explicit(&fy->failed[m->dead], memory_order_relaxed)) {
 		ferry_warn("repl: rank %u reports rank %u failed; failing it here too", src,
 			   m->dead);
