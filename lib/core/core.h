@@ -317,6 +317,10 @@ struct ferry {
 	 * (dispatch.c) and cleared by the detector's tick; its state, freed with
 	 * the node after the transport */
 	atomic_uchar *heard;
+	/* per rank: its process is known to be gone (the transport found no
+	 * listener: on_peer_failed(-ECONNREFUSED), set in dispatch.c; or a
+	 * peer's REPL_SYNC said so); read by the fencing's takeover wait */
+	atomic_uchar *gone;
 	int heartbeat_ms; /* timeout; -1: off */
 	/* fencing (heartbeat.c, lib/ops/failover.c): this node learned that the
 	 * others failed it, or it lost a quorum; its tables with replicas stop
@@ -407,10 +411,9 @@ int ferry__lease_takeover_ms(const struct ferry *fy);
 /* does the set of ranks @in (world bools, or NULL: the ranks not failed)
  * form a quorum? */
 bool ferry__quorum(const struct ferry *fy, const bool *in);
-/* @rank's process is known to be gone (its transport found no listener at
- * its address: tcp's ECONNREFUSED, or a peer's SYNC said so): it can
- * acknowledge nothing more, so a takeover of its keys need not wait its
- * lease out. Any thread */
+/* @rank's process is known to be gone (fy->gone): it can acknowledge
+ * nothing more, so a takeover of its keys need not wait its lease out. Any
+ * thread */
 void ferry__lease_gone(struct ferry *fy, uint32_t rank);
 bool ferry__lease_is_gone(const struct ferry *fy, uint32_t rank);
 /* stop serving tables with replicas for good; @why ends the log line */

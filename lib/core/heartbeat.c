@@ -39,8 +39,9 @@
  *                           <------------------ HEARTBEAT{echo_ns = t0}
  *   lease from P until t0 + L (D's clock: an interval, no clock is compared)
  *
- * Memory: four words and two bytes per rank. Heartbeats are not counted in
- * ferry_stats' message counters (they go to the transport directly).
+ * Memory: four words and a byte per rank, and fy->gone's byte per rank.
+ * Heartbeats are not counted in ferry_stats' message counters (they go to
+ * the transport directly).
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -64,7 +65,6 @@ struct ferry_hb {
 	 * the progress threads, atomic) */
 	int64_t *lease_ns;
 	int64_t lease_log_ns; /* the last "lease lapsed" or "fenced" line (atomic) */
-	unsigned char *gone;  /* per rank: its process is known to be gone (atomic) */
 };
 
 static int64_t hb_now_ns(void)
@@ -259,17 +259,13 @@ int ferry__fenced_check(struct ferry *fy, const char *what)
 
 void ferry__lease_gone(struct ferry *fy, uint32_t rank)
 {
-	struct ferry_hb *hb = __atomic_load_n((struct ferry_hb **)&fy->hb, __ATOMIC_ACQUIRE);
-
-	if (hb && rank < fy->world)
-		__atomic_store_n(&hb->gone[rank], 1, __ATOMIC_RELAXED);
+	if (rank < fy->world)
+		atomic_store_explicit(&fy->gone[rank], 1, memory_order_relaxed);
 }
 
 bool ferry__lease_is_gone(const struct ferry *fy, uint32_t rank)
 {
-	const struct ferry_hb *hb = __atomic_load_n((struct ferry_hb **)&fy->hb, __ATOMIC_ACQUIRE);
-
-	return hb && rank < fy->world && __atomic_load_n(&hb->gone[rank], __ATOMIC_RELAXED);
+	return rank < fy->world && atomic_load_explicit(&fy->gone[rank], memory_order_relaxed);
 }
 
 void ferry__node_fence(struct ferry *fy, const char *why)
@@ -345,7 +341,6 @@ static void hb_free(void *arg)
 	pthread_cond_destroy(&hb->cond);
 	free(hb->last_ns);
 	free(hb->lease_ns);
-	free(hb->gone);
 	free(hb);
 }
 
@@ -368,11 +363,9 @@ int ferry__heartbeat_start(struct ferry *fy)
 	hb->timeout_ms = fy->heartbeat_ms;
 	hb->last_ns = calloc(fy->world, sizeof(*hb->last_ns));
 	hb->lease_ns = calloc(fy->world, sizeof(*hb->lease_ns));
-	hb->gone = calloc(fy->world, 1);
-	if (!hb->last_ns || !hb->lease_ns || !hb->gone || pthread_mutex_init(&hb->lock, NULL)) {
+	if (!hb->last_ns || !hb->lease_ns || pthread_mutex_init(&hb->lock, NULL)) {
 		free(hb->last_ns);
 		free(hb->lease_ns);
-		free(hb->gone);
 		free(hb);
 		return -ENOMEM;
 	}
@@ -380,7 +373,6 @@ int ferry__heartbeat_start(struct ferry *fy)
 		pthread_mutex_destroy(&hb->lock);
 		free(hb->last_ns);
 		free(hb->lease_ns);
-		free(hb->gone);
 		free(hb);
 		return -ENOMEM;
 	}
