@@ -95,7 +95,9 @@ struct ferry_tp_handler {
 	/* @src failed (its process is gone, it left, it stayed unreachable, or it
 	 * sent garbage); called once per peer. A transport that re-establishes
 	 * lost links (tcp, rdma: FERRY_RECONNECT_MS) calls it only when that fails:
-	 * frames in between are neither lost nor delivered twice */
+	 * frames in between are neither lost nor delivered twice. @err is
+	 * -ECONNREFUSED only when the peer's process is known to be gone (no
+	 * listener answers its address: tcp), else -FERRY_E_PEER or the cause */
 	void (*on_peer_failed)(void *core, uint32_t src, int err);
 	/* a one-sided read()/write() finished; @status 0 or a negative errno.
 	 * Runs on the progress thread, except where poll() or the transport's

@@ -275,13 +275,12 @@ static int fo_child(int rank, struct ferry_params *p, struct fo_shared *s)
 				s->peer_fails++;
 			} else if (rc == -ETIMEDOUT && k && t0 > k) {
 				/*
-				 * A known defect (issue 13): a push that a survivor
+				 * Should not happen any more: a push that a survivor
 				 * forwarded toward the dead node just before it
-				 * learned of the death is dropped with the dead
-				 * node's queue, and its origin, which knew of the
-				 * death before the call, waits out its timeout. The
-				 * time counts in the figure (max) and the row's note
-				 * says how often; the retry measures on.
+				 * learned of the death ends when the takeover does
+				 * (lib/ops/request.c). Counted, not fatal: the time
+				 * counts in the figure (max) and the row's note says
+				 * how often; the retry measures on.
 				 */
 				s->timeouts++;
 			} else if (rc) {

@@ -127,7 +127,8 @@ struct ferry_params {
 	/* failure detector: a peer from which nothing arrived for this many ms
 	 * (every node sends a heartbeat each quarter of it) is declared failed.
 	 * 0: FERRY_HEARTBEAT_MS, or 5000; -1: off (only transport events, such
-	 * as a reset connection, fail a peer) */
+	 * as a reset connection, fail a peer, and tables with replicas are not
+	 * fenced: docs/faults.md, "Fencing") */
 	int heartbeat_ms;
 };
 

@@ -217,6 +217,7 @@ struct ferry_req {
 	uint32_t fwds[4];
 	atomic_bool fwds_new; /* set with each: the worker looks at them again */
 	unsigned fail_seen;   /* node.failures when it started */
+	unsigned take_seen;   /* replicas: table.repl.takeovers when it was sent */
 	uint16_t flags;	      /* FERRY_OP_F_* of its OP frames (compressed pushes) */
 };
 
@@ -327,9 +328,18 @@ struct ferry {
 	 * (dispatch.c) and cleared by the detector's tick; its state, freed with
 	 * the node after the transport */
 	atomic_uchar *heard;
+	/* per rank: its process is known to be gone (the transport found no
+	 * listener: on_peer_failed(-ECONNREFUSED), set in dispatch.c; or a
+	 * peer's REPL_SYNC said so); read by the fencing's takeover wait */
+	atomic_uchar *gone;
 	int heartbeat_ms; /* timeout; -1: off */
+	/* fencing (heartbeat.c, lib/ops/failover.c): this node learned that the
+	 * others failed it, or it lost a quorum; its tables with replicas stop
+	 * serving for good */
+	atomic_bool fenced;
 	void *hb;
 	void (*hb_free)(void *hb);
+	void (*tick_fns[2])(struct ferry *fy); /* written before the node starts */
 	/* reloc's: a move of @key to this node waits for a failed old owner
 	 * (lib/ops/repl.c): @keep, finish it with @val from the key's backup;
 	 * else drop it (the key goes on to a later requester). 0, or -ENOENT
@@ -392,6 +402,35 @@ int ferry__barrier_attach(struct ferry *fy);
 int ferry__heartbeat_attach(struct ferry *fy);
 int ferry__heartbeat_start(struct ferry *fy);
 void ferry__heartbeat_stop(struct ferry *fy);
+/*
+ * The lease (fencing, docs/faults.md): with the heartbeat on, a node holds
+ * its lease while the ranks whose echo of one of its beats sent less than
+ * ferry__lease_ms() ago form a quorum with it (more than half the world, or
+ * exactly half including rank 0); off: always held. Progress thread.
+ */
+bool ferry__lease_held(struct ferry *fy);
+/* 0, or -FERRY_E_PEER (fenced, or the lease lapsed) with a log line (at
+ * most one a second) naming @what was not acknowledged */
+int ferry__lease_check(struct ferry *fy, const char *what);
+/* 0, or -FERRY_E_PEER with a log line (at most one a second) when this
+ * node is fenced; any thread */
+int ferry__fenced_check(struct ferry *fy, const char *what);
+int ferry__lease_ms(const struct ferry *fy); /* 0: no heartbeat, no lease */
+/* the wait before a takeover of a failed node's keys: the lease plus a
+ * margin (ms; 0 without a heartbeat) */
+int ferry__lease_takeover_ms(const struct ferry *fy);
+/* does the set of ranks @in (world bools, or NULL: the ranks not failed)
+ * form a quorum? */
+bool ferry__quorum(const struct ferry *fy, const bool *in);
+/* @rank's process is known to be gone (fy->gone): it can acknowledge
+ * nothing more, so a takeover of its keys need not wait its lease out. Any
+ * thread */
+void ferry__lease_gone(struct ferry *fy, uint32_t rank);
+bool ferry__lease_is_gone(const struct ferry *fy, uint32_t rank);
+/* stop serving tables with replicas for good; @why ends the log line */
+void ferry__node_fence(struct ferry *fy, const char *why);
+/* a function the heartbeat's tick calls (progress thread); 0 or -ENOSPC */
+int ferry__heartbeat_on_tick(struct ferry *fy, void (*fn)(struct ferry *fy));
 
 /* small helpers */
 static inline bool ferry__table_onesided(const struct ferry_table *t)

@@ -64,7 +64,12 @@ static void dispatch_on_thread_stop(void *core)
 
 static void dispatch_on_peer_failed(void *core, uint32_t src, int err)
 {
-	ferry__node_peer_failed(core, src);
+	struct ferry *fy = core;
+
+	/* no lease to wait out (heartbeat.c, fencing) */
+	if (err == -ECONNREFUSED && src < fy->world)
+		atomic_store_explicit(&fy->gone[src], 1, memory_order_relaxed);
+	ferry__node_peer_failed(fy, src);
 }
 
 static struct ferry_table *dispatch_table(struct ferry *fy, uint32_t id)

@@ -99,6 +99,7 @@ static void node_free(struct ferry *fy)
 	free(fy->tp);
 	free(fy->failed);
 	free(fy->heard);
+	free(fy->gone);
 	if (fy->hb_free)
 		fy->hb_free(fy->hb);
 	free(fy->barrier_arrived);
@@ -165,6 +166,7 @@ int ferry__node_create(const struct ferry_params *params, struct ferry **fy_p)
 	ferry__cond_init_monotonic(&fy->cond);
 	fy->failed = calloc(fy->world, sizeof(*fy->failed));
 	fy->heard = calloc(fy->world, sizeof(*fy->heard));
+	fy->gone = calloc(fy->world, sizeof(*fy->gone));
 	fy->barrier_arrived = calloc(fy->world, sizeof(*fy->barrier_arrived));
 	fy->tp = calloc(1, ops->tp_size);
 	fy->fastrd = aligned_alloc(64, sizeof(*fy->fastrd)); /* 64 KiB: one line per worker */
@@ -172,7 +174,8 @@ int ferry__node_create(const struct ferry_params *params, struct ferry **fy_p)
 		memset(fy->fastrd, 0, sizeof(*fy->fastrd));
 		ferry__fastrd_init(fy->fastrd);
 	}
-	if (!fy->failed || !fy->heard || !fy->barrier_arrived || !fy->tp || !fy->fastrd) {
+	if (!fy->failed || !fy->heard || !fy->gone || !fy->barrier_arrived || !fy->tp ||
+	    !fy->fastrd) {
 		free(fy->tp);
 		fy->tp = NULL;
 		node_free(fy);

@@ -616,7 +616,7 @@ int ferry__proto_parse(const void *buf, size_t len, const struct ferry_proto_lim
 
 		if (!lim || m->dead >= lim->world)
 			PROTO_FAIL("repl sync: rank out of range");
-		if (m->flags & ~FERRY_SYNC_F_ECHO)
+		if (m->flags & ~(FERRY_SYNC_F_ECHO | FERRY_SYNC_F_GONE))
 			PROTO_FAIL("repl sync: unknown flags");
 		if (!proto_pad_ok(left, 0))
 			PROTO_FAIL("trailing bytes after the body");

@@ -164,6 +164,12 @@ static inline uint32_t ferry__dtype_size(uint32_t dtype)
 /* FERRY_MSG_HEARTBEAT: the sender's beat number (lib/core/heartbeat.c) */
 struct ferry_msg_heartbeat {
 	uint64_t seq;
+	/* the lease (lib/core/heartbeat.c): a beat carries its sender's
+	 * monotonic clock at the send (@sent_ns, nonzero); the receiver answers
+	 * at once with an echo (@seq and @sent_ns 0, @echo_ns the beat's
+	 * @sent_ns), which renews the beat's sender's lease from it */
+	uint64_t sent_ns;
+	uint64_t echo_ns;
 };
 
 /*
@@ -215,6 +221,8 @@ struct ferry_msg_repl_ack {
  * handled by the sender
  */
 #define FERRY_SYNC_F_ECHO 1u
+/* the sender knows the dead rank's process is gone (no lease to wait out) */
+#define FERRY_SYNC_F_GONE 2u
 struct ferry_msg_repl_sync {
 	uint32_t dead;
 	uint32_t flags;

@@ -6,7 +6,9 @@
  */
 #include <errno.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "lib/ops/repl.h"
 
@@ -361,15 +363,35 @@ static void repl_try_take_over(struct ferry *fy, struct ferry_table *t, uint32_t
 {
 	struct ferry_repl *rp = t->repl;
 
+	struct timespec ts;
+	int64_t now, wait = (int64_t)ferry__lease_takeover_ms(fy) * 1000000;
+
 	if (rp->done[dead] || !atomic_load_explicit(&fy->failed[dead], memory_order_relaxed) ||
-	    !rp->synced[dead])
+	    !rp->synced[dead] || atomic_load_explicit(&fy->fenced, memory_order_relaxed))
 		return;
 	for (uint32_t r = 0; r < fy->world; r++)
 		if (r != fy->rank && !(rp->synced[dead][r] & REPL_ECHO_GOT) &&
 		    !atomic_load_explicit(&fy->failed[r], memory_order_relaxed))
 			return;
+	/*
+	 * Fencing: every live node has failed @dead, so none echoes its beats
+	 * any more, and the live nodes are a quorum (else this node is fenced,
+	 * repl_on_peer_failed), so no quorum is left to echo them. @dead's
+	 * lease ran out within the lease of the last echo; the takeover waits
+	 * that and a margin from now, by when @dead acknowledges nothing (the
+	 * heartbeat's tick comes back here).
+	 */
+	if (ferry__lease_is_gone(fy, dead))
+		wait = 0; /* its process is gone: nothing to fence */
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	now = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+	if (!rp->ready_ns[dead])
+		rp->ready_ns[dead] = now;
+	if (now - rp->ready_ns[dead] < wait)
+		return;
 	rp->done[dead] = true;
 	repl_take_over(fy, t, dead);
+	atomic_fetch_add_explicit(&rp->takeovers, 1, memory_order_release);
 }
 
 static uint8_t *repl_synced(struct ferry *fy, struct ferry_table *t, uint32_t dead)
@@ -390,7 +412,7 @@ static void repl_send_sync(struct ferry *fy, struct ferry_table *t, uint32_t dst
 	memset(&f, 0, sizeof(f));
 	ferry__proto_hdr_init(&f.h, FERRY_MSG_REPL_SYNC, sizeof(f), fy->rank, t->id);
 	f.s.dead = dead;
-	f.s.flags = flags;
+	f.s.flags = flags | (ferry__lease_is_gone(fy, dead) ? FERRY_SYNC_F_GONE : 0);
 	(void)ferry__send(fy, dst, &f, sizeof(f));
 }
 
@@ -419,8 +441,17 @@ static void repl_on_sync(struct ferry *fy, struct ferry_table *t, uint32_t src,
 	const struct ferry_msg_repl_sync *m = v->body;
 	uint8_t *synced;
 
-	if (!t->repl || m->dead == fy->rank)
+	if (!t->repl)
 		return;
+	if (m->dead == fy->rank) {
+		/* the others failed this node: it may have been stopped or cut
+		 * off while they took its keys over (fencing) */
+		char why[96];
+
+		snprintf(why, sizeof(why), "rank %u reports that the others failed it", src);
+		ferry__node_fence(fy, why);
+		return;
+	}
 	synced = repl_synced(fy, t, m->dead);
 	if (!synced) {
 		ferry_err("repl: out of memory taking note of rank %u's copies; table %u's keys "
@@ -429,6 +460,8 @@ static void repl_on_sync(struct ferry *fy, struct ferry_table *t, uint32_t src,
 		return;
 	}
 	synced[src] |= m->flags & FERRY_SYNC_F_ECHO ? REPL_ECHO_GOT : REPL_SYNC_GOT;
+	if (m->flags & FERRY_SYNC_F_GONE)
+		ferry__lease_gone(fy, m->dead); /* the sender found its process gone */
 	if (!atomic_load_explicit(&fy->failed[m->dead], memory_order_relaxed)) {
 		ferry_warn("repl: rank %u reports rank %u failed; failing it here too", src,
 			   m->dead);
@@ -536,9 +569,38 @@ static void repl_table_failed(struct ferry *fy, struct ferry_table *t, uint32_t 
 			repl_try_take_over(fy, t, d);
 }
 
-static void repl_on_peer_failed(struct ferry *fy, uint32_t rank)
+/* the heartbeat's tick: takeovers that wait out the lease */
+static void repl_on_tick(struct ferry *fy)
 {
 	urcu_memb_read_lock();
+	for (uint32_t id = 0; id < FERRY_MAX_TABLES; id++) {
+		struct ferry_table *t = rcu_dereference(fy->tables[id]);
+
+		for (uint32_t d = 0; t && t->repl && d < fy->world; d++)
+			if (t->repl->synced[d] && !t->repl->done[d])
+				repl_try_take_over(fy, t, d);
+	}
+	urcu_memb_read_unlock();
+}
+
+static void repl_on_peer_failed(struct ferry *fy, uint32_t rank)
+{
+	bool any = false;
+
+	urcu_memb_read_lock();
+	for (uint32_t id = 0; id < FERRY_MAX_TABLES && !any; id++) {
+		struct ferry_table *t = rcu_dereference(fy->tables[id]);
+
+		any = t && t->repl;
+	}
+	if (any && ferry__lease_ms(fy) && !ferry__quorum(fy, NULL)) {
+		/* a minority: the other side may be a quorum that takes over */
+		char why[96];
+
+		snprintf(why, sizeof(why),
+			 "with rank %u failed, the ranks it can reach are no quorum", rank);
+		ferry__node_fence(fy, why);
+	}
 	for (uint32_t id = 0; id < FERRY_MAX_TABLES; id++) {
 		struct ferry_table *t = rcu_dereference(fy->tables[id]);
 
@@ -559,5 +621,7 @@ int ferry__repl_attach(struct ferry *fy)
 	if (!rc)
 		rc = ferry__dispatch_register(fy, FERRY_MSG_REPL_SYNC, FERRY_DISPATCH_TABLE,
 					      repl_on_sync);
+	if (!rc)
+		rc = ferry__heartbeat_on_tick(fy, repl_on_tick);
 	return rc ? rc : ferry__node_on_peer_failed(fy, repl_on_peer_failed);
 }

@@ -296,7 +296,12 @@ void ferry__repl_release(struct ferry *fy, struct ferry_table *t, struct repl_he
 	struct repl_held *h = *pp;
 	int rc;
 
+	struct ferry_msg_reply *rep = (void *)(h->f.buf + sizeof(struct ferry_msg_hdr));
+
 	*pp = h->next;
+	/* fencing: acknowledged only under the lease (docs/faults.md) */
+	if (!rep->status && ferry__lease_check(fy, "repl: an update"))
+		rep->status = -FERRY_E_PEER;
 	rc = ferry__send(fy, h->origin, h->f.buf, h->f.len);
 	if (rc)
 		ferry_err("repl: cannot send a reply to rank %u: %s", h->origin,
@@ -575,9 +580,11 @@ int ferry__repl_table_init(struct ferry_table *t)
 		return -ENOMEM;
 	rp->synced = calloc(t->fy->world, sizeof(*rp->synced));
 	rp->done = calloc(t->fy->world, sizeof(*rp->done));
-	if (!rp->synced || !rp->done || ferry__keymap_init(&rp->copies)) {
+	rp->ready_ns = calloc(t->fy->world, sizeof(*rp->ready_ns));
+	if (!rp->synced || !rp->done || !rp->ready_ns || ferry__keymap_init(&rp->copies)) {
 		free(rp->synced);
 		free(rp->done);
+		free(rp->ready_ns);
 		free(rp);
 		return -ENOMEM;
 	}
@@ -611,6 +618,7 @@ void ferry__repl_table_fini(struct ferry_table *t)
 		free(rp->synced[r]);
 	free(rp->synced);
 	free(rp->done);
+	free(rp->ready_ns);
 	free(rp);
 	t->repl = NULL;
 }

@@ -40,6 +40,13 @@ struct ferry_repl {
 	uint64_t next_token;
 	uint8_t **synced; /* per failed rank: which ranks sent their SYNC (world bytes) */
 	bool *done;	  /* per failed rank: takeover done */
+	/* per failed rank: when every live node had echoed (monotonic ns); the
+	 * takeover waits the lease and a margin after it (fencing) */
+	int64_t *ready_ns;
+	/* takeovers ended here (any failed rank): a replicated request that
+	 * waits when one ends fails at once (lib/ops/request.c): a node that
+	 * forwarded it toward the dead rank before it knew has dropped it */
+	atomic_uint takeovers;
 	uint64_t copy_bytes;
 };
 

@@ -29,6 +29,7 @@
 #include <string.h>
 
 #include "lib/ops/internal.h"
+#include "lib/ops/repl.h"
 #include "transport/base/cpu.h"
 
 static int ops_check(struct ferry_worker *w, struct ferry_table *t, const uint64_t *keys, size_t n,
@@ -143,6 +144,8 @@ static void ops_dispatch(struct ferry_worker *w, struct ferry_req *r)
 	int all_local = 1;
 
 	r->held = false;
+	if (t->repl)
+		r->take_seen = atomic_load_explicit(&t->repl->takeovers, memory_order_acquire);
 	if (r->start) {
 		/* a request kind of a module above (localize): it sends */
 		r->start(w, t, r, ticket);
@@ -346,6 +349,8 @@ static int ops_wait_req(struct ferry_worker *w, struct ferry_req *r, int block)
 			rc = -FERRY_E_CLOSED;
 			break;
 		}
+		if (r->t->repl && (rc = ferry__fenced_check(fy, ferry__ops_name(r->op))))
+			break;
 		if (!r->held &&
 		    ((failed_now = atomic_load_explicit(&fy->failures, memory_order_relaxed) !=
 				   r->fail_seen) ||
@@ -383,6 +388,26 @@ static int ops_wait_req(struct ferry_worker *w, struct ferry_req *r, int block)
 				rc = -FERRY_E_PEER;
 				break;
 			}
+		}
+		if (!r->held && r->t->repl && r->op != FERRY_REQ_LOCALIZE &&
+		    atomic_load_explicit(&r->t->repl->takeovers, memory_order_acquire) !=
+			    r->take_seen) {
+			/*
+			 * A takeover ended here after the request went: every
+			 * live node has echoed the failure, so any node that
+			 * forwarded the request toward the dead rank before it
+			 * knew (a queue that was then dropped) knows now, and
+			 * nothing will answer such a request. It fails (it may
+			 * or may not have been applied) and a retry finds the
+			 * key's new owner (docs/faults.md, "A push forwarded
+			 * toward a dying node").
+			 */
+			ferry_warn("%s of %zu keys on table %u: the keys of a failed rank were "
+				   "taken over while the call waited; it may have been forwarded "
+				   "to that rank, so it fails: try again",
+				   ferry__ops_name(r->op), r->n, r->t->id);
+			rc = -FERRY_E_PEER;
+			break;
 		}
 		if (!block)
 			return -EAGAIN;
@@ -608,6 +633,8 @@ int ferry__ops_sync(struct ferry_worker *w, struct ferry_table *t, uint8_t op, c
 	size_t done;
 	int idx;
 
+	if (t && t->repl && ferry__fenced_check(t->fy, ferry__ops_name(op)))
+		return -FERRY_E_PEER;
 	done = 0;
 	if ((op == FERRY_OP_PUSH || op == FERRY_OP_SET) && t && keys) {
 		/* a batch is checked whole before any of it is applied: the fast
@@ -648,6 +675,8 @@ int ferry__ops_async(struct ferry_worker *w, struct ferry_table *t, uint8_t op,
 		ferry_err("%s_start: NULL ticket pointer", ferry__ops_name(op));
 		return -EINVAL;
 	}
+	if (t && t->repl && ferry__fenced_check(t->fy, ferry__ops_name(op)))
+		return -FERRY_E_PEER;
 	if (t && t->params.push_codec && op == FERRY_OP_PUSH) {
 		/* the residuals change only once a push is known to be done */
 		ferry_err("push_start: table %u compresses its pushes (push_codec); use "

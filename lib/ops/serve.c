@@ -227,6 +227,11 @@ static void ops_reply_flush(struct ferry *fy, struct ferry_table *t, struct ops_
 		rb->with_slots = false;
 	}
 	hold = ferry__repl_batch_any(rb->repl);
+	/* fencing: an update of a table with replicas is acknowledged only
+	 * under the lease (a held one when its backups answered: repl.c) */
+	if (t->repl && op->op != FERRY_OP_PULL && !hold && !rb->status &&
+	    ferry__lease_check(fy, "an update"))
+		rb->status = -FERRY_E_PEER;
 	if (rb->with_slots && op->origin != fy->rank)
 		ferry__ops_chunks_announce(fy, t); /* before any hint into a new chunk */
 	if (op->origin == fy->rank && !hold) {
@@ -623,6 +628,16 @@ static void ops_on_op(struct ferry *fy, struct ferry_table *t, uint32_t src,
 		/* answered, so the origin does not wait out its timeout */
 		for (uint32_t i = 0; i < v->count; i++)
 			ferry__ops_send_reply(fy, t, op, -ENOMEM, &v->keys[i].idx, 1, NULL, 0);
+		free(fwd);
+		free(decoded);
+		return;
+	}
+	if (t->repl && atomic_load_explicit(&fy->fenced, memory_order_relaxed)) {
+		/* fencing: this node stopped serving for good (logged once) */
+		ops_reply_init(&rb, op, -FERRY_E_PEER, false);
+		for (uint32_t i = 0; i < v->count; i++)
+			ops_reply_add(fy, t, &rb, v->keys[i].idx, 0, 0);
+		ops_reply_flush(fy, t, &rb);
 		free(fwd);
 		free(decoded);
 		return;

@@ -2209,9 +2209,22 @@ Test(proto, repl_sync_flags_and_rank_are_checked)
 	ferry__frame_begin(&f);
 	m = ferry__frame_put(&f, sizeof(*m));
 	m->dead = 1;
-	m->flags = 2;
+	m->flags = 4; /* 1: ECHO, 2: GONE */
 	x = fr_take(&f, FERRY_MSG_REPL_SYNC, 1, 0);
 	expect_body_bad(&x, &lim_fixed, "flags", "unknown flags");
+	fr_free(&x);
+	ferry__frame_begin(&f);
+	m = ferry__frame_put(&f, sizeof(*m));
+	m->dead = 1;
+	m->flags = FERRY_SYNC_F_ECHO | FERRY_SYNC_F_GONE;
+	x = fr_take(&f, FERRY_MSG_REPL_SYNC, 1, 0);
+	{
+		struct ferry_proto_view v;
+		const char *why = NULL;
+
+		cr_expect_eq(ferry__proto_parse(x.buf, x.len, &lim_fixed, &v, &why), 0,
+			     "an ECHO with GONE was refused: %s", why ? why : "");
+	}
 	fr_free(&x);
 }
 

@@ -295,15 +295,16 @@ static void session_resume(struct tcp_tp *t, struct tcp_conn *c, int fd,
 		   (unsigned long long)sent);
 }
 
-/* the peer is gone for good: @why. Progress thread. */
-static void session_gone(struct tcp_tp *t, struct tcp_conn *c, const char *why)
+/* the peer is gone for good: @why; @err for on_peer_failed (-ECONNREFUSED:
+ * no process listens there any more). Progress thread. */
+static void session_gone(struct tcp_tp *t, struct tcp_conn *c, const char *why, int err)
 {
 	char where[64];
 
 	ferry__tcp_sockaddr_str(&c->sa, where, sizeof(where));
 	ferry_warn("tcp: rank %u: rank %u at %s %s; marking it failed", t->base.cfg.rank, c->rank,
 		   where, why);
-	ferry__tcp_conn_fail(t, c, -FERRY_E_PEER);
+	ferry__tcp_conn_fail(t, c, err);
 }
 
 /* ---- redials and probes (struct tcp_link) -------------------------------- */
@@ -357,7 +358,8 @@ static void link_start(struct tcp_tp *t, struct tcp_conn *c)
 	    errno != EINTR) {
 		if (errno == ECONNREFUSED) {
 			link_close(t, l);
-			session_gone(t, c, "refuses connections: its process is gone");
+			session_gone(t, c, "refuses connections: its process is gone",
+				     -ECONNREFUSED);
 			return;
 		}
 		link_later(t, l, probe, strerror(errno));
@@ -462,7 +464,8 @@ void ferry__tcp_link_event(struct tcp_tp *t, struct tcp_link *l, uint32_t events
 			err = errno;
 		if (err == ECONNREFUSED) {
 			link_close(t, l);
-			session_gone(t, c, "refuses connections: its process is gone");
+			session_gone(t, c, "refuses connections: its process is gone",
+				     -ECONNREFUSED);
 			return;
 		}
 		if (err) {
@@ -492,7 +495,7 @@ void ferry__tcp_link_event(struct tcp_tp *t, struct tcp_link *l, uint32_t events
 
 		link_close(t, l);
 		snprintf(msg, sizeof(msg), "answers, but fails the token proof: %s", l->auth.why);
-		session_gone(t, c, msg);
+		session_gone(t, c, msg, -FERRY_E_PEER);
 		return;
 	}
 	if (ret <= 0)
@@ -505,7 +508,7 @@ void ferry__tcp_link_event(struct tcp_tp *t, struct tcp_link *l, uint32_t events
 
 		link_close(t, l);
 		snprintf(msg, sizeof(msg), "answers, but not as its session's peer: %s", why);
-		session_gone(t, c, msg);
+		session_gone(t, c, msg, -FERRY_E_PEER);
 		return;
 	}
 	session_resume(t, c, l->fd, &r);
