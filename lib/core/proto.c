@@ -561,8 +561,9 @@ int ferry__proto_parse(const void *buf, size_t len, const struct ferry_proto_lim
 	case FERRY_MSG_OP_FWD: {
 		const struct ferry_msg_op_fwd *m = view->body;
 
-		/* a node forwards to another, never to itself */
-		if (!lim || m->dst >= lim->world || m->dst == hdr->src)
+		/* @dst may be the sender: a node replays queued operations to
+		 * itself when a key arrives there */
+		if (!lim || m->dst >= lim->world)
 			PROTO_FAIL("op fwd: rank out of range");
 		if (!proto_pad_ok(left, 0))
 			PROTO_FAIL("trailing bytes after the body");

@@ -1128,11 +1128,9 @@ Test(proto, op_fwd_names_another_rank_in_range)
 		uint32_t src, dst;
 		const char *why; /* NULL: fine */
 	} c[] = {
-		{ 1, 2, NULL },
-		{ 2, 0, NULL },
-		{ 2, 2, "rank" },
-		{ 1, WORLD, "rank" },
-		{ 1, UINT32_MAX, "rank" },
+		{ 1, 2, NULL },	      { 2, 0, NULL },
+		{ 2, 2, NULL }, /* a node that replays to itself */
+		{ 1, WORLD, "rank" }, { 1, UINT32_MAX, "rank" },
 	};
 
 	for (size_t i = 0; i < sizeof(c) / sizeof(c[0]); i++) {
