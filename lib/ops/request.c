@@ -525,24 +525,6 @@ static inline struct ferry_slot *ops_fast_ahead(const struct ferry_table *t, uin
 	return s;
 }
 
-/*
- * The fast path of a synchronous operation: serve keys that live here in
- * place, with no request, ticket or allocation, for as long as they do.
- *
- * One fast-path section (lib/dir/fastrd.h: no call into liburcu) covers
- * the whole batch: the directory's array may be rebuilt, and the old one is
- * freed only after every section open at that time ended. The slots
- * need none, for the reason a one-sided reader needs none: a slot's memory
- * lives as long as the table's arena, and every access is validated inside
- * the slot. A reader with a stale slot pointer finds the slot MOVED (the
- * value left), FREE, or holding another key, and goes the slow way; if the
- * slot was reused for the same key, it is that key's live copy. State LIVE
- * is stored after the value when a key arrives, and MOVED under the write
- * lock before it leaves.
- *
- * Return: how many leading keys were served; the caller hands the rest to
- * the request path. Context: the worker's thread.
- */
 /* ops_fast() for a batch of more than OPS_AHEAD keys: the look-ahead above */
 static size_t ops_fast_batch(const struct ferry_worker *w, struct ferry_table *t, uint8_t op,
 			     const uint64_t *keys, size_t n, const float *in, float *out)
@@ -581,6 +563,24 @@ static size_t ops_fast_batch(const struct ferry_worker *w, struct ferry_table *t
 	return i;
 }
 
+/*
+ * The fast path of a synchronous operation: serve keys that live here in
+ * place, with no request, ticket or allocation, for as long as they do.
+ *
+ * One fast-path section (lib/dir/fastrd.h: no call into liburcu) covers
+ * the whole batch: the directory's array may be rebuilt, and the old one is
+ * freed only after every section open at that time ended. The slots
+ * need none, for the reason a one-sided reader needs none: a slot's memory
+ * lives as long as the table's arena, and every access is validated inside
+ * the slot. A reader with a stale slot pointer finds the slot MOVED (the
+ * value left), FREE, or holding another key, and goes the slow way; if the
+ * slot was reused for the same key, it is that key's live copy. State LIVE
+ * is stored after the value when a key arrives, and MOVED under the write
+ * lock before it leaves.
+ *
+ * Return: how many leading keys were served; the caller hands the rest to
+ * the request path. Context: the worker's thread.
+ */
 static size_t ops_fast(struct ferry_worker *w, struct ferry_table *t, uint8_t op,
 		       const uint64_t *keys, size_t n, const float *in, float *out)
 {
