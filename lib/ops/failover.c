@@ -162,9 +162,13 @@ static bool repl_failed(struct ferry *fy, uint32_t rank)
  * requester recorded last, and the other requesters drop their moves.
  *
  * Home dead (this is the new home; its records were rebuilt from the
- * ADOPTs): a key this node owns, or a live node owns (its record), makes
- * the requesters drop their moves, unless the record is one of them (it
- * asked here after the failure: this node asked the live owner); a key no
+ * ADOPTs): a key this node owns, or a live node owns (its record, and the
+ * copy names no failed node: an ADOPT made both), makes the requesters
+ * drop their moves, unless the record is one of them (it asked here after
+ * the failure: this node asked the live owner). A record of a live node
+ * beside a copy naming a failed one is a requester that asked here after
+ * the failure and waits behind one of @w: the chain goes on from the
+ * winner below, whose install hands the key on to it; a key no
  * copy of which is here, or whose copy names a live node, is being handed
  * over (the value still lands, and the requester tells this home then,
  * lib/reloc/); a key that was at the failed home goes to the requester
@@ -196,12 +200,18 @@ static uint32_t repl_end_moves(struct ferry *fy, struct ferry_table *t, uint32_t
 			win = rec; /* it was at the dead node */
 			drop = true;
 		}
-	} else if (rec != fy->rank && !repl_failed(fy, rec) && !rec_asked) {
+	} else if (rec != fy->rank && !repl_failed(fy, rec) && !rec_asked &&
+		   !repl_failed(fy, c->owner)) {
 		drop = true; /* a live owner */
 	} else if (repl_failed(fy, c->owner)) {
 		win = rec_asked ? rec : w[0].req; /* it was at the dead home */
 		drop = true;
 	}
+	ferry_dbg("move: table %u: key %llu: %zu moves wait (first to rank %u); record %u, "
+		  "copy of rank %d from %d, home %s; the winner %d, the others %s",
+		  t->id, (unsigned long long)key, n, w[0].req, rec, c ? (int)c->owner : -1,
+		  c ? (int)c->from : -1, home_died ? "failed" : "alive",
+		  win == UINT32_MAX ? -1 : (int)win, drop ? "dropped" : "wait");
 	for (size_t i = 0; i < n; i++) {
 		uint32_t req = w[i].req;
 
@@ -252,14 +262,22 @@ int ferry__repl_want(struct ferry_table *t, uint64_t key, uint32_t requester)
 	if (!t->repl)
 		return -ENOENT;
 	for (uint32_t d = 0; d < fy->world; d++)
-		if (t->repl->synced[d] && !t->repl->done[d])
+		if (t->repl->synced[d] && !t->repl->done[d]) {
+			ferry_dbg("move: table %u: the move of key %llu to rank %u waits for "
+				  "the takeover of rank %u",
+				  t->id, (unsigned long long)key, requester, d);
 			return ferry__repl_want_add(t, key, requester);
+		}
 	/*
 	 * No takeover to come: it is over, and the request came after it (a
 	 * LOCALIZE at the new home recorded before the takeover and handled
 	 * after, or sent after it). A key that was at the failed node is
-	 * ended now, from its backup, as the takeover would. Any other is on
-	 * its way to a live node (an old owner handed it over before it knew
+	 * ended now, from its backup, as the takeover would, and so is one
+	 * whose copy names the requester and a failed sender (the hand-over
+	 * to it died). One whose copy names the requester and a live sender
+	 * is on its way to it (a live old owner hands it over, or this home
+	 * ended the move: a move passed on, ferry__repl_want_pass, can come
+	 * after that). Any other is on its way to a live node (an old owner handed it over before it knew
 	 * of the failure; the receiver's ADOPT will record it here): the move
 	 * is dropped, its localize fails with -FERRY_E_PEER, and a retry finds
 	 * the key where the ADOPT put it.
@@ -269,6 +287,11 @@ int ferry__repl_want(struct ferry_table *t, uint64_t key, uint32_t requester)
 	c = (void *)(uintptr_t)ferry__keymap_get(&t->repl->copies, key);
 	if (c && repl_failed(fy, c->owner))
 		ended = repl_end_moves(fy, t, c->owner, &mv, &w, 1);
+	else if (c && c->owner == requester && repl_failed(fy, c->from))
+		ended = repl_end_moves(fy, t, c->from, &mv, &w, 1); /* its hand-over died */
+	else if (c && c->owner == requester)
+		ended = 1; /* its value is on its way (a live node hands it over, or this
+			    * home ended the move with the backup) */
 	if (!ended && !ferry__own(t, key)) {
 		if (ferry__owner(t, key) == requester)
 			(void)ferry__dir_owner_set(&t->dir, key, fy->rank); /* no record */
@@ -281,6 +304,42 @@ int ferry__repl_want(struct ferry_table *t, uint64_t key, uint32_t requester)
 		(void)ferry__repl_out_send(fy, t, &mv, r);
 	ferry__repl_out_fini(&mv, fy->world);
 	return 0;
+}
+
+int ferry__repl_want_pass(struct ferry_table *t, uint64_t key, uint32_t requester)
+{
+	struct ferry *fy = t->fy;
+	uint32_t h = ferry__home(t, key);
+	struct ferry_msg_copy *c;
+	struct repl_out o;
+	int rc;
+
+	if (!t->repl || h >= fy->world)
+		return -ENOENT;
+	rc = ferry__repl_out_init(&o, fy->world);
+	if (!rc) {
+		c = ferry__repl_out_add(fy, t, &o, h, NULL);
+		if (c) {
+			/* a frame also to this node: the home decides after
+			 * the takeover step that dropped the move is over */
+			*c = (struct ferry_msg_copy){ .key = key,
+						      .kind = FERRY_COPY_WANT,
+						      .owner = requester };
+			rc = ferry__repl_out_send(fy, t, &o, h);
+		} else {
+			rc = -ENOMEM;
+		}
+		ferry__repl_out_fini(&o, fy->world);
+	}
+	if (rc)
+		ferry_err("repl: table %u: cannot tell rank %u that rank %u's move of key %llu "
+			  "waited behind a dropped one (%s); that localize waits out its timeout",
+			  t->id, h, requester, (unsigned long long)key, ferry_strerror(rc));
+	else
+		ferry_dbg("move: table %u: rank %u's move of key %llu waited behind a dropped "
+			  "one here; its home rank %u ends it",
+			  t->id, requester, (unsigned long long)key, h);
+	return rc;
 }
 
 /* every live node sent its copies after @dead failed: take over, as the

@@ -100,6 +100,11 @@ void ferry__repl_adopt(struct ferry_table *t, uint64_t key, const struct ferry_s
  * key's failed home's, before the takeover): the coming takeover ends it.
  * 0, or -ENOENT (no replicas, or no takeover to come) / -ENOMEM */
 int ferry__repl_want(struct ferry_table *t, uint64_t key, uint32_t requester);
+/* a move of @key to this node was dropped (its failed old owner's home ended
+ * it so), and @requester's move of the key waited behind it here: tell the
+ * key's home, which ends @requester's move or drops it too. 0, or a
+ * negative errno (logged) */
+int ferry__repl_want_pass(struct ferry_table *t, uint64_t key, uint32_t requester);
 /* copies kept here, and their bytes (ferry_table_stats) */
 uint64_t ferry__repl_count(const struct ferry_table *t);
 uint64_t ferry__repl_bytes(const struct ferry_table *t);

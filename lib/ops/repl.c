@@ -411,7 +411,29 @@ void ferry__repl_on_repl(struct ferry *fy, struct ferry_table *t, uint32_t src,
 		const float *val = (const float *)(c + 1);
 
 		p += ferry__copy_size(c->len);
+		if (c->kind == FERRY_COPY_WANT && c->owner != src) {
+			/* passed on by a node whose move was dropped: @owner's
+			 * waited behind it (ferry__repl_want_pass) */
+			if (c->owner >= fy->world || ferry__home(t, c->key) != fy->rank) {
+				ferry_err("proto: rank %u passed on a move of key %llu to rank "
+					  "%u, which rank %u is not the home of or which is no "
+					  "rank; ignored",
+					  src, (unsigned long long)c->key, c->owner, fy->rank);
+				continue;
+			}
+			ferry_dbg("move: table %u: rank %u passes on rank %u's move of key "
+				  "%llu",
+				  t->id, src, c->owner, (unsigned long long)c->key);
+			if (!atomic_load_explicit(&fy->failed[c->owner], memory_order_relaxed) &&
+			    ferry__repl_want(t, c->key, c->owner) == -ENOMEM)
+				ferry_err("repl: out of memory noting rank %u's move of key %llu; "
+					  "it waits out its timeout",
+					  c->owner, (unsigned long long)c->key);
+			continue;
+		}
 		if (c->kind == FERRY_COPY_WANT) {
+			ferry_dbg("move: table %u: rank %u waits for key %llu", t->id, src,
+				  (unsigned long long)c->key);
 			if (ferry__repl_want_add(t, c->key, src))
 				ferry_err("repl: out of memory noting rank %u's move of key %llu; "
 					  "it fails",

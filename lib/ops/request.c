@@ -525,6 +525,25 @@ static inline struct ferry_slot *ops_fast_ahead(const struct ferry_table *t, uin
 	return s;
 }
 
+/* serve @key from its slot @s at *@off of @in / @out: false when it goes the
+ * slow way (no slot, or the slot is no longer the key's live copy) */
+static inline bool ops_fast_one(struct ferry_table *t, struct ferry_slot *s, uint64_t key,
+				uint8_t op, const float *in, float *out, size_t *off)
+{
+	uint32_t len = ferry__value_len(t, key);
+
+	if (!s)
+		return false;
+	if (op == FERRY_OP_PULL) {
+		if (ferry__slot_read(s, key, out + *off, len))
+			return false;
+	} else if (ferry__slot_update(&t->arena, s, key, in + *off, len, op == FERRY_OP_PUSH)) {
+		return false;
+	}
+	*off += len;
+	return true;
+}
+
 /* ops_fast() for a batch of more than OPS_AHEAD keys: the look-ahead above */
 static size_t ops_fast_batch(const struct ferry_worker *w, struct ferry_table *t, uint8_t op,
 			     const uint64_t *keys, size_t n, const float *in, float *out)
@@ -540,7 +559,6 @@ static size_t ops_fast_batch(const struct ferry_worker *w, struct ferry_table *t
 	for (i = 0; i < n; i++) {
 		uint64_t key = keys[i];
 		struct ferry_slot *s = ahead[i % OPS_AHEAD];
-		uint32_t len;
 
 		if (!ferry__key_ok(t, key) || (w->inflight_n && ferry__ops_inflight_has(w, key)))
 			break; /* the request path reports it, or holds it */
@@ -548,17 +566,8 @@ static size_t ops_fast_batch(const struct ferry_worker *w, struct ferry_table *t
 			ahead[i % OPS_AHEAD] = ops_fast_ahead(t, keys[i + OPS_AHEAD], op);
 		if (i + 2 * OPS_AHEAD < n)
 			ferry__dir_own_prefetch(&t->dir, keys[i + 2 * OPS_AHEAD]);
-		if (!s)
+		if (!ops_fast_one(t, s, key, op, in, out, &off))
 			break;
-		len = ferry__value_len(t, key);
-		if (op == FERRY_OP_PULL) {
-			if (ferry__slot_read(s, key, out + off, len))
-				break;
-		} else if (ferry__slot_update(&t->arena, s, key, in + off, len,
-					      op == FERRY_OP_PUSH)) {
-			break;
-		}
-		off += len;
 	}
 	return i;
 }
@@ -585,7 +594,6 @@ static size_t ops_fast(struct ferry_worker *w, struct ferry_table *t, uint8_t op
 		       const uint64_t *keys, size_t n, const float *in, float *out)
 {
 	struct ferry_fastrd_cell *cell;
-	struct ferry_slot *s;
 	size_t i, off = 0;
 
 	/* held requests go first (they wait for keys in flight, and a key of
@@ -603,23 +611,12 @@ static size_t ops_fast(struct ferry_worker *w, struct ferry_table *t, uint8_t op
 		 * lookup and a seqlock read */
 		for (i = 0; i < n; i++) {
 			uint64_t key = keys[i];
-			uint32_t len;
 
 			if (!ferry__key_ok(t, key) ||
 			    (w->inflight_n && ferry__ops_inflight_has(w, key)))
 				break; /* the request path reports it, or holds it */
-			len = ferry__value_len(t, key);
-			s = ferry__own(t, key);
-			if (!s)
+			if (!ops_fast_one(t, ferry__own(t, key), key, op, in, out, &off))
 				break;
-			if (op == FERRY_OP_PULL) {
-				if (ferry__slot_read(s, key, out + off, len))
-					break;
-			} else if (ferry__slot_update(&t->arena, s, key, in + off, len,
-						      op == FERRY_OP_PUSH)) {
-				break;
-			}
-			off += len;
 		}
 	}
 	ferry__fastrd_leave(cell);

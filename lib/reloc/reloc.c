@@ -281,6 +281,8 @@ static void reloc_on_localize(struct ferry *fy, struct ferry_table *t, uint32_t 
 			continue;
 		}
 		cur = ferry__owner(t, mv->key);
+		ferry_dbg("move: table %u: rank %u asks for key %llu; the record names rank %u",
+			  t->id, src, (unsigned long long)mv->key, cur);
 		if (cur == fy->rank && t->repl && ferry__reloc_failed_home_move(t, mv->key, src))
 			continue; /* a failed home's key: lib/reloc/stuck.c */
 		if (cur == src) {
@@ -551,6 +553,9 @@ static void reloc_on_handover_req(struct ferry *fy, struct ferry_table *t, uint3
 				it->landing = mv->landing;
 				it->ticket = mv->ticket;
 				ferry__pend_append(e, it);
+				ferry_dbg("move: table %u: key %llu for rank %u waits behind "
+					  "the move to here",
+					  t->id, (unsigned long long)mv->key, m->requester);
 			} else if (!e && src == fy->rank && t->repl) {
 				want = true; /* a failed home's key: lib/reloc/stuck.c */
 			} else {
@@ -667,8 +672,10 @@ static void reloc_install(struct ferry *fy, struct ferry_table *t, struct ferry_
  * (lib/ops/repl.c, through fy->move_fill). @keep: this node is the last
  * requester: the move ends with @val, the backup's copy. Else a later
  * requester takes the key: the move is dropped, its slot and landing entry
- * go back, queued operations go on through the home, and its localize
- * waiters get -FERRY_E_PEER. Progress thread. Return: 0, or -ENOENT when no
+ * go back, queued operations go on through the home, moves queued behind it
+ * are passed on to the home (their requesters would wait for a hand-over
+ * from here that never comes), and its localize waiters get -FERRY_E_PEER.
+ * Progress thread. Return: 0, or -ENOENT when no
  * move of @key waits here.
  */
 static int reloc_move_fill(struct ferry_table *t, uint64_t key, const float *val, uint32_t len,
@@ -680,6 +687,9 @@ static int reloc_move_fill(struct ferry_table *t, uint64_t key, const float *val
 
 	pthread_mutex_lock(&t->pend.lock);
 	e = ferry__pend_find(&t->pend, key);
+	ferry_dbg("move: table %u: the home ends the move of key %llu to here (%s): %s", t->id,
+		  (unsigned long long)key, keep ? "with the backup" : "dropped",
+		  e ? "it waited" : "none waits");
 	if (!e) {
 		pthread_mutex_unlock(&t->pend.lock);
 		return -ENOENT;
@@ -692,6 +702,8 @@ static int reloc_move_fill(struct ferry_table *t, uint64_t key, const float *val
 			e->head = it->next;
 			if (it->kind == FERRY_PEND_OP)
 				ferry__ops_forward_one(fy, t, &it->op, &it->key, it->vals);
+			else /* its requester waits for us: the home decides */
+				(void)ferry__repl_want_pass(t, key, it->requester);
 			free(it);
 		}
 		e->tail = NULL;

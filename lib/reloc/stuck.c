@@ -39,6 +39,9 @@ static void reloc_mark_stuck(void *arg, struct ferry_pend *e)
 	if (e->stuck || ferry__home_as(st->t, e->key, st->rank) != st->rank)
 		return;
 	e->stuck = -FERRY_E_PEER;
+	ferry_dbg("move: table %u: the move of key %llu to here is stuck: its home rank %u "
+		  "failed",
+		  st->t->id, (unsigned long long)e->key, st->rank);
 	while ((it = *pp)) {
 		if (it->kind != FERRY_PEND_OP) {
 			last = it;
