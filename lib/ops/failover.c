@@ -47,7 +47,7 @@ static void repl_walk_want(void *arg, struct ferry_pend *e)
 	if (h >= w->fy->world)
 		return;
 	if (h == w->fy->rank) {
-		if (ferry__repl_want_add(w->t, e->key, h))
+		if (ferry__repl_want_add(w->t, e->key, h, false))
 			w->rc = -ENOMEM;
 		return;
 	}
@@ -133,6 +133,37 @@ static void repl_fill(struct ferry *fy, struct ferry_table *t, struct repl_out *
 				   NULL, val, NULL);
 }
 
+/*
+ * Several live requesters wait for a key that was at the failed node, and
+ * none of them is known to be the one its hand-over would have gone to (the
+ * home knows only the last of a chain, and that one failed, or a failed
+ * home's records are gone): the winner's install could hand the key on to
+ * one of them whose move was dropped. Every move is dropped instead (they
+ * pass on what queued behind them), and the home installs the key from its
+ * backup; the requesters' localizes fail with -FERRY_E_PEER, and a retry
+ * moves the key from here. Return: 1 when the key is live here.
+ */
+static uint32_t repl_end_here(struct ferry *fy, struct ferry_table *t, struct repl_out *mv,
+			      uint64_t key, struct repl_copy *c)
+{
+	uint32_t bn;
+	struct ferry_slot *s;
+
+	if (repl_install(t, key, c)) {
+		ferry_err("repl: table %u: key %llu could not be taken over on rank %u (no free "
+			  "slot or memory); raise the table's capacity",
+			  t->id, (unsigned long long)key, fy->rank);
+		return 0;
+	}
+	s = ferry__own(t, key);
+	ferry__repl_copy_del(t, key);
+	bn = ferry__repl_backup(t, key, fy->rank);
+	if (bn < fy->world && s)
+		(void)ferry__repl_out_copy(fy, t, mv, bn, key, fy->rank, FERRY_COPY_VALUE, s, NULL,
+					   NULL);
+	return 1;
+}
+
 static int repl_want_cmp(const void *a, const void *b)
 {
 	const struct repl_want *x = a, *y = b;
@@ -171,17 +202,25 @@ static bool repl_failed(struct ferry *fy, uint32_t rank)
  * winner below, whose install hands the key on to it; a key no
  * copy of which is here, or whose copy names a live node, is being handed
  * over (the value still lands, and the requester tells this home then,
- * lib/reloc/); a key that was at the failed home goes to the requester
- * recorded here, or else to the first, and the others drop their moves.
+ * lib/reloc/); a key that was at the failed home goes to the head of the
+ * chain asked here after the failure (the requester this home first
+ * recorded, ferry__repl_want_head), or else to the requester recorded
+ * here, or else to the first, and the others drop their moves.
+ *
+ * The record then names the winner, unless it names a live requester that
+ * did not ask and so waits behind the winner in a chain: the winner's
+ * install hands the key on to it, and the record stays.
  * Return: the moves ended with a value.
  */
 static uint32_t repl_end_moves(struct ferry *fy, struct ferry_table *t, uint32_t dead,
 			       struct repl_out *mv, const struct repl_want *w, size_t n)
 {
 	uint64_t key = w[0].key;
-	uint32_t rec = ferry__owner(t, key), win = UINT32_MAX;
+	uint32_t rec = ferry__owner(t, key), win = UINT32_MAX, head = UINT32_MAX, head_seq = 0;
+	uint32_t live = UINT32_MAX, nlive = 0;
 	struct repl_copy *c = (void *)(uintptr_t)ferry__keymap_get(&t->repl->copies, key);
 	bool home_died = ferry__home_as(t, key, dead) == dead, drop = false, rec_asked = false;
+	bool chained, here = false;
 
 	if (ferry__home(t, key) != fy->rank)
 		return 0;
@@ -189,6 +228,14 @@ static uint32_t repl_end_moves(struct ferry *fy, struct ferry_table *t, uint32_t
 		if (c && c->owner == w[i].req && repl_failed(fy, c->from))
 			win = w[i].req; /* the dead node's hand-over to it never came */
 		rec_asked |= w[i].req == rec;
+		if (w[i].head > head_seq) {
+			head_seq = w[i].head;
+			head = w[i].req;
+		}
+		if (!repl_failed(fy, w[i].req) && (!i || w[i].req != w[i - 1].req)) {
+			live = w[i].req; /* sorted by requester: each counted once */
+			nlive++;
+		}
 	}
 	if (ferry__own(t, key)) {
 		drop = home_died; /* it lives here */
@@ -197,33 +244,56 @@ static uint32_t repl_end_moves(struct ferry *fy, struct ferry_table *t, uint32_t
 		/* nothing known here (a hand-over lands), or a winner above */
 	} else if (!home_died) {
 		if (repl_failed(fy, c->owner)) {
-			win = rec; /* it was at the dead node */
+			/* it was at the dead node: to the last requester, or to
+			 * the one left when the last failed too */
+			win = !repl_failed(fy, rec) ? rec : nlive == 1 ? live : UINT32_MAX;
+			here = win == UINT32_MAX && nlive > 1;
 			drop = true;
 		}
 	} else if (rec != fy->rank && !repl_failed(fy, rec) && !rec_asked &&
 		   !repl_failed(fy, c->owner)) {
 		drop = true; /* a live owner */
 	} else if (repl_failed(fy, c->owner)) {
-		win = rec_asked ? rec : w[0].req; /* it was at the dead home */
+		/* it was at the dead home: the chain asked here starts at its head */
+		win = head != UINT32_MAX ? head : rec_asked ? rec : nlive == 1 ? live : UINT32_MAX;
+		here = win == UINT32_MAX && nlive > 1;
 		drop = true;
 	}
-	ferry_dbg("move: table %u: key %llu: %zu moves wait (first to rank %u); record %u, "
-		  "copy of rank %d from %d, home %s; the winner %d, the others %s",
-		  t->id, (unsigned long long)key, n, w[0].req, rec, c ? (int)c->owner : -1,
-		  c ? (int)c->from : -1, home_died ? "failed" : "alive",
-		  win == UINT32_MAX ? -1 : (int)win, drop ? "dropped" : "wait");
+	ferry_dbg("move: table %u: key %llu: %zu moves wait (first to rank %u, head %d); record "
+		  "%u, copy of rank %d from %d, home %s; the winner %d, the others %s",
+		  t->id, (unsigned long long)key, n, w[0].req, head == UINT32_MAX ? -1 : (int)head,
+		  rec, c ? (int)c->owner : -1, c ? (int)c->from : -1,
+		  home_died ? "failed" : "alive",
+		  here		    ? (int)fy->rank :
+		  win == UINT32_MAX ? -1 :
+				      (int)win,
+		  drop ? "dropped" : "wait");
 	for (size_t i = 0; i < n; i++) {
 		uint32_t req = w[i].req;
 
 		if (drop && req != win && !repl_failed(fy, req) && (!i || req != w[i - 1].req))
 			repl_fill(fy, t, mv, key, req, NULL, 0, false);
 	}
+	if (here) /* after the drops: this node's own move is gone */
+		return repl_end_here(fy, t, mv, key, c);
 	if (win == UINT32_MAX || repl_failed(fy, win))
 		return 0;
+	/*
+	 * The record stays when it names a live requester that did not ask
+	 * (not in @w) and waits behind the winner: the winner's install hands
+	 * the key on along the chain to it. Here, "no record" reads as this
+	 * node, which waits only with a move of its own under way.
+	 */
+	chained = rec != win && !rec_asked && !repl_failed(fy, rec);
+	if (chained && rec == fy->rank) {
+		pthread_mutex_lock(&t->pend.lock);
+		chained = ferry__pend_find(&t->pend, key) != NULL;
+		pthread_mutex_unlock(&t->pend.lock);
+	}
 	repl_fill(fy, t, mv, key, win, c->v, c->len, true);
 	if (win == fy->rank) {
 		ferry__repl_copy_del(t, key); /* live here: the main loop copies it */
-	} else if (!ferry__dir_owner_set(&t->dir, key, win)) {
+	} else if (chained || !ferry__dir_owner_set(&t->dir, key, win)) {
 		c->owner = win; /* the requester's backup, here */
 		c->from = fy->rank;
 	}
@@ -251,10 +321,10 @@ static uint32_t repl_take_wanted(struct ferry *fy, struct ferry_table *t, uint32
 	return ended;
 }
 
-int ferry__repl_want(struct ferry_table *t, uint64_t key, uint32_t requester)
+static int repl_want(struct ferry_table *t, uint64_t key, uint32_t requester, bool head)
 {
 	struct ferry *fy = t->fy;
-	struct repl_want w = { .key = key, .req = requester };
+	struct repl_want w = { .key = key, .req = requester, .head = head };
 	struct repl_copy *c;
 	struct repl_out mv;
 	uint32_t ended = 0;
@@ -266,7 +336,7 @@ int ferry__repl_want(struct ferry_table *t, uint64_t key, uint32_t requester)
 			ferry_dbg("move: table %u: the move of key %llu to rank %u waits for "
 				  "the takeover of rank %u",
 				  t->id, (unsigned long long)key, requester, d);
-			return ferry__repl_want_add(t, key, requester);
+			return ferry__repl_want_add(t, key, requester, head);
 		}
 	/*
 	 * No takeover to come: it is over, and the request came after it (a
@@ -292,8 +362,10 @@ int ferry__repl_want(struct ferry_table *t, uint64_t key, uint32_t requester)
 	else if (c && c->owner == requester)
 		ended = 1; /* its value is on its way (a live node hands it over, or this
 			    * home ended the move with the backup) */
-	if (!ended && !ferry__own(t, key)) {
-		if (ferry__owner(t, key) == requester)
+	if (!ended) {
+		/* (a key this home holds: a move passed on to it, whose chain
+		 * the takeover dropped, repl_end_here) */
+		if (ferry__owner(t, key) == requester && !ferry__own(t, key))
 			(void)ferry__dir_owner_set(&t->dir, key, fy->rank); /* no record */
 		repl_fill(fy, t, &mv, key, requester, NULL, 0, false);
 		ferry_dbg("repl: table %u: the move of key %llu to rank %u found no value at its "
@@ -304,6 +376,16 @@ int ferry__repl_want(struct ferry_table *t, uint64_t key, uint32_t requester)
 		(void)ferry__repl_out_send(fy, t, &mv, r);
 	ferry__repl_out_fini(&mv, fy->world);
 	return 0;
+}
+
+int ferry__repl_want(struct ferry_table *t, uint64_t key, uint32_t requester)
+{
+	return repl_want(t, key, requester, false);
+}
+
+int ferry__repl_want_head(struct ferry_table *t, uint64_t key, uint32_t requester)
+{
+	return repl_want(t, key, requester, true);
 }
 
 int ferry__repl_want_pass(struct ferry_table *t, uint64_t key, uint32_t requester)

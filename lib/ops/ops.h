@@ -100,6 +100,10 @@ void ferry__repl_adopt(struct ferry_table *t, uint64_t key, const struct ferry_s
  * key's failed home's, before the takeover): the coming takeover ends it.
  * 0, or -ENOENT (no replicas, or no takeover to come) / -ENOMEM */
 int ferry__repl_want(struct ferry_table *t, uint64_t key, uint32_t requester);
+/* the same for a failed home's key the new home recorded @requester as the
+ * owner of (it held nothing of the key): the head of the chain of moves
+ * asked there after the failure, which the takeover ends first */
+int ferry__repl_want_head(struct ferry_table *t, uint64_t key, uint32_t requester);
 /* a move of @key to this node was dropped (its failed old owner's home ended
  * it so), and @requester's move of the key waited behind it here: tell the
  * key's home, which ends @requester's move or drops it too. 0, or a

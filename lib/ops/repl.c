@@ -337,7 +337,7 @@ bad:
 
 /* ---- the backup: keeping copies ----------------------------------------- */
 
-int ferry__repl_want_add(struct ferry_table *t, uint64_t key, uint32_t req)
+int ferry__repl_want_add(struct ferry_table *t, uint64_t key, uint32_t req, bool head)
 {
 	struct ferry_repl *rp = t->repl;
 
@@ -350,7 +350,8 @@ int ferry__repl_want_add(struct ferry_table *t, uint64_t key, uint32_t req)
 		rp->wants = w;
 		rp->wants_cap = cap;
 	}
-	rp->wants[rp->nwants++] = (struct repl_want){ .key = key, .req = req };
+	rp->wants[rp->nwants++] =
+		(struct repl_want){ .key = key, .req = req, .head = head ? ++rp->head_seq : 0 };
 	return 0;
 }
 
@@ -434,7 +435,7 @@ void ferry__repl_on_repl(struct ferry *fy, struct ferry_table *t, uint32_t src,
 		if (c->kind == FERRY_COPY_WANT) {
 			ferry_dbg("move: table %u: rank %u waits for key %llu", t->id, src,
 				  (unsigned long long)c->key);
-			if (ferry__repl_want_add(t, c->key, src))
+			if (ferry__repl_want_add(t, c->key, src, false))
 				ferry_err("repl: out of memory noting rank %u's move of key %llu; "
 					  "it fails",
 					  src, (unsigned long long)c->key);

@@ -18,6 +18,10 @@ struct repl_copy {
 struct repl_want {
 	uint64_t key;
 	uint32_t req;
+	/* 0, or the order in which the new home of a failed home's key
+	 * recorded @req as its owner (ferry__repl_want_head): the head of the
+	 * chain of moves asked there after the failure */
+	uint32_t head;
 };
 
 struct repl_held {
@@ -36,6 +40,7 @@ struct ferry_repl {
 	 * one per move under way to a key homed here when a node failed */
 	struct repl_want *wants;
 	size_t nwants, wants_cap;
+	uint32_t head_seq; /* the last repl_want.head handed out */
 	struct repl_held *held;
 	uint64_t next_token;
 	uint8_t **synced; /* per failed rank: which ranks sent their SYNC (world bytes) */
@@ -71,8 +76,9 @@ int ferry__repl_out_copy(struct ferry *fy, struct ferry_table *t, struct repl_ou
 void ferry__repl_out_fini(struct repl_out *o, uint32_t world);
 /* send the held reply at *@pp and unlink it */
 void ferry__repl_release(struct ferry *fy, struct ferry_table *t, struct repl_held **pp);
-/* note that @req's move of @key waits (WANT); Return: 0 or -ENOMEM */
-int ferry__repl_want_add(struct ferry_table *t, uint64_t key, uint32_t req);
+/* note that @req's move of @key waits (WANT; @head: ferry__repl_want_head's);
+ * Return: 0 or -ENOMEM */
+int ferry__repl_want_add(struct ferry_table *t, uint64_t key, uint32_t req, bool head);
 void ferry__repl_copy_del(struct ferry_table *t, uint64_t key);
 /* keep a copy (@val NULL: the key's initial value) */
 int ferry__repl_copy_put(struct ferry_table *t, uint64_t key, uint32_t owner, uint32_t from,

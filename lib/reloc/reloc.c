@@ -696,6 +696,23 @@ static int reloc_move_fill(struct ferry_table *t, uint64_t key, const float *val
 	}
 	ferry__pend_del(&t->pend, e);
 	if (keep) {
+		/* a hand-over queued for a failed node would put the key where
+		 * no takeover comes for it any more (the home ended this move
+		 * after that failure's takeover, or knows it): it stays here */
+		for (struct ferry_pend_item **pp = &e->head; (it = *pp);) {
+			if (it->kind != FERRY_PEND_OP &&
+			    atomic_load_explicit(&fy->failed[it->requester],
+						 memory_order_relaxed)) {
+				*pp = it->next;
+				e->nqueued--;
+				free(it);
+			} else {
+				e->tail = it;
+				pp = &it->next;
+			}
+		}
+		if (!e->head)
+			e->tail = NULL;
 		reloc_install(fy, t, e, val, len);
 	} else {
 		while ((it = e->head)) {

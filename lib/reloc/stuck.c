@@ -131,7 +131,7 @@ bool ferry__reloc_failed_home_move(struct ferry_table *t, uint64_t key, uint32_t
 
 void ferry__reloc_failed_home_want(struct ferry_table *t, uint64_t key, uint32_t requester)
 {
-	if (ferry__repl_want(t, key, requester))
+	if (ferry__repl_want_head(t, key, requester))
 		ferry_err("reloc: out of memory noting rank %u's move of key %llu of table %u at "
 			  "its new home; the move waits out the timeout",
 			  requester, (unsigned long long)key, t->id);
