@@ -41,6 +41,18 @@ struct mf_matrix {
 /** mf_matrix_free - free @m's entries and zero it; @m may be zeroed already */
 void mf_matrix_free(struct mf_matrix *m);
 
+/* a data file being read: where, for error messages */
+struct mf_parse {
+	const char *path;
+	size_t line; /* 0: not in a line */
+	char *err;   /* the message, "path:line: ...", or NULL */
+	size_t errlen;
+};
+
+/** mf_parse_fail - write "path:line: <fmt>" into @c's err; return @rc */
+int mf_parse_fail(struct mf_parse *c, int rc, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
 /**
  * mf_mmio_read - read a MatrixMarket coordinate file
  * @path: the file

@@ -29,17 +29,7 @@ void mf_matrix_free(struct mf_matrix *m)
 	memset(m, 0, sizeof(*m));
 }
 
-struct mmio_ctx {
-	const char *path;
-	size_t line;
-	char *err;
-	size_t errlen;
-};
-
-static int mmio_fail(struct mmio_ctx *c, int rc, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
-
-static int mmio_fail(struct mmio_ctx *c, int rc, const char *fmt, ...)
+int mf_parse_fail(struct mf_parse *c, int rc, const char *fmt, ...)
 {
 	va_list ap;
 	int n;
@@ -92,7 +82,7 @@ static int mmio_uint(const char *tok, uint64_t max, uint64_t *v_p)
 	return 0;
 }
 
-static int mmio_header(struct mmio_ctx *c, char *line)
+static int mmio_header(struct mf_parse *c, char *line)
 {
 	static const char *const want[] = { "%%MatrixMarket", "matrix", "coordinate" };
 	char *s = line, *tok;
@@ -100,7 +90,7 @@ static int mmio_header(struct mmio_ctx *c, char *line)
 	for (size_t k = 0; k < 3; k++) {
 		tok = mmio_token(&s);
 		if (!tok || strcasecmp(tok, want[k]))
-			return mmio_fail(
+			return mf_parse_fail(
 				c, -EINVAL,
 				"not a MatrixMarket coordinate file: the first line must be "
 				"'%%%%MatrixMarket matrix coordinate real general'");
@@ -108,21 +98,22 @@ static int mmio_header(struct mmio_ctx *c, char *line)
 	tok = mmio_token(&s);
 	if (!tok ||
 	    (strcasecmp(tok, "real") && strcasecmp(tok, "integer") && strcasecmp(tok, "double")))
-		return mmio_fail(c, -EINVAL,
-				 "field '%s' is not supported; ferry-mf reads 'real' or 'integer'",
-				 tok ? tok : "(missing)");
+		return mf_parse_fail(
+			c, -EINVAL,
+			"field '%s' is not supported; ferry-mf reads 'real' or 'integer'",
+			tok ? tok : "(missing)");
 	tok = mmio_token(&s);
 	if (!tok || strcasecmp(tok, "general"))
-		return mmio_fail(c, -EINVAL,
-				 "symmetry '%s' is not supported; ferry-mf reads 'general' "
-				 "(expand the matrix first)",
-				 tok ? tok : "(missing)");
+		return mf_parse_fail(c, -EINVAL,
+				     "symmetry '%s' is not supported; ferry-mf reads 'general' "
+				     "(expand the matrix first)",
+				     tok ? tok : "(missing)");
 	if (mmio_token(&s))
-		return mmio_fail(c, -EINVAL, "unexpected text after the header's symmetry");
+		return mf_parse_fail(c, -EINVAL, "unexpected text after the header's symmetry");
 	return 0;
 }
 
-static int mmio_size(struct mmio_ctx *c, char *line, struct mf_matrix *m)
+static int mmio_size(struct mf_parse *c, char *line, struct mf_matrix *m)
 {
 	char *s = line;
 	uint64_t rows, cols, nnz;
@@ -130,19 +121,20 @@ static int mmio_size(struct mmio_ctx *c, char *line, struct mf_matrix *m)
 	if (mmio_uint(mmio_token(&s), MF_MAX_DIM, &rows) ||
 	    mmio_uint(mmio_token(&s), MF_MAX_DIM, &cols) ||
 	    mmio_uint(mmio_token(&s), SIZE_MAX / sizeof(struct mf_entry), &nnz) || mmio_token(&s))
-		return mmio_fail(c, -EINVAL,
-				 "malformed size line: expected 'ROWS COLS NNZ' (rows and columns "
-				 "at most %" PRIu64 ")",
-				 MF_MAX_DIM);
+		return mf_parse_fail(
+			c, -EINVAL,
+			"malformed size line: expected 'ROWS COLS NNZ' (rows and columns "
+			"at most %" PRIu64 ")",
+			MF_MAX_DIM);
 	if (!rows || !cols)
-		return mmio_fail(c, -EINVAL, "the matrix has no rows or no columns");
+		return mf_parse_fail(c, -EINVAL, "the matrix has no rows or no columns");
 	m->rows = rows;
 	m->cols = cols;
 	m->nnz = nnz;
 	return 0;
 }
 
-static int mmio_entry(struct mmio_ctx *c, char *line, const struct mf_matrix *m, struct mf_entry *e)
+static int mmio_entry(struct mf_parse *c, char *line, const struct mf_matrix *m, struct mf_entry *e)
 {
 	char *s = line, *ti, *tj, *tv, *end;
 	uint64_t i, j;
@@ -152,23 +144,25 @@ static int mmio_entry(struct mmio_ctx *c, char *line, const struct mf_matrix *m,
 	tj = mmio_token(&s);
 	tv = mmio_token(&s);
 	if (!tv)
-		return mmio_fail(c, -EINVAL, "truncated entry: expected 'ROW COL VALUE'");
+		return mf_parse_fail(c, -EINVAL, "truncated entry: expected 'ROW COL VALUE'");
 	if (mmio_token(&s))
-		return mmio_fail(c, -EINVAL, "malformed entry: more than 'ROW COL VALUE'");
+		return mf_parse_fail(c, -EINVAL, "malformed entry: more than 'ROW COL VALUE'");
 	if (mmio_uint(ti, UINT64_MAX, &i) || mmio_uint(tj, UINT64_MAX, &j))
-		return mmio_fail(c, -EINVAL, "malformed entry: '%s %s' are not indices", ti, tj);
+		return mf_parse_fail(c, -EINVAL, "malformed entry: '%s %s' are not indices", ti,
+				     tj);
 	if (i < 1 || i > m->rows)
-		return mmio_fail(c, -EINVAL, "row index %" PRIu64 " out of range 1..%" PRIu64, i,
-				 m->rows);
+		return mf_parse_fail(c, -EINVAL, "row index %" PRIu64 " out of range 1..%" PRIu64,
+				     i, m->rows);
 	if (j < 1 || j > m->cols)
-		return mmio_fail(c, -EINVAL, "column index %" PRIu64 " out of range 1..%" PRIu64, j,
-				 m->cols);
+		return mf_parse_fail(c, -EINVAL,
+				     "column index %" PRIu64 " out of range 1..%" PRIu64, j,
+				     m->cols);
 	errno = 0;
 	v = strtod(tv, &end);
 	if (errno == ERANGE && fabs(v) > 1.0)
-		return mmio_fail(c, -EINVAL, "value '%s' overflows", tv);
+		return mf_parse_fail(c, -EINVAL, "value '%s' overflows", tv);
 	if (*end || end == tv || !isfinite(v) || fabs(v) > 3.4e38)
-		return mmio_fail(c, -EINVAL, "malformed value '%s'", tv);
+		return mf_parse_fail(c, -EINVAL, "malformed value '%s'", tv);
 	e->i = (uint32_t)(i - 1);
 	e->j = (uint32_t)(j - 1);
 	e->v = (float)v;
@@ -184,7 +178,7 @@ static int mmio_blank(const char *s)
 
 int mf_mmio_read(const char *path, struct mf_matrix *m_p, char *err, size_t errlen)
 {
-	struct mmio_ctx c = { .path = path, .err = err, .errlen = errlen };
+	struct mf_parse c = { .path = path, .err = err, .errlen = errlen };
 	struct mf_matrix m = { 0 };
 	size_t cap = 0, got = 0, n = 0;
 	int have_size = 0, rc;
@@ -197,12 +191,13 @@ int mf_mmio_read(const char *path, struct mf_matrix *m_p, char *err, size_t errl
 	f = fopen(path, "r");
 	if (!f) {
 		rc = -errno;
-		return mmio_fail(&c, rc, "cannot open: %s", strerror(-rc));
+		return mf_parse_fail(&c, rc, "cannot open: %s", strerror(-rc));
 	}
 	while ((len = getline(&line, &n, f)) >= 0) {
 		c.line++;
 		if ((size_t)len != strlen(line)) {
-			rc = mmio_fail(&c, -EINVAL, "a NUL byte inside the line; not a text file");
+			rc = mf_parse_fail(&c, -EINVAL,
+					   "a NUL byte inside the line; not a text file");
 			goto err_free;
 		}
 		if (c.line == 1) {
@@ -222,14 +217,15 @@ int mf_mmio_read(const char *path, struct mf_matrix *m_p, char *err, size_t errl
 			cap = m.nnz < 1024 ? m.nnz : 1024;
 			m.e = malloc((cap ? cap : 1) * sizeof(*m.e));
 			if (!m.e) {
-				rc = mmio_fail(&c, -ENOMEM, "out of memory");
+				rc = mf_parse_fail(&c, -ENOMEM, "out of memory");
 				goto err_free;
 			}
 			continue;
 		}
 		if (got == m.nnz) {
-			rc = mmio_fail(&c, -EINVAL,
-				       "more entries than the %zu the size line announced", m.nnz);
+			rc = mf_parse_fail(&c, -EINVAL,
+					   "more entries than the %zu the size line announced",
+					   m.nnz);
 			goto err_free;
 		}
 		if (got == cap) {
@@ -237,7 +233,8 @@ int mf_mmio_read(const char *path, struct mf_matrix *m_p, char *err, size_t errl
 			struct mf_entry *ne = realloc(m.e, ncap * sizeof(*ne));
 
 			if (!ne) {
-				rc = mmio_fail(&c, -ENOMEM, "out of memory for %zu entries", ncap);
+				rc = mf_parse_fail(&c, -ENOMEM, "out of memory for %zu entries",
+						   ncap);
 				goto err_free;
 			}
 			m.e = ne;
@@ -250,21 +247,21 @@ int mf_mmio_read(const char *path, struct mf_matrix *m_p, char *err, size_t errl
 	}
 	if (ferror(f)) {
 		rc = -EIO;
-		mmio_fail(&c, rc, "read error");
+		mf_parse_fail(&c, rc, "read error");
 		goto err_free;
 	}
 	if (c.line == 0) {
-		rc = mmio_fail(&c, -EINVAL, "empty file; expected a MatrixMarket header");
+		rc = mf_parse_fail(&c, -EINVAL, "empty file; expected a MatrixMarket header");
 		goto err_free;
 	}
 	if (!have_size) {
-		rc = mmio_fail(&c, -EINVAL, "truncated file: no size line 'ROWS COLS NNZ'");
+		rc = mf_parse_fail(&c, -EINVAL, "truncated file: no size line 'ROWS COLS NNZ'");
 		goto err_free;
 	}
 	if (got < m.nnz) {
-		rc = mmio_fail(&c, -EINVAL,
-			       "truncated file: the size line announced %zu entries, found %zu",
-			       m.nnz, got);
+		rc = mf_parse_fail(&c, -EINVAL,
+				   "truncated file: the size line announced %zu entries, found %zu",
+				   m.nnz, got);
 		goto err_free;
 	}
 	free(line);

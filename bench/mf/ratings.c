@@ -140,35 +140,6 @@ int mf_ids_get(struct mf_ids *ids, const char *raw, size_t len, int add, uint32_
 
 /* ---- reading ------------------------------------------------------------- */
 
-struct rt_ctx {
-	const char *path;
-	size_t line;
-	char *err;
-	size_t errlen;
-};
-
-static int rt_fail(struct rt_ctx *c, int rc, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
-
-static int rt_fail(struct rt_ctx *c, int rc, const char *fmt, ...)
-{
-	va_list ap;
-	int n;
-
-	if (!c->err || !c->errlen)
-		return rc;
-	if (c->line)
-		n = snprintf(c->err, c->errlen, "%s:%zu: ", c->path, c->line);
-	else
-		n = snprintf(c->err, c->errlen, "%s: ", c->path);
-	if (n < 0 || (size_t)n >= c->errlen)
-		return rc;
-	va_start(ap, fmt);
-	vsnprintf(c->err + n, c->errlen - (size_t)n, fmt, ap);
-	va_end(ap);
-	return rc;
-}
-
 const char *mf_format_name(enum mf_format fmt)
 {
 	static const char *const names[] = {
@@ -206,7 +177,7 @@ static enum mf_format rt_guess(const char *line)
 
 int mf_format_detect(const char *path, enum mf_format *fmt_p, char *err, size_t errlen)
 {
-	struct rt_ctx c = { .path = path, .err = err, .errlen = errlen };
+	struct mf_parse c = { .path = path, .err = err, .errlen = errlen };
 	enum mf_format fmt = MF_FORMAT_AUTO;
 	char *line = NULL;
 	size_t n = 0;
@@ -216,7 +187,7 @@ int mf_format_detect(const char *path, enum mf_format *fmt_p, char *err, size_t 
 	f = fopen(path, "r");
 	if (!f) {
 		rc = -errno;
-		return rt_fail(&c, rc, "cannot open: %s", strerror(-rc));
+		return mf_parse_fail(&c, rc, "cannot open: %s", strerror(-rc));
 	}
 	while (getline(&line, &n, f) >= 0) {
 		const char *s = line;
@@ -232,9 +203,10 @@ int mf_format_detect(const char *path, enum mf_format *fmt_p, char *err, size_t 
 	free(line);
 	fclose(f);
 	if (fmt == MF_FORMAT_AUTO)
-		return rt_fail(&c, -EINVAL,
-			       "cannot tell the format: no '%%%%MatrixMarket' header, '::', tab or "
-			       "comma; give --format mm|csv|tsv|dat");
+		return mf_parse_fail(
+			&c, -EINVAL,
+			"cannot tell the format: no '%%%%MatrixMarket' header, '::', tab or "
+			"comma; give --format mm|csv|tsv|dat");
 	*fmt_p = fmt;
 	return 0;
 }
@@ -320,7 +292,7 @@ int mf_ratings_read(const char *path, enum mf_format fmt, struct mf_ids *users,
 		    struct mf_ids *items, int add, struct mf_matrix *m_p, size_t *unknown_p,
 		    char *err, size_t errlen)
 {
-	struct rt_ctx c = { .path = path, .err = err, .errlen = errlen };
+	struct mf_parse c = { .path = path, .err = err, .errlen = errlen };
 	struct mf_matrix m = { 0 };
 	size_t cap = 0, n = 0, unknown = 0, data_lines = 0;
 	char *line = NULL, *fld[3];
@@ -331,12 +303,12 @@ int mf_ratings_read(const char *path, enum mf_format fmt, struct mf_ids *users,
 	if (err && errlen)
 		err[0] = '\0';
 	if (fmt != MF_FORMAT_CSV && fmt != MF_FORMAT_TSV && fmt != MF_FORMAT_DAT)
-		return rt_fail(&c, -EINVAL, "mf_ratings_read reads csv, tsv or dat, not %s",
-			       mf_format_name(fmt));
+		return mf_parse_fail(&c, -EINVAL, "mf_ratings_read reads csv, tsv or dat, not %s",
+				     mf_format_name(fmt));
 	f = fopen(path, "r");
 	if (!f) {
 		rc = -errno;
-		return rt_fail(&c, rc, "cannot open: %s", strerror(-rc));
+		return mf_parse_fail(&c, rc, "cannot open: %s", strerror(-rc));
 	}
 	while ((len = getline(&line, &n, f)) >= 0) {
 		uint32_t i, j;
@@ -345,41 +317,44 @@ int mf_ratings_read(const char *path, enum mf_format fmt, struct mf_ids *users,
 
 		c.line++;
 		if ((size_t)len != strlen(line)) {
-			rc = rt_fail(&c, -EINVAL, "a NUL byte inside the line; not a text file");
+			rc = mf_parse_fail(&c, -EINVAL,
+					   "a NUL byte inside the line; not a text file");
 			goto err_free;
 		}
 		if (rt_blank(line))
 			continue;
 		nf = rt_split(line, fmt, fld, 3);
 		if (nf < 0) {
-			rc = rt_fail(&c, -EINVAL,
-				     fmt == MF_FORMAT_CSV ? "malformed quoted field" :
-							    "malformed line: a single ':' in a "
-							    "'::'-separated line");
+			rc = mf_parse_fail(&c, -EINVAL,
+					   fmt == MF_FORMAT_CSV ?
+						   "malformed quoted field" :
+						   "malformed line: a single ':' in a "
+						   "'::'-separated line");
 			goto err_free;
 		}
 		if (nf < 3) {
-			rc = rt_fail(&c, -EINVAL,
-				     "expected USER%sITEM%sRATING, found %d field%s (is the format "
-				     "%s right? --format mm|csv|tsv|dat)",
-				     fmt == MF_FORMAT_DAT ? "::" :
-				     fmt == MF_FORMAT_CSV ? "," :
-							    "\\t",
-				     fmt == MF_FORMAT_DAT ? "::" :
-				     fmt == MF_FORMAT_CSV ? "," :
-							    "\\t",
-				     nf, nf == 1 ? "" : "s", mf_format_name(fmt));
+			rc = mf_parse_fail(
+				&c, -EINVAL,
+				"expected USER%sITEM%sRATING, found %d field%s (is the format "
+				"%s right? --format mm|csv|tsv|dat)",
+				fmt == MF_FORMAT_DAT ? "::" :
+				fmt == MF_FORMAT_CSV ? "," :
+						       "\\t",
+				fmt == MF_FORMAT_DAT ? "::" :
+				fmt == MF_FORMAT_CSV ? "," :
+						       "\\t",
+				nf, nf == 1 ? "" : "s", mf_format_name(fmt));
 			goto err_free;
 		}
 		if (rt_rating(fld[2], &v)) {
 			if (!data_lines++)
 				continue; /* the header: userId,movieId,rating,timestamp */
-			rc = rt_fail(&c, -EINVAL, "rating '%s' is not a number", fld[2]);
+			rc = mf_parse_fail(&c, -EINVAL, "rating '%s' is not a number", fld[2]);
 			goto err_free;
 		}
 		data_lines++;
 		if (!fld[0][0] || !fld[1][0]) {
-			rc = rt_fail(&c, -EINVAL, "empty %s id", fld[0][0] ? "item" : "user");
+			rc = mf_parse_fail(&c, -EINVAL, "empty %s id", fld[0][0] ? "item" : "user");
 			goto err_free;
 		}
 		rc = mf_ids_get(users, fld[0], strlen(fld[0]), add, &i);
@@ -390,10 +365,10 @@ int mf_ratings_read(const char *path, enum mf_format fmt, struct mf_ids *users,
 			continue;
 		}
 		if (rc) {
-			rt_fail(&c, rc,
-				rc == -E2BIG ? "more than %" PRIu64 " distinct ids" :
-					       "out of memory",
-				MF_MAX_DIM - 1);
+			mf_parse_fail(&c, rc,
+				      rc == -E2BIG ? "more than %" PRIu64 " distinct ids" :
+						     "out of memory",
+				      MF_MAX_DIM - 1);
 			goto err_free;
 		}
 		if (m.nnz == cap) {
@@ -401,7 +376,8 @@ int mf_ratings_read(const char *path, enum mf_format fmt, struct mf_ids *users,
 			struct mf_entry *ne = realloc(m.e, ncap * sizeof(*ne));
 
 			if (!ne) {
-				rc = rt_fail(&c, -ENOMEM, "out of memory for %zu ratings", ncap);
+				rc = mf_parse_fail(&c, -ENOMEM, "out of memory for %zu ratings",
+						   ncap);
 				goto err_free;
 			}
 			m.e = ne;
@@ -410,12 +386,12 @@ int mf_ratings_read(const char *path, enum mf_format fmt, struct mf_ids *users,
 		m.e[m.nnz++] = (struct mf_entry){ .i = i, .j = j, .v = (float)v };
 	}
 	if (ferror(f)) {
-		rc = rt_fail(&c, -EIO, "read error");
+		rc = mf_parse_fail(&c, -EIO, "read error");
 		goto err_free;
 	}
 	if (!m.nnz && !unknown) {
 		c.line = 0;
-		rc = rt_fail(&c, -EINVAL, "no ratings in the file");
+		rc = mf_parse_fail(&c, -EINVAL, "no ratings in the file");
 		goto err_free;
 	}
 	free(line);
