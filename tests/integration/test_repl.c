@@ -46,7 +46,7 @@
 struct storm {
 	volatile int ready, finished, checked;
 	volatile int64_t kill_ns;
-	volatile int mode;	      /* 0: kill, 1: stop (hung node) */
+	volatile int mode;	      /* 0: kill, 1: stop (hung node), 2: stop, then continue */
 	volatile long acked[KEYS];    /* pushes of +1 that returned 0 */
 	volatile long unknown[KEYS];  /* pushes whose fate is unknown */
 	volatile long peer_fails;     /* operations that failed with -FERRY_E_PEER */
@@ -114,9 +114,11 @@ static int storm_child(int rank, struct ferry_params *p, struct storm *st, int b
 
 		/* 4 s on after the failure: over rdma a kill is seen only after
 		 * FERRY_RECONNECT_MS (1 s), and the takeover then waits the lease
-		 * (fencing: about the heartbeat timeout, 1 s in the kill cases) */
+		 * (fencing: about the heartbeat timeout, 1 s in the kill cases);
+		 * a stopped node resumes after 4 heartbeat timeouts (2 s) and
+		 * needs about one more to learn it is fenced: 3 s on after that */
 		if (st->kill_ns && !end)
-			end = st->kill_ns + 4000000000ll;
+			end = st->kill_ns + (st->mode == 2 ? 5000000000ll : 4000000000ll);
 		if (rank != DEAD && end && t0 > end)
 			break;
 		if (rank == DEAD && st->cont_ns)
@@ -251,9 +253,10 @@ static void run_storm(int mode, int batch)
 	if (mode == 0)
 		kill(pids[DEAD], SIGKILL);
 	if (mode == 2) {
-		/* stopped 6 heartbeat timeouts: declared dead, its keys taken over;
+		/* stopped 4 heartbeat timeouts: declared dead (1), its keys taken
+		 * over after the lease (about 1 more);
 		 * then it runs again, with its pushes queued and in flight */
-		usleep(6 * HB_MS * 1000);
+		usleep(4 * HB_MS * 1000);
 		st->cont_ns = now_ns();
 		kill(pids[DEAD], SIGCONT);
 	}
