@@ -339,7 +339,7 @@ struct ferry {
 	atomic_bool fenced;
 	void *hb;
 	void (*hb_free)(void *hb);
-	void (*tick_fns[2])(struct ferry *fy); /* written before the node starts */
+	void (*tick_fns[4])(struct ferry *fy); /* written before the node starts */
 	/* reloc's: a move of @key to this node waits for a failed old owner
 	 * (lib/ops/repl.c): @keep, finish it with @val from the key's backup;
 	 * else drop it (the key goes on to a later requester). 0, or -ENOENT

@@ -64,6 +64,8 @@ struct ferry_pend {
 	struct ferry_pend_waiter *waiters;   /* localize requests to wake */
 	uint32_t nqueued;		     /* items at head..tail: at most FERRY_PEND_QUEUE_MAX */
 	int stuck;			     /* the move cannot end (its home failed): 0 or why */
+	int64_t dropped_ns;		     /* dropped by the key's home, kept for a hand-over
+					      * still in flight (lib/reloc/stuck.c): when, or 0 */
 	struct cds_lfht_node node;
 	struct rcu_head rcu;
 };

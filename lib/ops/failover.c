@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * failover.c - what a table with replicas does when a node fails: the
- * listener, the SYNC / ECHO exchange and the takeover (the protocol is
+ * listener, the SYNC / ECHO exchange and the takeover, and the REPL
+ * handler (copies, and the WANTs and MOVEs of moves a failure cuts) (the protocol is
  * described at the top of repl.c and in docs/faults.md). Progress thread.
  */
 #include <errno.h>
@@ -749,6 +750,109 @@ static void repl_on_peer_failed(struct ferry *fy, uint32_t rank)
 			repl_table_failed(fy, t, rank);
 	}
 	urcu_memb_read_unlock();
+}
+
+/* the REPL handler: copies to keep, moves that wait (WANT), moves a home
+ * ends (MOVE) */
+void ferry__repl_on_repl(struct ferry *fy, struct ferry_table *t, uint32_t src,
+			 const struct ferry_proto_view *v)
+{
+	const struct ferry_msg_repl *m = v->body;
+	const uint8_t *p = (const uint8_t *)v->copies;
+	int rc = 0;
+
+	if (!t->repl) {
+		ferry_err("proto: rank %u sent copies for table %u, which has no replicas; "
+			  "dropping rank %u",
+			  src, t->id, src);
+		ferry__node_peer_failed(fy, src);
+		return;
+	}
+	for (uint32_t i = 0; i < v->count; i++) {
+		const struct ferry_msg_copy *c = (const void *)p;
+		const float *val = (const float *)(c + 1);
+
+		p += ferry__copy_size(c->len);
+		if (c->kind == FERRY_COPY_WANT && c->owner != src) {
+			/* passed on by a node whose move was dropped: @owner's
+			 * waited behind it (ferry__repl_want_pass) */
+			if (c->owner >= fy->world || ferry__home(t, c->key) != fy->rank) {
+				ferry_err("proto: rank %u passed on a move of key %llu to rank "
+					  "%u, which rank %u is not the home of or which is no "
+					  "rank; ignored",
+					  src, (unsigned long long)c->key, c->owner, fy->rank);
+				continue;
+			}
+			ferry_dbg("move: table %u: rank %u passes on rank %u's move of key "
+				  "%llu",
+				  t->id, src, c->owner, (unsigned long long)c->key);
+			if (!atomic_load_explicit(&fy->failed[c->owner], memory_order_relaxed) &&
+			    ferry__repl_want(t, c->key, c->owner) == -ENOMEM)
+				ferry_err("repl: out of memory noting rank %u's move of key %llu; "
+					  "it waits out its timeout",
+					  c->owner, (unsigned long long)c->key);
+			continue;
+		}
+		if (c->kind == FERRY_COPY_WANT) {
+			ferry_dbg("move: table %u: rank %u waits for key %llu", t->id, src,
+				  (unsigned long long)c->key);
+			if (ferry__repl_want_add(t, c->key, src, false))
+				ferry_err("repl: out of memory noting rank %u's move of key %llu; "
+					  "it fails",
+					  src, (unsigned long long)c->key);
+			continue;
+		}
+		if (c->kind == FERRY_COPY_MOVE) {
+			/* only the key's home ends a move with its backup */
+			if (ferry__home(t, c->key) != src) {
+				ferry_err(
+					"repl: rank %u sent a move of key %llu it is not the home "
+					"of; ignored",
+					src, (unsigned long long)c->key);
+				continue;
+			}
+			if (fy->move_fill)
+				(void)fy->move_fill(t, c->key, val, c->len, c->owner == fy->rank);
+			continue;
+		}
+		/*
+		 * A copy of a key another node owns. One naming a failed owner is
+		 * kept too: a live old owner that had not seen the failure sent
+		 * its value ahead of a hand-over to it (ferry__repl_handoff),
+		 * and that value may be the newest anywhere (the dead node's own
+		 * frames are dropped by the dispatcher).
+		 */
+		if (c->owner == fy->rank || ferry__own(t, c->key)) {
+			/* stale: the key lives here now (the copies that made it so
+			 * were sent after this one) */
+			continue;
+		}
+		if (c->kind == FERRY_COPY_ADOPT && ferry__home(t, c->key) == fy->rank &&
+		    ferry__dir_owner_set(&t->dir, c->key, c->owner))
+			rc = -ENOMEM;
+		if (!rc)
+			rc = ferry__repl_copy_put(t, c->key, c->owner, src, val, c->len);
+		if (rc)
+			break;
+	}
+	if (rc) {
+		/* not acknowledged: the owner's updates fail when this node does */
+		ferry_err("repl: out of memory keeping copies of rank %u's keys on table %u; "
+			  "free memory on rank %u",
+			  src, t->id, fy->rank);
+		return;
+	}
+	if (m->token) {
+		struct {
+			struct ferry_msg_hdr h;
+			struct ferry_msg_repl_ack a;
+		} f;
+
+		memset(&f, 0, sizeof(f));
+		ferry__proto_hdr_init(&f.h, FERRY_MSG_REPL_ACK, sizeof(f), fy->rank, t->id);
+		f.a.token = m->token;
+		(void)ferry__send(fy, src, &f, sizeof(f));
+	}
 }
 
 int ferry__repl_attach(struct ferry *fy)

@@ -126,6 +126,8 @@ int ferry__reloc_start(struct ferry_worker *w, struct ferry_table *t, struct fer
 		}
 		wt = malloc(sizeof(*wt));
 		e = ferry__pend_find(&t->pend, key);
+		if (e && e->stuck && ferry__reloc_drop_expired(t, e))
+			e = NULL; /* a dropped move's grace is over */
 		if (e && e->stuck) {
 			/* a move whose home failed: it cannot be known to end */
 			free(wt);
@@ -670,12 +672,10 @@ static void reloc_install(struct ferry *fy, struct ferry_table *t, struct ferry_
 /*
  * A move of @key to this node waits for an old owner that failed
  * (lib/ops/repl.c, through fy->move_fill). @keep: this node is the last
- * requester: the move ends with @val, the backup's copy. Else a later
- * requester takes the key: the move is dropped, its slot and landing entry
- * go back, queued operations go on through the home, moves queued behind it
- * are passed on to the home (their requesters would wait for a hand-over
- * from here that never comes), and its localize waiters get -FERRY_E_PEER.
- * Progress thread. Return: 0, or -ENOENT when no
+ * requester: the move ends with @val, the backup's copy. Else the move is
+ * dropped (ferry__reloc_drop: its localize waiters get -FERRY_E_PEER, what
+ * queued behind it goes on through the home, and the entry waits a grace
+ * period for a hand-over still in flight). Progress thread. Return: 0, or -ENOENT when no
  * move of @key waits here.
  */
 static int reloc_move_fill(struct ferry_table *t, uint64_t key, const float *val, uint32_t len,
@@ -694,8 +694,15 @@ static int reloc_move_fill(struct ferry_table *t, uint64_t key, const float *val
 		pthread_mutex_unlock(&t->pend.lock);
 		return -ENOENT;
 	}
+	if (!keep) {
+		struct ferry_pend_waiter *wt = ferry__reloc_drop(t, e);
+
+		pthread_mutex_unlock(&t->pend.lock);
+		ferry__reloc_wake_list(fy, wt, -FERRY_E_PEER);
+		return 0;
+	}
 	ferry__pend_del(&t->pend, e);
-	if (keep) {
+	{
 		/* a hand-over queued for a failed node would put the key where
 		 * no takeover comes for it any more (the home ended this move
 		 * after that failure's takeover, or knows it): it stays here */
@@ -714,23 +721,12 @@ static int reloc_move_fill(struct ferry_table *t, uint64_t key, const float *val
 		if (!e->head)
 			e->tail = NULL;
 		reloc_install(fy, t, e, val, len);
-	} else {
-		while ((it = e->head)) {
-			e->head = it->next;
-			if (it->kind == FERRY_PEND_OP)
-				ferry__ops_forward_one(fy, t, &it->op, &it->key, it->vals);
-			else /* its requester waits for us: the home decides */
-				(void)ferry__repl_want_pass(t, key, it->requester);
-			free(it);
-		}
-		e->tail = NULL;
-		ferry__arena_free(&t->arena, e->slot); /* never published */
 	}
 	/* the failed old owner writes no more: the entry is free */
 	ferry__inbox_put(t, e->landing);
 	e->landing = FERRY_LANDING_NONE;
 	pthread_mutex_unlock(&t->pend.lock);
-	reloc_wake(fy, e, keep ? 0 : -FERRY_E_PEER);
+	reloc_wake(fy, e, 0);
 	ferry__pend_free(e);
 	return 0;
 }
@@ -853,5 +849,7 @@ int ferry__reloc_attach(struct ferry *fy)
 	for (size_t i = 0; i < sizeof(h) / sizeof(h[0]) && !rc; i++)
 		rc = ferry__dispatch_register(fy, h[i].type, FERRY_DISPATCH_TABLE, h[i].fn);
 	fy->move_fill = reloc_move_fill;
+	if (!rc)
+		rc = ferry__heartbeat_on_tick(fy, ferry__reloc_on_tick);
 	return rc ? rc : ferry__node_on_peer_failed(fy, ferry__reloc_on_peer_failed);
 }

@@ -16,6 +16,16 @@ void ferry__reloc_on_peer_failed(struct ferry *fy, uint32_t rank);
  * for one (the takeover ends the move). Progress thread, pend.lock not held */
 bool ferry__reloc_failed_home_move(struct ferry_table *t, uint64_t key, uint32_t src);
 void ferry__reloc_failed_home_want(struct ferry_table *t, uint64_t key, uint32_t requester);
+/* replicas, lib/reloc/stuck.c: the key's home dropped the move of entry @e
+ * (pend.lock held): it stays for a hand-over still in flight; returns its
+ * waiters, for ferry__reloc_wake_list outside the lock */
+struct ferry_pend_waiter *ferry__reloc_drop(struct ferry_table *t, struct ferry_pend *e);
+void ferry__reloc_wake_list(struct ferry *fy, struct ferry_pend_waiter *wt, int status);
+/* a dropped move past its grace with nothing queued goes now (a localize of
+ * its key, when no heartbeat ticks); pend.lock held. true: @e is gone */
+bool ferry__reloc_drop_expired(struct ferry_table *t, struct ferry_pend *e);
+/* the heartbeat's tick: dropped moves past their grace go */
+void ferry__reloc_on_tick(struct ferry *fy);
 /* table free: drop moves that never ended, with their landing entries.
  * The calling thread is RCU-registered and outside a read-side section. */
 void ferry__reloc_table_fini(struct ferry_table *t);

@@ -11,6 +11,7 @@
  * deleted, a backup sent to it would find nothing, and the key no owner.
  */
 #include <stdlib.h>
+#include <time.h>
 
 #include "lib/ops/ops.h"
 #include "lib/reloc/reloc.h"
@@ -135,4 +136,134 @@ void ferry__reloc_failed_home_want(struct ferry_table *t, uint64_t key, uint32_t
 		ferry_err("reloc: out of memory noting rank %u's move of key %llu of table %u at "
 			  "its new home; the move waits out the timeout",
 			  requester, (unsigned long long)key, t->id);
+}
+
+/*
+ * A move the key's home dropped (lib/ops/failover.c: a later requester,
+ * or a live owner, takes the key) keeps its entry, slot and landing entry
+ * for a grace period: a live old owner asked for the key before the failure
+ * may still be handing it over, and its value must land, not be dropped on
+ * arrival as unexpected. Meanwhile the entry is stuck (localizes and
+ * operations of the key here fail at once with -FERRY_E_PEER); a hand-over
+ * that comes is installed and the key's home learns it (ferry__repl_adopt);
+ * otherwise the heartbeat's tick removes the entry after the grace. What
+ * queued behind the move goes on at once: operations through the home, and
+ * the moves of other requesters back to the home (ferry__repl_want_pass),
+ * as does what queues later, when the entry goes. Memory: the entries of
+ * the moves dropped within one grace period. pend.lock held. Return: the
+ * localize waiters, to wake with -FERRY_E_PEER outside the lock
+ * (ferry__reloc_wake_list).
+ */
+static void reloc_drop_queue(struct ferry *fy, struct ferry_table *t, struct ferry_pend *e)
+{
+	struct ferry_pend_item *it;
+
+	while ((it = e->head)) {
+		e->head = it->next;
+		if (it->kind == FERRY_PEND_OP)
+			ferry__ops_forward_one(fy, t, &it->op, &it->key, it->vals);
+		else /* its requester waits for us: the home decides */
+			(void)ferry__repl_want_pass(t, e->key, it->requester);
+		free(it);
+	}
+	e->tail = NULL;
+	e->nqueued = 0;
+}
+
+static int64_t reloc_now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+struct ferry_pend_waiter *ferry__reloc_drop(struct ferry_table *t, struct ferry_pend *e)
+{
+	struct ferry_pend_waiter *wt = e->waiters;
+
+	reloc_drop_queue(t->fy, t, e);
+	e->waiters = NULL;
+	e->stuck = -FERRY_E_PEER;
+	if (!e->dropped_ns)
+		e->dropped_ns = reloc_now_ns();
+	return wt;
+}
+
+void ferry__reloc_wake_list(struct ferry *fy, struct ferry_pend_waiter *wt, int status)
+{
+	while (wt) {
+		struct ferry_pend_waiter *next = wt->next;
+
+		ferry__ops_complete(fy, wt->worker, wt->ticket, &wt->idx, 1, status, NULL, 0);
+		free(wt);
+		wt = next;
+	}
+}
+
+/* the grace of a dropped move: two heartbeat timeouts, at least 1 s */
+static int64_t reloc_drop_grace_ns(const struct ferry *fy)
+{
+	int64_t ms = fy->heartbeat_ms > 500 ? 2 * (int64_t)fy->heartbeat_ms : 1000;
+
+	return ms * 1000000;
+}
+
+struct reloc_expire {
+	struct ferry *fy;
+	struct ferry_table *t;
+	int64_t before;
+	uint32_t n;
+};
+
+static void reloc_drop_end(struct ferry_table *t, struct ferry_pend *e)
+{
+	ferry__pend_del(&t->pend, e);
+	ferry__arena_free(&t->arena, e->slot); /* never published */
+	ferry__inbox_put(t, e->landing);
+	e->landing = FERRY_LANDING_NONE;
+	ferry__pend_free(e);
+}
+
+static void reloc_expire_one(void *arg, struct ferry_pend *e)
+{
+	struct reloc_expire *x = arg;
+
+	if (!e->dropped_ns || e->dropped_ns > x->before)
+		return;
+	reloc_drop_queue(x->fy, x->t, e); /* hand-over requests that queued since */
+	reloc_drop_end(x->t, e);
+	x->n++;
+}
+
+bool ferry__reloc_drop_expired(struct ferry_table *t, struct ferry_pend *e)
+{
+	if (!e->dropped_ns || e->head ||
+	    reloc_now_ns() - e->dropped_ns < reloc_drop_grace_ns(t->fy))
+		return false;
+	reloc_drop_end(t, e);
+	return true;
+}
+
+/* the heartbeat's tick (progress thread): dropped moves past their grace */
+void ferry__reloc_on_tick(struct ferry *fy)
+{
+	int64_t before = reloc_now_ns() - reloc_drop_grace_ns(fy);
+
+	urcu_memb_read_lock();
+	for (uint32_t id = 0; id < FERRY_MAX_TABLES; id++) {
+		struct ferry_table *t = rcu_dereference(fy->tables[id]);
+		struct reloc_expire x = { .fy = fy, .t = t, .before = before };
+
+		if (!t || !t->repl)
+			continue;
+		pthread_mutex_lock(&t->pend.lock);
+		ferry__pend_for_each(&t->pend, reloc_expire_one, &x);
+		pthread_mutex_unlock(&t->pend.lock);
+		if (x.n)
+			ferry_dbg("move: table %u: %u dropped moves had no hand-over within the "
+				  "grace; their entries are gone",
+				  t->id, x.n);
+	}
+	urcu_memb_read_unlock();
 }
