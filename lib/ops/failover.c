@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * failover.c - what a table with replicas does when a node fails: the
- * listener, the SYNC / ECHO exchange and the takeover, and the REPL
- * handler (copies, and the WANTs and MOVEs of moves a failure cuts) (the protocol is
- * described at the top of repl.c and in docs/faults.md). Progress thread.
+ * listener, the SYNC / ECHO exchange, the takeover, and the REPL handler
+ * (copies, and the WANTs and MOVEs of moves a failure cuts). The protocol
+ * is described at the top of repl.c and in docs/faults.md. Progress thread.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -209,8 +209,9 @@ static bool repl_failed(struct ferry *fy, uint32_t rank)
  * here, or else to the first, and the others drop their moves.
  *
  * The record then names the winner, unless it names a live requester that
- * did not ask and so waits behind the winner in a chain: the winner's
- * install hands the key on to it, and the record stays.
+ * waits behind the winner in a chain (it did not ask, or nobody was
+ * dropped): the winner's install hands the key on to it, and the record
+ * stays.
  * Return: the moves ended with a value.
  */
 static uint32_t repl_end_moves(struct ferry *fy, struct ferry_table *t, uint32_t dead,
@@ -280,12 +281,13 @@ static uint32_t repl_end_moves(struct ferry *fy, struct ferry_table *t, uint32_t
 	if (win == UINT32_MAX || repl_failed(fy, win))
 		return 0;
 	/*
-	 * The record stays when it names a live requester that did not ask
-	 * (not in @w) and waits behind the winner: the winner's install hands
-	 * the key on along the chain to it. Here, "no record" reads as this
-	 * node, which waits only with a move of its own under way.
+	 * The record stays when it names a live requester that waits behind
+	 * the winner (it did not ask, or the others were not dropped): the
+	 * winner's install hands the key on along the chain to it. Here, "no
+	 * record" reads as this node, which waits only with a move of its own
+	 * under way.
 	 */
-	chained = rec != win && !rec_asked && !repl_failed(fy, rec);
+	chained = rec != win && (!rec_asked || !drop) && !repl_failed(fy, rec);
 	if (chained && rec == fy->rank) {
 		pthread_mutex_lock(&t->pend.lock);
 		chained = ferry__pend_find(&t->pend, key) != NULL;

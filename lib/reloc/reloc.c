@@ -765,6 +765,20 @@ static void reloc_on_handover(struct ferry *fy, struct ferry_table *t, uint32_t 
 			continue;
 		}
 		ferry__pend_del(&t->pend, e);
+		if (e->dropped_ns && ferry__own(t, mv->key)) {
+			/* a dropped move's late hand-over, but the key's home
+			 * installed the key here from its backup meanwhile
+			 * (lib/ops/failover.c, repl_end_here): that copy rules */
+			ferry__inbox_put(t, e->landing);
+			pthread_mutex_unlock(&t->pend.lock);
+			ferry_err("reloc: rank %u handed over key %llu after its home had "
+				  "installed it here from the backup; value dropped",
+				  src, (unsigned long long)mv->key);
+			ferry__arena_free(&t->arena, e->slot);
+			ferry__pend_free(e);
+			val += mv->len;
+			continue;
+		}
 		if (done)
 			atomic_fetch_add_explicit(&t->inbox.onesided, 1, memory_order_relaxed);
 		reloc_install(fy, t, e, done ? ferry__inbox_entry(t, e->landing) : val,
