@@ -120,11 +120,14 @@ void ferry__rdma_redial_note(struct rdma_peer *p, const char *fmt, ...)
 }
 
 /*
- * ferry__rdma_conn_destroy - destroy a connection's queue pair and cm_id
+ * ferry__rdma_conn_destroy - cut a connection loose and have its queue pair
+ * and cm_id destroyed
  *
  * Its events were acked (they always are before they are handled). A peer
  * whose queue pair it was loses it, and bumps its generation so that its
- * stale completions are dropped. Context: progress thread, or fini().
+ * stale completions are dropped. The destroy calls, which wait in the kernel,
+ * run on the reaper (reap.c); @c is the reaper's from here. Context:
+ * progress thread, or fini().
  */
 void ferry__rdma_conn_destroy(struct rdma_tp *t, struct rdma_conn *c)
 {
@@ -155,21 +158,7 @@ void ferry__rdma_conn_destroy(struct rdma_tp *t, struct rdma_conn *c)
 			break;
 		}
 	}
-	if (c->id) {
-		int64_t t0 = rdma_now_ms(), took;
-
-		if (c->id->qp)
-			rdma_destroy_qp(c->id);
-		rdma_destroy_id(c->id);
-		took = rdma_now_ms() - t0;
-		if (took >= RDMA_SLOW_CALL_MS)
-			ferry_dbg(
-				"rdma: rank %u: destroying a connection of rank %u (%s) took %lld "
-				"ms",
-				t->base.cfg.rank, c->rank, ferry__rdma_conn_state_str(c),
-				(long long)took);
-	}
-	free(c);
+	ferry__rdma_reap(t, c);
 }
 
 void ferry__rdma_conn_reject(struct rdma_tp *t, struct rdma_conn *c, enum rdma_rej_reason reason)
@@ -796,7 +785,7 @@ static void rdma_cm_dispatch(struct rdma_tp *t, const struct rdma_cm_ev *ev)
 		rdma_on_request(t, ev);
 		return;
 	}
-	c = ev->id ? ev->id->context : NULL;
+	c = ev->ctx; /* NULL: a connection cut loose (reap.c), or none of ours */
 	if (!c)
 		return;
 	switch (c->kind) {
@@ -833,6 +822,8 @@ void ferry__rdma_cm_input(struct rdma_tp *t)
 		memset(&ev, 0, sizeof(ev));
 		ev.type = e->event;
 		ev.id = e->id;
+		/* before the ack: after it the reaper may destroy the id (reap.c) */
+		ev.ctx = e->id ? e->id->context : NULL;
 		ev.status = e->status;
 		if (e->param.conn.private_data && e->param.conn.private_data_len) {
 			ev.plen = e->param.conn.private_data_len < sizeof(ev.pdata) ?
