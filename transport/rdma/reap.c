@@ -30,6 +30,10 @@
  * fini() stops the reaper, which first empties its queue, before it
  * destroys them.
  *
+ * FERRY_RDMA_REAPER=0 (a diagnostic; the log warns when it is set) starts no
+ * reaper: every destroy runs on the progress thread again, as a same-run
+ * baseline for the time the progress thread spends on one event.
+ *
  * Bound: RDMA_REAP_MAX connections wait at most. Past it (a flood of
  * connection requests faster than the kernel destroys them), the progress
  * thread destroys the connection itself, as it did before the reaper, and
@@ -97,8 +101,17 @@ static void *rdma_reaper_main(void *arg)
  */
 int ferry__rdma_reaper_start(struct rdma_tp *t)
 {
+	const char *off = getenv("FERRY_RDMA_REAPER");
 	sigset_t all, old;
 	int ret;
+
+	if (off && !strcmp(off, "0")) {
+		/* a diagnostic: the same run's baseline, every destroy on the progress thread */
+		ferry_warn("rdma: rank %u: FERRY_RDMA_REAPER=0: queue pairs and cm_ids are "
+			   "destroyed on the progress thread (a diagnostic setting)",
+			   t->base.cfg.rank);
+		return 0;
+	}
 
 	pthread_mutex_init(&t->reap_lock, NULL);
 	pthread_cond_init(&t->reap_cond, NULL);
