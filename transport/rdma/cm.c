@@ -165,7 +165,7 @@ void ferry__rdma_conn_reject(struct rdma_tp *t, struct rdma_conn *c, enum rdma_r
 {
 	struct rdma_rej rej = { .magic = RDMA_REJ_MAGIC, .reason = reason };
 
-	rdma_reject(c->id, &rej, sizeof(rej));
+	RDMA_TIMED(t, c->rank, "rdma_reject", rdma_reject(c->id, &rej, sizeof(rej)));
 	ferry__rdma_conn_destroy(t, c);
 }
 
@@ -403,7 +403,7 @@ static void rdma_accept_request(struct rdma_tp *t, struct rdma_conn *c)
 	p->inc = inc;
 	c->attempt = t->peers[rank].auth_attempt;
 	ferry__rdma_conn_param(t, c, &cp, c->initiator_depth, c->responder_resources, 1);
-	if (rdma_accept(c->id, &cp)) {
+	if (RDMA_TIMED(t, (uint32_t)rank, "rdma_accept", rdma_accept(c->id, &cp))) {
 		ferry_warn("rdma: rank %u: rdma_accept of rank %d from %s: %s", me, rank, c->who,
 			   strerror(errno));
 		ferry__rdma_redial_note(p, "request %u: rdma_accept failed", p->redials);
@@ -499,8 +499,9 @@ static void rdma_dial_start(struct rdma_tp *t, uint32_t j)
 		c->id = NULL;
 		goto err_destroy;
 	}
-	if (rdma_resolve_addr(c->id, (struct sockaddr *)&t->src_sa, (struct sockaddr *)&d->sa,
-			      RDMA_RESOLVE_MS)) {
+	if (RDMA_TIMED(t, j, "rdma_resolve_addr",
+		       rdma_resolve_addr(c->id, (struct sockaddr *)&t->src_sa,
+					 (struct sockaddr *)&d->sa, RDMA_RESOLVE_MS))) {
 		snprintf(why, sizeof(why), "rdma_resolve_addr: %s", strerror(errno));
 		goto err_destroy;
 	}
@@ -534,7 +535,8 @@ static void rdma_dial_event(struct rdma_tp *t, struct rdma_conn *c, const struct
 
 	switch (ev->type) {
 	case RDMA_CM_EVENT_ADDR_RESOLVED:
-		if (rdma_resolve_route(c->id, RDMA_RESOLVE_MS)) {
+		if (RDMA_TIMED(t, j, "rdma_resolve_route",
+			       rdma_resolve_route(c->id, RDMA_RESOLVE_MS))) {
 			snprintf(why, sizeof(why), "rdma_resolve_route: %s", strerror(errno));
 			break;
 		}
@@ -547,7 +549,7 @@ static void rdma_dial_event(struct rdma_tp *t, struct rdma_conn *c, const struct
 		}
 		c->attempt = ++d->attempts;
 		ferry__rdma_conn_param(t, c, &cp, 0, 0, 0);
-		if (rdma_connect(c->id, &cp)) {
+		if (RDMA_TIMED(t, j, "rdma_connect", rdma_connect(c->id, &cp))) {
 			snprintf(why, sizeof(why), "rdma_connect: %s", strerror(errno));
 			break;
 		}
@@ -568,7 +570,7 @@ static void rdma_dial_event(struct rdma_tp *t, struct rdma_conn *c, const struct
 					   "refused: %s",
 					   me, d->where, j, why);
 			c->disconnected = 1;
-			rdma_disconnect(c->id);
+			RDMA_TIMED(t, j, "rdma_disconnect", rdma_disconnect(c->id));
 			break;
 		}
 		p->inc = inc;

@@ -581,6 +581,20 @@ static inline int64_t rdma_now_ms(void)
 	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+/*
+ * RDMA_TIMED - run @call, an rdma_cm or verbs call that returns int, and log
+ * it at debug level when it took RDMA_SLOW_CALL_MS or more: under TCG some
+ * of them wait in the kernel for hundreds of ms, on the progress thread
+ * (docs/rdma.md, "The reaper"). Return: what @call returned.
+ */
+#define RDMA_TIMED(t, rank, what, call)                          \
+	({                                                       \
+		int64_t t0_ = rdma_now_ms();                     \
+		int r_ = (call);                                 \
+		ferry__rdma_slow_note((t), (rank), (what), t0_); \
+		r_;                                              \
+	})
+
 /* the immediate of data chunk @seq that returns @owed credits (the chunk header above) */
 static inline uint32_t rdma_imm_data(uint64_t seq, uint32_t owed)
 {
@@ -653,6 +667,7 @@ void ferry__rdma_peers_fini(struct rdma_tp *t);
 int ferry__rdma_reaper_start(struct rdma_tp *t);
 void ferry__rdma_reaper_stop(struct rdma_tp *t);
 void ferry__rdma_reap(struct rdma_tp *t, struct rdma_conn *c);
+void ferry__rdma_slow_note(const struct rdma_tp *t, uint32_t rank, const char *what, int64_t t0);
 
 /* cm.c: progress thread (ferry__rdma_conn_destroy also in fini; connect on its caller) */
 void ferry__rdma_conn_destroy(struct rdma_tp *t, struct rdma_conn *c);

@@ -52,6 +52,18 @@
 
 #include "transport/rdma/rdma.h"
 
+/* RDMA_TIMED's log line: @what for @rank began at @t0 (rdma_now_ms); errno is kept */
+void ferry__rdma_slow_note(const struct rdma_tp *t, uint32_t rank, const char *what, int64_t t0)
+{
+	int64_t took = rdma_now_ms() - t0;
+	int err = errno; /* the call's, for its caller's message */
+
+	if (took >= RDMA_SLOW_CALL_MS)
+		ferry_dbg("rdma: rank %u: %s for rank %u took %lld ms", t->base.cfg.rank, what,
+			  rank, (long long)took);
+	errno = err;
+}
+
 /* destroy @c's queue pair and cm_id and free it; logs a slow call at debug level */
 static void rdma_conn_free(struct rdma_tp *t, struct rdma_conn *c, const char *where)
 {
@@ -169,7 +181,8 @@ void ferry__rdma_reap(struct rdma_tp *t, struct rdma_conn *c)
 		if (c->id->qp) {
 			struct ibv_qp_attr qa = { .qp_state = IBV_QPS_ERR };
 
-			ibv_modify_qp(c->id->qp, &qa, IBV_QP_STATE);
+			RDMA_TIMED(t, c->rank, "moving a queue pair to the error state",
+				   ibv_modify_qp(c->id->qp, &qa, IBV_QP_STATE));
 		}
 	}
 	if (t->reap_started) {
