@@ -55,8 +55,8 @@
 /* RDMA_TIMED's log line: @what for @rank began at @t0 (rdma_now_ms); errno is kept */
 void ferry__rdma_slow_note(const struct rdma_tp *t, uint32_t rank, const char *what, int64_t t0)
 {
-	int64_t took = rdma_now_ms() - t0;
 	int err = errno; /* the call's, for its caller's message */
+	int64_t took = rdma_now_ms() - t0;
 
 	if (took >= RDMA_SLOW_CALL_MS)
 		ferry_dbg("rdma: rank %u: %s for rank %u took %lld ms", t->base.cfg.rank, what,
