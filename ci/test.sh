@@ -274,6 +274,9 @@ else
 	# node failed within 2 s through the lower rank's probe (docs/rdma.md, "Reconnection")
 	vm_args+=(--bin build/tests/test_reconnect
 		--cmd "FERRY_TRANSPORT=rdma FERRY_BIND_ADDR=10.77.0.1 test_reconnect --jobs 1")
+	# the same with a cluster token: every redial and probe over rdma_cm carries its proof
+	# (transport/rdma/hello.c), as test_reconnect_token checks over tcp
+	vm_args+=(--cmd "FERRY_TRANSPORT=rdma FERRY_BIND_ADDR=10.77.0.1 FERRY_TOKEN=vm-token-of-32-random-characters test_reconnect --jobs 1")
 	# the landing inbox over real RDMA WRITEs (its other cases need the loop transport)
 	vm_args+=(--bin build/tests/test_inbox
 		--cmd "FERRY_TRANSPORT=rdma FERRY_BIND_ADDR=10.77.0.1 test_inbox --jobs 1 --filter 'inbox/hand_overs_*'")

@@ -22,6 +22,10 @@
  *   rdma FERRY_RECONNECT_MS is 3000 there: the rank below the victim sees
  *   the death in time only through its probe of the victim's listener.
  *
+ * With FERRY_TOKEN set (ctest's test_reconnect_token; CI's SoftRoCE guest
+ * runs it over rdma too) every connection, redial and probe of every case
+ * proves the cluster token: the frames case's bare transports included.
+ *
  * The cases run over tcp, or over rdma with FERRY_TRANSPORT=rdma (the
  * SoftRoCE guest: ci/softroce-vm.sh, with FERRY_BIND_ADDR the rxe address);
  * they skip for the loop transport, whose links cannot break. Over rdma the
@@ -42,6 +46,7 @@
 
 #include "common/cluster.h"
 #include "ferry/ferry.h"
+#include "transport/base/auth.h"
 #include "transport/transport.h"
 
 static int64_t now_ns(void)
@@ -89,6 +94,23 @@ static const struct ferry_tp_ops *rc_ops(int rdma)
  * the rdma cases give 6 s; the kill case 3 s, with its own reason.
  */
 #define RC_RDMA_GRACE "6000"
+
+/*
+ * FERRY_TOKEN (ctest's test_reconnect_token, and CI's rdma run of it in the
+ * SoftRoCE guest): the frames case's bare transports prove it too, as
+ * ferry_open's nodes of the other cases do, so every redial and probe of
+ * every case carries a proof that must pass. Return: 1 with a token.
+ */
+static int rc_token(struct ferry_tp_config *cfg)
+{
+	const char *tok = getenv("FERRY_TOKEN");
+
+	if (!tok || !*tok)
+		return 0;
+	cr_assert_eq(ferry__auth_key_from_token(tok, strlen(tok), cfg->auth_key), 0);
+	cfg->auth = 1;
+	return 1;
+}
 
 /* break links every @tcp_ms over tcp, every @rdma_ms over rdma */
 static void rc_fault(int tcp_ms, int rdma_ms)
@@ -316,6 +338,7 @@ Test(reconnect, frames_survive_many_resets, .timeout = 180)
 						       getenv("FERRY_TEST_RDMA_ADDR");
 	const long least = rdma ? 10 : 50; /* breaks and resumptions at least */
 	int64_t t0;
+	int token = 0;
 
 	cr_assert_not_null(nodes);
 	lc = logcount_shared();
@@ -334,6 +357,7 @@ Test(reconnect, frames_survive_many_resets, .timeout = 180)
 			.core = n,
 		};
 
+		token = rc_token(&cfg);
 		n->rank = r;
 		pthread_mutex_init(&n->lock, NULL);
 		n->tp = calloc(1, ops->tp_size);
@@ -405,10 +429,11 @@ Test(reconnect, frames_survive_many_resets, .timeout = 180)
 		pthread_mutex_unlock(&n->lock);
 	}
 	fprintf(stderr,
-		"frames_survive_many_resets (%s): %llu frames (%.1f MiB) in order through %ld "
+		"frames_survive_many_resets (%s%s): %llu frames (%.1f MiB) in order through %ld "
 		"injected breaks, %ld sessions resumed, %ld %s sent again\n",
-		ops->name, (unsigned long long)frames, (double)bytes / (1 << 20), resets, resumed,
-		resent, rdma ? "chunks" : "frames");
+		ops->name, token ? ", every redial proving the token" : "",
+		(unsigned long long)frames, (double)bytes / (1 << 20), resets, resumed, resent,
+		rdma ? "chunks" : "frames");
 	cr_assert_eq(failed, 0, "%ld log lines marked a peer failed", failed);
 	cr_assert_geq(resets, least, "only %ld breaks were injected", resets);
 	cr_assert_geq(resumed, least, "only %ld sessions resumed", resumed);

@@ -120,11 +120,14 @@ void ferry__rdma_redial_note(struct rdma_peer *p, const char *fmt, ...)
 }
 
 /*
- * ferry__rdma_conn_destroy - destroy a connection's queue pair and cm_id
+ * ferry__rdma_conn_destroy - cut a connection loose and have its queue pair
+ * and cm_id destroyed
  *
  * Its events were acked (they always are before they are handled). A peer
  * whose queue pair it was loses it, and bumps its generation so that its
- * stale completions are dropped. Context: progress thread, or fini().
+ * stale completions are dropped. The destroy calls, which wait in the kernel,
+ * run on the reaper (reap.c); @c is the reaper's from here. Context:
+ * progress thread, or fini().
  */
 void ferry__rdma_conn_destroy(struct rdma_tp *t, struct rdma_conn *c)
 {
@@ -155,28 +158,14 @@ void ferry__rdma_conn_destroy(struct rdma_tp *t, struct rdma_conn *c)
 			break;
 		}
 	}
-	if (c->id) {
-		int64_t t0 = rdma_now_ms(), took;
-
-		if (c->id->qp)
-			rdma_destroy_qp(c->id);
-		rdma_destroy_id(c->id);
-		took = rdma_now_ms() - t0;
-		if (took >= RDMA_SLOW_CALL_MS)
-			ferry_dbg(
-				"rdma: rank %u: destroying a connection of rank %u (%s) took %lld "
-				"ms",
-				t->base.cfg.rank, c->rank, ferry__rdma_conn_state_str(c),
-				(long long)took);
-	}
-	free(c);
+	ferry__rdma_reap(t, c);
 }
 
 void ferry__rdma_conn_reject(struct rdma_tp *t, struct rdma_conn *c, enum rdma_rej_reason reason)
 {
 	struct rdma_rej rej = { .magic = RDMA_REJ_MAGIC, .reason = reason };
 
-	rdma_reject(c->id, &rej, sizeof(rej));
+	RDMA_TIMED(t, c->rank, "rdma_reject", rdma_reject(c->id, &rej, sizeof(rej)));
 	ferry__rdma_conn_destroy(t, c);
 }
 
@@ -414,7 +403,7 @@ static void rdma_accept_request(struct rdma_tp *t, struct rdma_conn *c)
 	p->inc = inc;
 	c->attempt = t->peers[rank].auth_attempt;
 	ferry__rdma_conn_param(t, c, &cp, c->initiator_depth, c->responder_resources, 1);
-	if (rdma_accept(c->id, &cp)) {
+	if (RDMA_TIMED(t, (uint32_t)rank, "rdma_accept", rdma_accept(c->id, &cp))) {
 		ferry_warn("rdma: rank %u: rdma_accept of rank %d from %s: %s", me, rank, c->who,
 			   strerror(errno));
 		ferry__rdma_redial_note(p, "request %u: rdma_accept failed", p->redials);
@@ -510,8 +499,9 @@ static void rdma_dial_start(struct rdma_tp *t, uint32_t j)
 		c->id = NULL;
 		goto err_destroy;
 	}
-	if (rdma_resolve_addr(c->id, (struct sockaddr *)&t->src_sa, (struct sockaddr *)&d->sa,
-			      RDMA_RESOLVE_MS)) {
+	if (RDMA_TIMED(t, j, "rdma_resolve_addr",
+		       rdma_resolve_addr(c->id, (struct sockaddr *)&t->src_sa,
+					 (struct sockaddr *)&d->sa, RDMA_RESOLVE_MS))) {
 		snprintf(why, sizeof(why), "rdma_resolve_addr: %s", strerror(errno));
 		goto err_destroy;
 	}
@@ -545,7 +535,8 @@ static void rdma_dial_event(struct rdma_tp *t, struct rdma_conn *c, const struct
 
 	switch (ev->type) {
 	case RDMA_CM_EVENT_ADDR_RESOLVED:
-		if (rdma_resolve_route(c->id, RDMA_RESOLVE_MS)) {
+		if (RDMA_TIMED(t, j, "rdma_resolve_route",
+			       rdma_resolve_route(c->id, RDMA_RESOLVE_MS))) {
 			snprintf(why, sizeof(why), "rdma_resolve_route: %s", strerror(errno));
 			break;
 		}
@@ -558,7 +549,7 @@ static void rdma_dial_event(struct rdma_tp *t, struct rdma_conn *c, const struct
 		}
 		c->attempt = ++d->attempts;
 		ferry__rdma_conn_param(t, c, &cp, 0, 0, 0);
-		if (rdma_connect(c->id, &cp)) {
+		if (RDMA_TIMED(t, j, "rdma_connect", rdma_connect(c->id, &cp))) {
 			snprintf(why, sizeof(why), "rdma_connect: %s", strerror(errno));
 			break;
 		}
@@ -579,7 +570,7 @@ static void rdma_dial_event(struct rdma_tp *t, struct rdma_conn *c, const struct
 					   "refused: %s",
 					   me, d->where, j, why);
 			c->disconnected = 1;
-			rdma_disconnect(c->id);
+			RDMA_TIMED(t, j, "rdma_disconnect", rdma_disconnect(c->id));
 			break;
 		}
 		p->inc = inc;
@@ -796,7 +787,7 @@ static void rdma_cm_dispatch(struct rdma_tp *t, const struct rdma_cm_ev *ev)
 		rdma_on_request(t, ev);
 		return;
 	}
-	c = ev->id ? ev->id->context : NULL;
+	c = ev->ctx; /* NULL: a connection cut loose (reap.c), or none of ours */
 	if (!c)
 		return;
 	switch (c->kind) {
@@ -833,6 +824,8 @@ void ferry__rdma_cm_input(struct rdma_tp *t)
 		memset(&ev, 0, sizeof(ev));
 		ev.type = e->event;
 		ev.id = e->id;
+		/* before the ack: after it the reaper may destroy the id (reap.c) */
+		ev.ctx = e->id ? e->id->context : NULL;
 		ev.status = e->status;
 		if (e->param.conn.private_data && e->param.conn.private_data_len) {
 			ev.plen = e->param.conn.private_data_len < sizeof(ev.pdata) ?

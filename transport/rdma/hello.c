@@ -236,8 +236,9 @@ static void rdma_probe_start(struct rdma_tp *t, uint32_t r)
 		ferry__rdma_conn_destroy(t, c);
 		return;
 	}
-	if (rdma_resolve_addr(c->id, (struct sockaddr *)&t->src_sa, (struct sockaddr *)&d->sa,
-			      RDMA_RESOLVE_MS)) {
+	if (RDMA_TIMED(t, r, "rdma_resolve_addr (a probe)",
+		       rdma_resolve_addr(c->id, (struct sockaddr *)&t->src_sa,
+					 (struct sockaddr *)&d->sa, RDMA_RESOLVE_MS))) {
 		ferry__rdma_conn_destroy(t, c);
 		return;
 	}
@@ -265,7 +266,8 @@ void ferry__rdma_probe_event(struct rdma_tp *t, struct rdma_conn *c, const struc
 
 	switch (ev->type) {
 	case RDMA_CM_EVENT_ADDR_RESOLVED:
-		if (!rdma_resolve_route(c->id, RDMA_RESOLVE_MS)) {
+		if (!RDMA_TIMED(t, r, "rdma_resolve_route (a probe)",
+				rdma_resolve_route(c->id, RDMA_RESOLVE_MS))) {
 			c->state = RDMA_CS_ROUTE;
 			return;
 		}
@@ -283,13 +285,14 @@ void ferry__rdma_probe_event(struct rdma_tp *t, struct rdma_conn *c, const struc
 				 .max_recv_sge = 1 },
 		};
 
-		if (rdma_create_qp(c->id, t->pd, &qa)) {
+		if (RDMA_TIMED(t, r, "rdma_create_qp (a probe)",
+			       rdma_create_qp(c->id, t->pd, &qa))) {
 			snprintf(why, sizeof(why), "rdma_create_qp: %s", strerror(errno));
 			break;
 		}
 		c->attempt = ++d->attempts;
 		ferry__rdma_conn_param(t, c, &cp, 0, 0, 0);
-		if (rdma_connect(c->id, &cp)) {
+		if (RDMA_TIMED(t, r, "rdma_connect (a probe)", rdma_connect(c->id, &cp))) {
 			snprintf(why, sizeof(why), "rdma_connect: %s", strerror(errno));
 			break;
 		}
@@ -313,7 +316,7 @@ void ferry__rdma_probe_event(struct rdma_tp *t, struct rdma_conn *c, const struc
 		/* not ours to keep: a probe is always refused by a node of this build */
 		snprintf(why, sizeof(why), "it accepted the probe");
 		c->disconnected = 1;
-		rdma_disconnect(c->id);
+		RDMA_TIMED(t, r, "rdma_disconnect (a probe)", rdma_disconnect(c->id));
 		break;
 	case RDMA_CM_EVENT_ADDR_ERROR:
 	case RDMA_CM_EVENT_ROUTE_ERROR:

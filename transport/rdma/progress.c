@@ -312,6 +312,10 @@ static void *rdma_progress(void *arg)
 			break;
 		}
 		for (int i = 0; i < n; i++) {
+			static const char *const kinds[] = { "", "wake", "completion", "cm",
+							     "async" };
+			int64_t t0 = rdma_now_ms(), took;
+
 			switch (evs[i].data.u32) {
 			case RDMA_EV_WAKE:
 				rdma_wake_input(t);
@@ -326,6 +330,13 @@ static void *rdma_progress(void *arg)
 				rdma_async_input(t);
 				break;
 			}
+			/* what keeps the thread from its other work: none should be slow */
+			took = rdma_now_ms() - t0;
+			if (took >= RDMA_SLOW_TURN_MS && evs[i].data.u32 <= RDMA_EV_ASYNC)
+				ferry_dbg("rdma: rank %u: the progress thread spent %lld ms on %s "
+					  "events",
+					  t->base.cfg.rank, (long long)took,
+					  kinds[evs[i].data.u32]);
 		}
 		/* what this thread sent to itself in the handlers above */
 		again = rdma_self_deliver(t, 1);

@@ -332,7 +332,7 @@ int ferry__rdma_conn_attach(struct rdma_tp *t, struct rdma_conn *c, uint32_t r)
 	if (p->conn && p->conn != c)
 		ferry__rdma_conn_destroy(t, p->conn);
 	c->rank = r;
-	if (rdma_create_qp(c->id, t->pd, &qa)) {
+	if (RDMA_TIMED(t, r, "rdma_create_qp", rdma_create_qp(c->id, t->pd, &qa))) {
 		ret = -errno;
 		ferry_err("rdma: rank %u: cannot create a queue pair for rank %u: %s",
 			  t->base.cfg.rank, r, strerror(errno));
@@ -449,7 +449,7 @@ void ferry__rdma_peer_fail(struct rdma_tp *t, struct rdma_peer *p, int err)
 	p->asm_cap = p->asm_have = p->asm_need = 0;
 	if (p->conn && !p->conn->disconnected) {
 		p->conn->disconnected = 1;
-		rdma_disconnect(p->conn->id);
+		RDMA_TIMED(t, p->rank, "rdma_disconnect", rdma_disconnect(p->conn->id));
 	}
 	if (!p->reported) {
 		p->reported = 1;

@@ -139,13 +139,18 @@ static int rdma_init(struct ferry_tp *tp, const struct ferry_tp_config *cfg)
 		ret = rdma_epoll_add(t, t->cc->fd, RDMA_EV_CQ);
 	if (ret)
 		goto err_close_epoll;
-	ret = ferry__rdma_start_thread(t);
+	ret = ferry__rdma_reaper_start(t);
 	if (ret)
 		goto err_close_epoll;
+	ret = ferry__rdma_start_thread(t);
+	if (ret)
+		goto err_stop_reaper;
 	ferry_dbg("rdma: rank %u of %u listens on %s (%s port %u)", cfg->rank, cfg->world, t->addr,
 		  t->dev_name, t->port_num);
 	return 0;
 
+err_stop_reaper:
+	ferry__rdma_reaper_stop(t);
 err_close_epoll:
 	close(t->epfd);
 err_close_wake:
@@ -195,6 +200,8 @@ static void rdma_fini(struct ferry_tp *tp)
 		}
 	while (t->conns)
 		ferry__rdma_conn_destroy(t, t->conns);
+	/* every queue pair and cm_id goes before the CQs, the PD and the channel */
+	ferry__rdma_reaper_stop(t);
 	for (m = t->self_head; m; m = next) {
 		next = m->next;
 		free(m);

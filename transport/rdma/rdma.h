@@ -28,6 +28,8 @@
  *               reassembly), send completions, CQ arming    workers in poll()
  *   progress.c  the progress thread: epoll loop, wake,      progress thread
  *               self queue, async events, drain at fini
+ *   reap.c      the reaper: destroys the queue pairs and    reaper thread;
+ *               cm_ids of connections cut loose             queued: progress
  *   rma.c       one-sided read, read_v, write; poll         any thread
  *   mr.c        mem_reg, mem_dereg                          any thread
  *
@@ -176,6 +178,8 @@
 #define RDMA_PROBE_MAX_MS 250
 #define RDMA_STALL_MS 2000   /* frames waiting this long on an unmoving stream are logged (debug) */
 #define RDMA_SLOW_CALL_MS 20 /* a verbs or rdma_cm call this slow is logged (debug) */
+#define RDMA_REAP_MAX 64     /* connections waiting for the reaper, at most (reap.c) */
+#define RDMA_SLOW_TURN_MS 100 /* the progress thread this long on one event is logged (debug) */
 
 #define RDMA_REJ_MAGIC 0x4a525946u /* "FYRJ" */
 #define RDMA_CM_PDATA_MAX 96	   /* private data bytes we look at */
@@ -524,6 +528,20 @@ struct rdma_tp {
 	uint32_t nheld;
 	uint32_t *dirty; /* ranks to flush after a batch of completions */
 	uint32_t ndirty;
+
+	/*
+	 * the reaper (reap.c): connections cut loose by the progress thread,
+	 * whose queue pair and cm_id it destroys; at most RDMA_REAP_MAX wait.
+	 * reap_lock guards the queue, reap_n, reap_stop and reaped.
+	 */
+	pthread_mutex_t reap_lock;
+	pthread_cond_t reap_cond;
+	struct rdma_conn *reap_head, *reap_tail;
+	uint32_t reap_n;
+	uint64_t reaped; /* connections the reaper destroyed */
+	int reap_stop;
+	int reap_started; /* init() and fini() only */
+	pthread_t reap_thread;
 };
 
 static inline struct rdma_tp *to_rdma(struct ferry_tp *tp)
@@ -562,6 +580,20 @@ static inline int64_t rdma_now_ms(void)
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
+
+/*
+ * RDMA_TIMED - run @call, an rdma_cm or verbs call that returns int, and log
+ * it at debug level when it took RDMA_SLOW_CALL_MS or more: under TCG some
+ * of them wait in the kernel for hundreds of ms, on the progress thread
+ * (docs/rdma.md, "The reaper"). Return: what @call returned.
+ */
+#define RDMA_TIMED(t, rank, what, call)                          \
+	({                                                       \
+		int64_t t0_ = rdma_now_ms();                     \
+		int r_ = (call);                                 \
+		ferry__rdma_slow_note((t), (rank), (what), t0_); \
+		r_;                                              \
+	})
 
 /* the immediate of data chunk @seq that returns @owed credits (the chunk header above) */
 static inline uint32_t rdma_imm_data(uint64_t seq, uint32_t owed)
@@ -631,13 +663,20 @@ void ferry__rdma_verbs_fini(struct rdma_tp *t);
 int ferry__rdma_peers_init(struct rdma_tp *t);
 void ferry__rdma_peers_fini(struct rdma_tp *t);
 
+/* reap.c: ferry__rdma_reap on the progress thread (or in fini); start: init; stop: fini */
+int ferry__rdma_reaper_start(struct rdma_tp *t);
+void ferry__rdma_reaper_stop(struct rdma_tp *t);
+void ferry__rdma_reap(struct rdma_tp *t, struct rdma_conn *c);
+void ferry__rdma_slow_note(const struct rdma_tp *t, uint32_t rank, const char *what, int64_t t0);
+
 /* cm.c: progress thread (ferry__rdma_conn_destroy also in fini; connect on its caller) */
 void ferry__rdma_conn_destroy(struct rdma_tp *t, struct rdma_conn *c);
 const char *ferry__rdma_conn_state_str(const struct rdma_conn *c);
 /* copy of the fields of an rdma_cm_event we use: the event is acked before they are (cm.c) */
 struct rdma_cm_ev {
 	enum rdma_cm_event_type type;
-	struct rdma_cm_id *id;
+	struct rdma_cm_id *id; /* a CONNECT_REQUEST's new id; otherwise not to be touched */
+	void *ctx;	       /* id->context, read before the ack */
 	int status;
 	uint8_t pdata[RDMA_CM_PDATA_MAX];
 	uint8_t plen;

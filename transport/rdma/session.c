@@ -196,7 +196,8 @@ void ferry__rdma_peer_lost(struct rdma_tp *t, struct rdma_peer *p, const char *w
 		int ret;
 
 		/* flush what it holds, whether or not rdma_cm does it for us */
-		ret = ibv_modify_qp(p->conn->id->qp, &qa, IBV_QP_STATE);
+		ret = RDMA_TIMED(t, p->rank, "moving a queue pair to the error state",
+				 ibv_modify_qp(p->conn->id->qp, &qa, IBV_QP_STATE));
 		if (ret)
 			ferry_warn("rdma: rank %u: cannot move the queue pair to rank %u to the "
 				   "error state (%s); its completions may never drain",
@@ -204,7 +205,7 @@ void ferry__rdma_peer_lost(struct rdma_tp *t, struct rdma_peer *p, const char *w
 	}
 	if (p->conn && !p->conn->disconnected) {
 		p->conn->disconnected = 1;
-		rdma_disconnect(p->conn->id);
+		RDMA_TIMED(t, p->rank, "rdma_disconnect", rdma_disconnect(p->conn->id));
 	}
 }
 
