@@ -229,6 +229,7 @@ Test(rdma_chunk, a_connection_is_destroyed_on_the_reaper_not_on_the_progress_thr
 	int64_t t0, took;
 
 	fake_delay_ms = DELAY_MS;
+	setenv("FERRY_RDMA_REAPER", "1", 1); /* opt-in (reap.c) */
 	cr_assert_eq(ferry__rdma_reaper_start(t), 0);
 	for (int i = 0; i < N; i++)
 		c[i] = fake_conn(t);
@@ -269,6 +270,7 @@ Test(rdma_chunk, the_reaper_queue_is_bounded)
 	struct rdma_tp *t = fake_tp();
 
 	fake_gate = 1; /* the reaper's destroys wait: nothing leaves the queue */
+	setenv("FERRY_RDMA_REAPER", "1", 1); /* opt-in (reap.c) */
 	cr_assert_eq(ferry__rdma_reaper_start(t), 0);
 	for (int i = 0; i < RDMA_REAP_MAX + EXTRA; i++)
 		ferry__rdma_conn_destroy(t, fake_conn(t));
