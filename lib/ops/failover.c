@@ -208,10 +208,10 @@ static bool repl_failed(struct ferry *fy, uint32_t rank)
  * recorded, ferry__repl_want_head), or else to the requester recorded
  * here, or else to the first, and the others drop their moves.
  *
- * The record then names the winner, unless it names a live requester that
- * waits behind the winner in a chain (it did not ask, or nobody was
- * dropped): the winner's install hands the key on to it, and the record
- * stays.
+ * The record then names the winner, which keeps the key: requesters queued
+ * behind its move are passed back to this home and dropped (a chain a
+ * failure cut is known here only by its last requester, so a hand-over
+ * along it would leave the record behind the key).
  * Return: the moves ended with a value.
  */
 static uint32_t repl_end_moves(struct ferry *fy, struct ferry_table *t, uint32_t dead,
@@ -222,7 +222,7 @@ static uint32_t repl_end_moves(struct ferry *fy, struct ferry_table *t, uint32_t
 	uint32_t live = UINT32_MAX, nlive = 0;
 	struct repl_copy *c = (void *)(uintptr_t)ferry__keymap_get(&t->repl->copies, key);
 	bool home_died = ferry__home_as(t, key, dead) == dead, drop = false, rec_asked = false;
-	bool chained, here = false;
+	bool here = false;
 
 	if (ferry__home(t, key) != fy->rank)
 		return 0;
@@ -280,23 +280,13 @@ static uint32_t repl_end_moves(struct ferry *fy, struct ferry_table *t, uint32_t
 		return repl_end_here(fy, t, mv, key, c);
 	if (win == UINT32_MAX || repl_failed(fy, win))
 		return 0;
-	/*
-	 * The record stays when it names a live requester that waits behind
-	 * the winner (it did not ask, or the others were not dropped): the
-	 * winner's install hands the key on along the chain to it. Here, "no
-	 * record" reads as this node, which waits only with a move of its own
-	 * under way.
-	 */
-	chained = rec != win && (!rec_asked || !drop) && !repl_failed(fy, rec);
-	if (chained && rec == fy->rank) {
-		pthread_mutex_lock(&t->pend.lock);
-		chained = ferry__pend_find(&t->pend, key) != NULL;
-		pthread_mutex_unlock(&t->pend.lock);
-	}
+	/* the winner keeps the key: what queued behind its move is passed
+	 * back here (lib/reloc/, reloc_move_fill) and dropped */
 	repl_fill(fy, t, mv, key, win, c->v, c->len, true);
 	if (win == fy->rank) {
+		(void)ferry__dir_owner_set(&t->dir, key, fy->rank); /* no record */
 		ferry__repl_copy_del(t, key); /* live here: the main loop copies it */
-	} else if (chained || !ferry__dir_owner_set(&t->dir, key, win)) {
+	} else if (!ferry__dir_owner_set(&t->dir, key, win)) {
 		c->owner = win; /* the requester's backup, here */
 		c->from = fy->rank;
 	}
@@ -369,7 +359,10 @@ static int repl_want(struct ferry_table *t, uint64_t key, uint32_t requester, bo
 		/* (a key this home holds: a move passed on to it, whose chain
 		 * the takeover dropped, repl_end_here) */
 		if (ferry__owner(t, key) == requester && !ferry__own(t, key))
-			(void)ferry__dir_owner_set(&t->dir, key, fy->rank); /* no record */
+			/* the copy's live owner holds it, or it is nowhere */
+			(void)ferry__dir_owner_set(&t->dir, key,
+						   c && !repl_failed(fy, c->owner) ? c->owner :
+										     fy->rank);
 		repl_fill(fy, t, &mv, key, requester, NULL, 0, false);
 		ferry_dbg("repl: table %u: the move of key %llu to rank %u found no value at its "
 			  "new home rank %u; it is dropped (the key is on its way elsewhere)",

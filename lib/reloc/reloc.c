@@ -703,13 +703,19 @@ static int reloc_move_fill(struct ferry_table *t, uint64_t key, const float *val
 	}
 	ferry__pend_del(&t->pend, e);
 	{
-		/* a hand-over queued for a failed node would put the key where
-		 * no takeover comes for it any more (the home ended this move
-		 * after that failure's takeover, or knows it): it stays here */
+		/*
+		 * The key stays here, and the home records this node: a
+		 * hand-over queued behind the move would carry it on where the
+		 * home does not know (it knows only the last of a chain a
+		 * failure cut, and that one may have failed). Each requester
+		 * that queued is passed on to the home instead, which drops
+		 * its move (a failed one's is dropped here).
+		 */
 		for (struct ferry_pend_item **pp = &e->head; (it = *pp);) {
-			if (it->kind != FERRY_PEND_OP &&
-			    atomic_load_explicit(&fy->failed[it->requester],
-						 memory_order_relaxed)) {
+			if (it->kind != FERRY_PEND_OP) {
+				if (!atomic_load_explicit(&fy->failed[it->requester],
+							  memory_order_relaxed))
+					(void)ferry__repl_want_pass(t, key, it->requester);
 				*pp = it->next;
 				e->nqueued--;
 				free(it);
