@@ -73,7 +73,10 @@ struct ferry_cons_ent {
 	 * deltas, or a later one (the last settled when the copy was pulled):
 	 * a pushed value must hold it */
 	uint64_t sent_seq;
-	uint32_t sub_rank, sub_id; /* subscribed there, under that id (0: not) */
+	/* subscribed under sub_id (0: not), at sub_rank: the rank its first
+	 * pushed value came from (sub_conf), before that the one asked */
+	uint32_t sub_rank, sub_id;
+	bool sub_conf;
 };
 
 /* what became of a key's in-flight deltas when a flush ended */

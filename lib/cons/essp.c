@@ -41,13 +41,17 @@
  * subscriptions, and a record is never ahead of the value it tags.
  *
  * Who may send what: a SUB comes from any rank (it asks for its own
- * reads); a VAL is taken only from the rank R subscribed the key at, under
- * the id of R's latest subscription, and its clock may not exceed the
+ * reads), or passed on, at most twice, by a rank where the key is not live
+ * (toward its home, then the owner the home records); a VAL is taken only
+ * under the id of R's latest subscription of the key, and from one rank:
+ * the first that pushes under it (one rank at a time holds a record, where
+ * the key is live), and its clock may not exceed the
  * clock R itself announced, nor its tag a batch R made (else the sender is
  * dropped as broken); a KICK only from this node.
  *
  * Bound, per table at an owner: one record of 16 bytes per (key live here,
- * subscribed node), plus 40 bytes per key, at most a quarter of the
+ * subscribed node), in an array per key that doubles (so at most twice
+ * that), plus 32 bytes per key, counted, at most a quarter of the
  * table's cons_bytes (default 64 MiB: 16 MiB); past it subscriptions are
  * refused (logged once) and those readers refresh their copies themselves
  * at clock boundaries. A reader's subscriptions are its copies, bounded by
@@ -164,11 +168,11 @@ static void essp_grow(struct ferry_essp_own *o)
 	o->nb = nb;
 }
 
-/* o->lock held: remove @k's record of subscriber @i */
-static void essp_sub_del(struct ferry_essp_own *o, struct essp_key *k, uint32_t i)
+/* o->lock held: remove @k's record of subscriber @i (its room stays, counted,
+ * until the key goes) */
+static void essp_sub_del(struct essp_key *k, uint32_t i)
 {
 	k->subs[i] = k->subs[--k->n];
-	o->bytes -= sizeof(struct essp_sub);
 }
 
 /* o->lock held: unlink and free *@pp */
@@ -177,13 +181,30 @@ static void essp_key_del(struct ferry_essp_own *o, struct essp_key **pp)
 	struct essp_key *k = *pp;
 
 	*pp = k->next;
-	o->bytes -= sizeof(*k) + (uint64_t)k->n * sizeof(struct essp_sub);
+	o->bytes -= sizeof(*k) + (uint64_t)k->cap * sizeof(struct essp_sub);
 	o->nkeys--;
 	free(k->subs);
 	free(k);
 }
 
-/* SUB and UNSUB from @src: the progress thread (rcu_read_lock held) */
+struct essp_pair {
+	uint32_t rank, id;
+	uint64_t key;
+};
+
+static void essp_send_subs(struct ferry *fy, struct ferry_table *t, struct essp_pair *p, size_t n,
+			   uint64_t done, uint32_t flags, uint32_t origin);
+
+/* the rank a key not live here is passed on to (push.c's route) */
+static uint32_t essp_hint(struct ferry_table *t, uint64_t key)
+{
+	uint32_t home = ferry__home(t, key);
+
+	return home == t->fy->rank ? ferry__owner(t, key) : home;
+}
+
+/* SUB and UNSUB from @src, for node m->origin: the progress thread
+ * (rcu_read_lock held) */
 static void essp_on_sub(struct ferry *fy, struct ferry_table *t, uint32_t src,
 			const struct ferry_proto_view *v)
 {
@@ -191,7 +212,9 @@ static void essp_on_sub(struct ferry *fy, struct ferry_table *t, uint32_t src,
 	const uint64_t *keys = v->data;
 	struct cons_table *ct = t->cons;
 	struct ferry_essp_own *o = ct ? ct->own : NULL;
-	uint32_t refused = 0;
+	uint32_t refused = 0, who = m->origin, hops = FERRY_ESSP_HOPS(m->flags);
+	struct essp_pair *fwd = NULL;
+	size_t nfwd = 0;
 
 	if (!o) {
 		ferry_err("cons: rank %u subscribed to keys of table %u, which is not an ESSP "
@@ -200,31 +223,57 @@ static void essp_on_sub(struct ferry *fy, struct ferry_table *t, uint32_t src,
 			  src, t->id);
 		return;
 	}
+	if ((who != src) != (hops != 0)) {
+		ferry_err("cons: rank %u sent an ESSP subscription for rank %u after %u hops; only "
+			  "a subscription passed on names another rank; ignored",
+			  src, who, hops);
+		return;
+	}
 	pthread_mutex_lock(&o->lock);
 	for (uint32_t i = 0; i < v->count; i++) {
 		struct essp_key **pp = essp_slot(o, keys[i]), *k = *pp;
 		uint32_t j = 0;
 
-		while (k && j < k->n && k->subs[j].rank != src)
+		while (k && j < k->n && k->subs[j].rank != who)
 			j++;
 		if (m->flags & FERRY_ESSP_UNSUB) {
 			/* only the subscription named: a newer one stays */
 			if (k && j < k->n && k->subs[j].id == m->id) {
-				essp_sub_del(o, k, j);
+				essp_sub_del(k, j);
 				if (!k->n)
 					essp_key_del(o, pp);
 			}
 			continue;
 		}
-		if (!ferry__own(t, keys[i]))
-			continue; /* not live here: the reader re-subscribes where it is */
+		if (!ferry__own(t, keys[i])) {
+			uint32_t to = essp_hint(t, keys[i]);
+
+			/* toward the owner: the hint's home, then its owner record;
+			 * a key still not found is re-read and subscribed again at
+			 * the reader's clock boundary */
+			if (hops >= FERRY_ESSP_HOPS_MAX || to == fy->rank || to >= fy->world)
+				continue;
+			if (!fwd)
+				fwd = malloc(v->count * sizeof(*fwd));
+			if (fwd)
+				fwd[nfwd++] = (struct essp_pair){ .rank = to,
+								  .id = m->id,
+								  .key = keys[i] };
+			continue;
+		}
 		if (k && j < k->n) {
 			k->subs[j].id = m->id;
 			if (m->done > k->subs[j].tag)
 				k->subs[j].tag = m->done;
 			continue;
 		}
-		if (o->bytes + sizeof(struct essp_sub) + (k ? 0 : sizeof(*k)) > o->limit) {
+		/* room: the key's entry, and its records' array doubled */
+		if (o->bytes + (k ? 0 : sizeof(*k)) +
+			    (!k		    ? 2 :
+			     k->n == k->cap ? k->cap :
+					      0) *
+				    sizeof(struct essp_sub) >
+		    o->limit) {
 			refused++;
 			continue;
 		}
@@ -249,11 +298,11 @@ static void essp_on_sub(struct ferry *fy, struct ferry_table *t, uint32_t src,
 					essp_key_del(o, pp);
 				continue;
 			}
+			o->bytes += (uint64_t)(cap - k->cap) * sizeof(*s);
 			k->subs = s;
 			k->cap = cap;
 		}
-		k->subs[k->n++] = (struct essp_sub){ .rank = src, .id = m->id, .tag = m->done };
-		o->bytes += sizeof(struct essp_sub);
+		k->subs[k->n++] = (struct essp_sub){ .rank = who, .id = m->id, .tag = m->done };
 	}
 	essp_grow(o);
 	if (refused && !o->warned) {
@@ -262,9 +311,12 @@ static void essp_on_sub(struct ferry *fy, struct ferry_table *t, uint32_t src,
 			   "records here reached %llu bytes (a quarter of cons_bytes) or memory "
 			   "ran out; those keys are refreshed by their readers at clock "
 			   "boundaries instead (raise cons_bytes); logged once",
-			   t->id, refused, src, (unsigned long long)o->limit);
+			   t->id, refused, who, (unsigned long long)o->limit);
 	}
 	pthread_mutex_unlock(&o->lock);
+	if (nfwd)
+		essp_send_subs(fy, t, fwd, nfwd, m->done, (hops + 1) << 8, who);
+	free(fwd);
 }
 
 void ferry__essp_applied(struct cons_table *ct, uint64_t key, uint32_t src, uint64_t seq)
@@ -389,7 +441,7 @@ static void essp_push_table(struct cons_table *ct, uint64_t g)
 
 				if (atomic_load_explicit(&fy->failed[s->rank],
 							 memory_order_relaxed)) {
-					essp_sub_del(o, k, j);
+					essp_sub_del(k, j);
 					continue;
 				}
 				if (!w->count) {
@@ -481,11 +533,6 @@ void ferry__essp_kick(struct ferry_cons_node *cn, uint64_t g)
 
 /* ---- the reader ------------------------------------------------------------- */
 
-struct essp_pair {
-	uint32_t rank, id;
-	uint64_t key;
-};
-
 static int essp_pair_cmp(const void *a, const void *b)
 {
 	const struct essp_pair *x = a, *y = b;
@@ -500,7 +547,7 @@ static int essp_pair_cmp(const void *a, const void *b)
 /* send SUB (or UNSUB) frames for @p[0 .. n), sorted: one per (rank, id) and
  * at most ESSP_FRAME_BYTES each; the caller's thread, no lock held */
 static void essp_send_subs(struct ferry *fy, struct ferry_table *t, struct essp_pair *p, size_t n,
-			   uint64_t done, uint32_t flags)
+			   uint64_t done, uint32_t flags, uint32_t origin)
 {
 	qsort(p, n, sizeof(*p), essp_pair_cmp);
 	for (size_t i = 0; i < n;) {
@@ -528,11 +575,12 @@ static void essp_send_subs(struct ferry *fy, struct ferry_table *t, struct essp_
 			m->id = p[i].id;
 			m->count = count;
 			m->flags = flags;
+			m->origin = origin;
 		}
 		rc = ferry__frame_finish(&f, FERRY_MSG_ESSP_SUB, fy->rank, t->id);
 		if (!rc)
 			rc = ferry__send(fy, p[i].rank, f.buf, f.len);
-		if (!rc && !flags)
+		if (!rc && !flags && origin == fy->rank)
 			atomic_fetch_add_explicit(&fy->essp_subscribed, count,
 						  memory_order_relaxed);
 		ferry__frame_free(&f);
@@ -566,10 +614,11 @@ void ferry__essp_subscribe(struct cons_table *ct, const uint64_t *keys, size_t n
 			continue;
 		e->sub_rank = ferry__loc_get(t, keys[i]);
 		e->sub_id = id;
+		e->sub_conf = false;
 		p[np++] = (struct essp_pair){ .rank = e->sub_rank, .id = id, .key = keys[i] };
 	}
 	pthread_mutex_unlock(&ct->lock);
-	essp_send_subs(t->fy, t, p, np, done, 0);
+	essp_send_subs(t->fy, t, p, np, done, 0, t->fy->rank);
 	free(p);
 }
 
@@ -610,6 +659,12 @@ static void essp_on_val(struct ferry *fy, struct ferry_table *t, uint32_t src,
 			bad = "tagged with a batch this node never sent";
 			goto broken;
 		}
+		/* one rank at a time holds subscription id: the first that
+		 * pushes under it (the SUB may have been passed on) */
+		if (e && e->have_val && e->sub_id == x->id && !e->sub_conf) {
+			e->sub_rank = src;
+			e->sub_conf = true;
+		}
 		if (!e || !e->have_val || e->sub_rank != src || e->sub_id != x->id) {
 			/* not (or no longer) subscribed there under that id */
 			if (!stale)
@@ -634,7 +689,7 @@ static void essp_on_val(struct ferry *fy, struct ferry_table *t, uint32_t src,
 	if (refused)
 		atomic_fetch_add_explicit(&fy->essp_refused, refused, memory_order_relaxed);
 	if (nstale)
-		essp_send_subs(fy, t, stale, nstale, 0, FERRY_ESSP_UNSUB);
+		essp_send_subs(fy, t, stale, nstale, 0, FERRY_ESSP_UNSUB, fy->rank);
 	free(stale);
 	return;
 broken:

@@ -280,8 +280,12 @@ static int proto_parse_essp(uint8_t type, const uint8_t *p, size_t left,
 		const struct ferry_msg_essp_sub *m = v->body;
 		const uint64_t *ks = (const uint64_t *)p;
 
-		if (m->count == 0 || m->pad || (m->flags & ~FERRY_ESSP_UNSUB))
-			PROTO_FAIL("essp sub: no keys, a nonzero pad or unknown flags");
+		if (m->count == 0 || (m->flags & ~(FERRY_ESSP_UNSUB | 0xff00u)) ||
+		    FERRY_ESSP_HOPS(m->flags) > FERRY_ESSP_HOPS_MAX ||
+		    ((m->flags & FERRY_ESSP_UNSUB) && FERRY_ESSP_HOPS(m->flags)))
+			PROTO_FAIL("essp sub: no keys, unknown flags or too many hops");
+		if (m->origin >= lim->world)
+			PROTO_FAIL("essp sub: origin rank out of range");
 		if (m->count > left / sizeof(*ks))
 			PROTO_FAIL("essp sub: key count exceeds the frame");
 		for (uint32_t i = 0; i < m->count; i++)

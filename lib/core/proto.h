@@ -347,22 +347,26 @@ struct ferry_msg_hot_ack {
 };
 
 /*
- * FERRY_MSG_ESSP_SUB (table scope): the sender reads @count keys (after the
- * body) of an ESSP table and asks their owner to push their values at each
- * global clock (lib/cons/essp.c), under subscription @id; @flags
- * FERRY_ESSP_UNSUB: stop. @done: every batch of the sender's buffered
- * deltas of this table numbered up to it is settled (each applied key is in
- * every value read after this frame arrives).
+ * FERRY_MSG_ESSP_SUB (table scope): node @origin reads @count keys (after
+ * the body) of an ESSP table and asks their owner to push their values at
+ * each global clock (lib/cons/essp.c), under subscription @id; @flags
+ * FERRY_ESSP_UNSUB: stop. @done: every batch of @origin's buffered deltas
+ * of this table numbered up to it is settled (each applied key is in every
+ * value read after this frame arrives). A rank where a key is not live
+ * passes it on toward its owner (FERRY_ESSP_HOPS counts the passes, at most
+ * FERRY_ESSP_HOPS_MAX); @origin is the sender unless passed on.
  */
 struct ferry_msg_essp_sub {
 	uint64_t done;
 	uint32_t id;
 	uint32_t count;
 	uint32_t flags;
-	uint32_t pad;
+	uint32_t origin;
 };
 
 #define FERRY_ESSP_UNSUB 1u
+#define FERRY_ESSP_HOPS(flags) (((flags) >> 8) & 0xffu)
+#define FERRY_ESSP_HOPS_MAX 2u
 
 /*
  * FERRY_MSG_ESSP_VAL (table scope): @count values of keys the receiver

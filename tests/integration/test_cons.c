@@ -1173,3 +1173,71 @@ Test(cons, essp_owners_push_each_clock_and_subscriptions_follow_a_move, .timeout
 		ferry_worker_destroy(w[i]);
 	tc_close(&c);
 }
+
+static atomic_int essp_refusals;
+
+static void essp_bound_log(enum ferry_log_level level, const char *msg, void *arg)
+{
+	(void)arg;
+	if (level == FERRY_LOG_WARN && strstr(msg, "ESSP subscriptions of rank 1 refused"))
+		atomic_fetch_add(&essp_refusals, 1);
+}
+
+/*
+ * The owner's records stay within a quarter of cons_bytes: with cons_bytes
+ * 32 KiB (8 KiB of records: 128 of 64 B each, a key and room for two
+ * readers), node 1 reads 512 keys node 0 owns and keeps what its own 32 KiB
+ * hold as copies; the subscriptions past the bound are refused (logged
+ * once), node 0 pushes at most 128 keys per global clock, and node 1 still reads every update within the bound (the keys
+ * not subscribed are re-read at its clock boundaries).
+ */
+Test(cons, essp_records_past_their_bound_are_refused_and_reads_keep_the_bound, .timeout = 60)
+{
+	struct ferry_table_params tp;
+	struct ferry_worker *w0, *w1;
+	struct ferry_stats a, b;
+	uint64_t keys[512];
+	float ones[512], v[512];
+	struct tc c;
+
+	ferry_log_set(FERRY_LOG_WARN, essp_bound_log, NULL);
+	cons_params(&tp, FERRY_CONS_ESSP, 1, 512, 1);
+	tp.cons_bytes = 32768;
+	cr_assert_eq(tc_open(&c, 2, &tp, 20000), 0);
+	cr_assert_eq(ferry_worker_create(c.fy[0], &w0), 0);
+	cr_assert_eq(ferry_worker_create(c.fy[1], &w1), 0);
+	for (int k = 0; k < 512; k++) {
+		keys[k] = (uint64_t)k;
+		ones[k] = 1;
+	}
+	cr_assert_eq(ferry_localize(w0, c.t[0], keys, 512), 0);
+	cr_assert_eq(ferry_pull(w1, c.t[1], keys, 512, v), 0);
+	for (int i = 0; i < 200 && !atomic_load(&essp_refusals); i++)
+		usleep(10000);
+	cr_assert_eq(ferry_stats(c.fy[1], &a), 0);
+	cr_assert_gt(a.essp_subscribed, 128, "node 1 subscribed %llu keys",
+		     (unsigned long long)a.essp_subscribed);
+	cr_assert_eq(atomic_load(&essp_refusals), 1, "no refusal logged (or more than once)");
+	for (int it = 0; it < 6; it++) {
+		cr_assert_eq(ferry_stats(c.fy[0], &a), 0);
+		cr_assert_eq(ferry_push(w0, c.t[0], keys, 512, ones), 0);
+		cr_assert_eq(ferry_clock(w0), 0);
+		cr_assert_eq(ferry_clock(w1), 0);
+		usleep(50000);
+		cr_assert_eq(ferry_stats(c.fy[0], &b), 0);
+		cr_assert_leq(b.essp_pushed - a.essp_pushed, 128, "clock %d: %llu values pushed",
+			      it + 1, (unsigned long long)(b.essp_pushed - a.essp_pushed));
+		cr_assert_eq(ferry_pull(w1, c.t[1], keys, 512, v), 0);
+		/* at clock it + 1, bound 1: clocks 0 .. it - 1 at least */
+		for (int k = 0; k < 512; k++)
+			cr_assert(v[k] >= (float)it && v[k] <= (float)(it + 1),
+				  "clock %d key %d: %g", it + 1, k, (double)v[k]);
+	}
+	cr_assert_eq(ferry_stats(c.fy[0], &b), 0);
+	cr_assert_gt(b.essp_pushed, 0, "node 0 pushed nothing");
+	cr_assert_eq(atomic_load(&essp_refusals), 1, "the refusal logged more than once");
+	ferry_worker_destroy(w0);
+	ferry_worker_destroy(w1);
+	tc_close(&c);
+	ferry_log_set(FERRY_LOG_WARN, NULL, NULL);
+}

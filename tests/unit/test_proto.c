@@ -2414,6 +2414,17 @@ Test(proto, essp_sub_and_val_frames_are_checked)
 	x = essp_sub_frame(3, 4);
 	expect_body_bad(&x, &lim_perkey, "flags", "unknown flags");
 	fr_free(&x);
+	x = essp_sub_frame(3, 3u << 8);
+	expect_body_bad(&x, &lim_perkey, "hops", "passed on 3 times");
+	fr_free(&x);
+	x = essp_sub_frame(3, FERRY_ESSP_UNSUB | 1u << 8);
+	expect_body_bad(&x, &lim_perkey, "hops", "an UNSUB passed on");
+	fr_free(&x);
+	x = essp_sub_frame(3, 2u << 8);
+	expect_ok(&x, &lim_perkey, &v, "a SUB passed on twice");
+	((struct ferry_msg_essp_sub *)fr_body(&x))->origin = WORLD;
+	expect_body_bad(&x, &lim_perkey, "origin", "an origin past the world");
+	fr_free(&x);
 	x = essp_sub_frame(3, 0);
 	((uint64_t *)((uint8_t *)fr_body(&x) + sizeof(struct ferry_msg_essp_sub)))[1] = NKEYS;
 	expect_body_bad(&x, &lim_perkey, "out of range", "a key past the table");
