@@ -240,7 +240,7 @@ static void clock_on_msg(struct ferry *fy, struct ferry_table *unused, uint32_t 
 	pthread_cond_broadcast(&cn->cond);
 	pthread_mutex_unlock(&cn->lock);
 	if (g1 > g0)
-		ferry__essp_push_all(cn); /* ESSP's owners push (essp.c) */
+		ferry__essp_push_all(cn, g1); /* ESSP's owners push (essp.c) */
 	if (bad) {
 		ferry_err("cons: rank %u sent clock %llu after clock %llu; clocks never go down, "
 			  "so it is dropped as broken (a peer with another library version?)",

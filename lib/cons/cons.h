@@ -234,9 +234,10 @@ void ferry__essp_subscribe(struct cons_table *ct, const uint64_t *keys, size_t n
 /* owner: rank @src's batch @seq was applied to @key here (push.c); the
  * progress thread */
 void ferry__essp_applied(struct cons_table *ct, uint64_t key, uint32_t src, uint64_t seq);
-/* owner: push every recorded key to its subscribers, fresh to the global
- * clock, once per table and global clock. The progress thread. */
-void ferry__essp_push_all(struct ferry_cons_node *cn);
+/* owner: push every recorded key to its subscribers, fresh to @g (a global
+ * clock this node saw), once per table and global clock. The progress
+ * thread. (clock.c calls essp.c, never the other way: check-layers.sh) */
+void ferry__essp_push_all(struct ferry_cons_node *cn, uint64_t g);
 /* the global clock moved on by this node's own announcement: push from the
  * progress thread (ESSP_KICK to self). Any thread. */
 void ferry__essp_kick(struct ferry_cons_node *cn, uint64_t g);

@@ -480,10 +480,8 @@ static void essp_push_table(struct cons_table *ct, uint64_t g)
 	free(done);
 }
 
-void ferry__essp_push_all(struct ferry_cons_node *cn)
+void ferry__essp_push_all(struct ferry_cons_node *cn, uint64_t g)
 {
-	uint64_t g = ferry__cons_global(cn);
-
 	if (!atomic_load_explicit(&cn->nessp, memory_order_relaxed))
 		return;
 	pthread_mutex_lock(&cn->essp_mu);
@@ -504,7 +502,6 @@ static void essp_on_kick(struct ferry *fy, struct ferry_table *unused, uint32_t 
 			 const struct ferry_proto_view *v)
 {
 	(void)unused;
-	(void)v;
 	if (src != fy->rank) {
 		ferry_err("cons: rank %u sent an ESSP kick, which a node only sends itself; "
 			  "dropped as broken (a peer with another library version?)",
@@ -512,7 +509,7 @@ static void essp_on_kick(struct ferry *fy, struct ferry_table *unused, uint32_t 
 		ferry__node_peer_failed(fy, src);
 		return;
 	}
-	ferry__essp_push_all(fy->cons);
+	ferry__essp_push_all(fy->cons, ((const struct ferry_msg_essp_kick *)v->body)->clock);
 }
 
 void ferry__essp_kick(struct ferry_cons_node *cn, uint64_t g)
