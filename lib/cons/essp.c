@@ -123,6 +123,10 @@ void ferry__essp_table_fini(struct cons_table *ct)
 
 	if (!o)
 		return;
+	/* the progress thread's handlers (SUB, CONS_PUSH applies) read it
+	 * under RCU: detach, and wait for them */
+	__atomic_store_n(&ct->own, NULL, __ATOMIC_RELEASE);
+	urcu_memb_synchronize_rcu();
 	for (uint64_t i = 0; i < o->nb; i++)
 		for (struct essp_key *k = o->b[i], *next; k; k = next) {
 			next = k->next;
@@ -132,7 +136,6 @@ void ferry__essp_table_fini(struct cons_table *ct)
 	free(o->b);
 	pthread_mutex_destroy(&o->lock);
 	free(o);
-	ct->own = NULL;
 }
 
 /* o->lock held */
@@ -211,7 +214,7 @@ static void essp_on_sub(struct ferry *fy, struct ferry_table *t, uint32_t src,
 	const struct ferry_msg_essp_sub *m = v->body;
 	const uint64_t *keys = v->data;
 	struct cons_table *ct = t->cons;
-	struct ferry_essp_own *o = ct ? ct->own : NULL;
+	struct ferry_essp_own *o = ct ? __atomic_load_n(&ct->own, __ATOMIC_ACQUIRE) : NULL;
 	uint32_t refused = 0, who = m->origin, hops = FERRY_ESSP_HOPS(m->flags);
 	struct essp_pair *fwd = NULL;
 	size_t nfwd = 0;
@@ -223,10 +226,11 @@ static void essp_on_sub(struct ferry *fy, struct ferry_table *t, uint32_t src,
 			  src, t->id);
 		return;
 	}
-	if ((who != src) != (hops != 0)) {
-		ferry_err("cons: rank %u sent an ESSP subscription for rank %u after %u hops; only "
-			  "a subscription passed on names another rank; ignored",
-			  src, who, hops);
+	if (who != src && !hops) {
+		ferry_err(
+			"cons: rank %u sent an ESSP subscription for rank %u; only a subscription "
+			"passed on names another rank; ignored",
+			src, who);
 		return;
 	}
 	pthread_mutex_lock(&o->lock);
@@ -321,7 +325,7 @@ static void essp_on_sub(struct ferry *fy, struct ferry_table *t, uint32_t src,
 
 void ferry__essp_applied(struct cons_table *ct, uint64_t key, uint32_t src, uint64_t seq)
 {
-	struct ferry_essp_own *o = ct->own;
+	struct ferry_essp_own *o = __atomic_load_n(&ct->own, __ATOMIC_ACQUIRE);
 	struct essp_key *k;
 
 	if (!o)
