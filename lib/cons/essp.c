@@ -127,6 +127,9 @@ void ferry__essp_table_fini(struct cons_table *ct)
 	 * under RCU: detach, and wait for them */
 	__atomic_store_n(&ct->own, NULL, __ATOMIC_RELEASE);
 	urcu_memb_synchronize_rcu();
+	/* nobody takes it any more; taken so that TSan, which cannot see a
+	 * grace period, sees the handlers' last writes ordered before */
+	pthread_mutex_lock(&o->lock);
 	for (uint64_t i = 0; i < o->nb; i++)
 		for (struct essp_key *k = o->b[i], *next; k; k = next) {
 			next = k->next;
@@ -134,6 +137,7 @@ void ferry__essp_table_fini(struct cons_table *ct)
 			free(k);
 		}
 	free(o->b);
+	pthread_mutex_unlock(&o->lock);
 	pthread_mutex_destroy(&o->lock);
 	free(o);
 }
