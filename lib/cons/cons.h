@@ -196,7 +196,8 @@ struct cons_table {
 	struct ferry_cons_rx *rx;
 	/* essp.c: the last batch number taken (lock; ct->seq's copy readable
 	 * by the progress thread), subscription ids (lock), the owner's
-	 * records (their own lock; NULL unless ESSP without replicas), the
+	 * records (their own lock; NULL unless ESSP without replicas; the
+	 * progress thread's handlers read the pointer under RCU), the
 	 * global clock last pushed for (the node's essp_mu) */
 	uint64_t bseq;
 	uint32_t sub_next;
