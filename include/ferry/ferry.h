@@ -674,6 +674,12 @@ struct ferry_stats {
 	 * this node's copy, or pulled from the owner (then kept as the copy);
 	 * keys ESSP re-read eagerly at clock boundaries */
 	uint64_t cons_hits, cons_misses, cons_refreshed;
+	/* ESSP's owner pushes (docs/consistency.md, "ESSP"): keys this node
+	 * subscribed to at their owners; values it pushed, as an owner, to
+	 * subscribers; pushed values it took as its copies; and those it
+	 * refused (its own deltas in flight or newer, an older value, a
+	 * subscription it dropped or renewed since) */
+	uint64_t essp_subscribed, essp_pushed, essp_taken, essp_refused;
 };
 
 /**

@@ -8,7 +8,8 @@
  *             each applied at its owner, then
  *   node ---CLOCK{local}---> every other rank:  peer[src] = clock
  *   global  = min over ranks of peer[]: every push made in a clock below it,
- *             on any node, is applied at its owner
+ *             on any node, is applied at its owner; when it moves on, ESSP's
+ *             owners push their subscribed values (essp.c)
  *
  * A CLOCK only ever goes up; one that goes down is a protocol error and its
  * sender is dropped. Waits for the global clock are bounded by the node's
@@ -105,6 +106,19 @@ uint64_t ferry__cons_local(struct ferry_cons_node *cn)
 	return c;
 }
 
+/* lock held: the least announced clock, and a rank that holds it */
+static uint64_t clock_global_locked(struct ferry_cons_node *cn, uint32_t *who_p)
+{
+	uint64_t g = UINT64_MAX;
+
+	for (uint32_t r = 0; r < cn->fy->world; r++)
+		if (cn->peer[r] < g) {
+			g = cn->peer[r];
+			*who_p = r;
+		}
+	return g;
+}
+
 int ferry__cons_announce(struct ferry_cons_node *cn, uint64_t clock)
 {
 	struct ferry *fy = cn->fy;
@@ -114,13 +128,20 @@ int ferry__cons_announce(struct ferry_cons_node *cn, uint64_t clock)
 	} msg;
 	int rc = 0;
 
+	uint32_t who = 0;
+	uint64_t g0, g1;
+
 	if (clock <= cn->announced)
 		return 0;
 	cn->announced = clock;
 	pthread_mutex_lock(&cn->lock);
+	g0 = clock_global_locked(cn, &who);
 	cn->peer[fy->rank] = clock;
+	g1 = clock_global_locked(cn, &who);
 	pthread_cond_broadcast(&cn->cond);
 	pthread_mutex_unlock(&cn->lock);
+	if (g1 > g0)
+		ferry__essp_kick(cn, g1); /* ESSP's owners push, on the progress thread */
 	memset(&msg, 0, sizeof(msg));
 	ferry__proto_hdr_init(&msg.h, FERRY_MSG_CLOCK, sizeof(msg), fy->rank, 0);
 	msg.c.clock = clock;
@@ -134,19 +155,6 @@ int ferry__cons_announce(struct ferry_cons_node *cn, uint64_t clock)
 			rc = src;
 	}
 	return rc;
-}
-
-/* lock held: the least announced clock, and a rank that holds it */
-static uint64_t clock_global_locked(struct ferry_cons_node *cn, uint32_t *who_p)
-{
-	uint64_t g = UINT64_MAX;
-
-	for (uint32_t r = 0; r < cn->fy->world; r++)
-		if (cn->peer[r] < g) {
-			g = cn->peer[r];
-			*who_p = r;
-		}
-	return g;
 }
 
 uint64_t ferry__cons_global(struct ferry_cons_node *cn)
@@ -214,7 +222,8 @@ static void clock_on_msg(struct ferry *fy, struct ferry_table *unused, uint32_t 
 {
 	struct ferry_cons_node *cn = fy->cons;
 	const struct ferry_msg_clock *m = v->body;
-	uint64_t prev;
+	uint64_t prev, g0, g1;
+	uint32_t who = 0;
 	bool bad = false;
 
 	(void)unused;
@@ -222,12 +231,16 @@ static void clock_on_msg(struct ferry *fy, struct ferry_table *unused, uint32_t 
 		return; /* never sent to self: nothing to learn */
 	pthread_mutex_lock(&cn->lock);
 	prev = cn->peer[src];
+	g0 = clock_global_locked(cn, &who);
 	if (m->clock < prev)
 		bad = true;
 	else
 		cn->peer[src] = m->clock;
+	g1 = clock_global_locked(cn, &who);
 	pthread_cond_broadcast(&cn->cond);
 	pthread_mutex_unlock(&cn->lock);
+	if (g1 > g0)
+		ferry__essp_push_all(cn, g1); /* ESSP's owners push (essp.c) */
 	if (bad) {
 		ferry_err("cons: rank %u sent clock %llu after clock %llu; clocks never go down, "
 			  "so it is dropped as broken (a peer with another library version?)",

@@ -59,30 +59,6 @@ static void cons_count_stale(struct ferry *fy, unsigned b, uint64_t n)
 		atomic_fetch_add_explicit(&fy->staleness[b], n, memory_order_relaxed);
 }
 
-static int cons_check(struct ferry_worker *w, struct ferry_table *t, const uint64_t *keys, size_t n,
-		      const void *buf, const char *what)
-{
-	if (!w || w->fy != t->fy) {
-		ferry_err("%s: %s worker for table %u; pass a worker of the table's node", what,
-			  w ? "another node's" : "a NULL", t->id);
-		return -EINVAL;
-	}
-	if (n && (!keys || !buf)) {
-		ferry_err("%s: NULL %s for %zu keys", what, keys ? "values" : "keys", n);
-		return -EINVAL;
-	}
-	if (atomic_load(&t->fy->closed))
-		return -FERRY_E_CLOSED;
-	for (size_t i = 0; i < n; i++)
-		if (!ferry__key_ok(t, keys[i])) {
-			ferry_err("%s: key %llu is out of range; table %u has keys 0 .. %llu", what,
-				  (unsigned long long)keys[i], t->id,
-				  (unsigned long long)t->params.num_keys - 1);
-			return -ERANGE;
-		}
-	return 0;
-}
-
 /* offsets of each key's value in the caller's buffer; NULL when out of memory */
 static uint64_t *cons_offsets(struct ferry_table *t, const uint64_t *keys, size_t n,
 			      uint64_t *total_p)
@@ -181,6 +157,7 @@ static int cons_fetch(struct cons_table *ct, struct ferry_worker *w, uint64_t c,
 
 			if (e && !ferry__cons_map_set_val(&ct->m, e, buf + off, g0)) {
 				e->last_read = c;
+				e->sent_seq = ct->bseq; /* every batch before is settled */
 				ferry__cons_map_read(e, vals + offs[i]);
 			} else {
 				/* no room for a copy: the value, and what this node
@@ -196,6 +173,8 @@ static int cons_fetch(struct cons_table *ct, struct ferry_worker *w, uint64_t c,
 			cons_count_stale(t->fy, cons_stale_bucket(c, g0), nm);
 		ferry__cons_map_evict(&ct->m);
 		pthread_mutex_unlock(&ct->lock);
+		/* ESSP: the owners push these from now on (essp.c) */
+		ferry__essp_subscribe(ct, mkeys, nm);
 		break;
 	}
 	free(buf);
@@ -211,7 +190,7 @@ static int cons_pull(struct ferry_worker *w, struct ferry_table *t, const uint64
 	uint64_t offs_small[CONS_SMALL + 1], *offs = offs_small;
 	uint32_t miss_small[CONS_SMALL], *miss = miss_small;
 	size_t nm = 0;
-	int rc = cons_check(w, t, keys, n, vals, "pull");
+	int rc = ferry__cons_check_call(w, t, keys, n, vals, "pull");
 
 	if (rc || !n)
 		return rc;
@@ -423,7 +402,7 @@ static int cons_push(struct ferry_worker *w, struct ferry_table *t, const uint64
 	struct cons_table *ct = t->cons;
 	uint64_t off = 0;
 	bool over;
-	int rc = cons_check(w, t, keys, n, deltas, "push");
+	int rc = ferry__cons_check_call(w, t, keys, n, deltas, "push");
 
 	if (rc || !n)
 		return rc;
@@ -454,7 +433,7 @@ static int cons_set(struct ferry_worker *w, struct ferry_table *t, const uint64_
 		    const float *vals)
 {
 	struct cons_table *ct = t->cons;
-	int rc = cons_check(w, t, keys, n, vals, "set");
+	int rc = ferry__cons_check_call(w, t, keys, n, vals, "set");
 
 	if (rc || !n)
 		return rc;
@@ -508,7 +487,10 @@ static int cons_refresh(struct cons_table *ct, struct ferry_worker *w, uint64_t 
 			ferry__cons_map_drop_val(&ct->m, e); /* unsubscribed */
 			continue;
 		}
-		if (e->fresh >= g)
+		/* subscribed (essp.c): the owner pushes it at each global
+		 * clock; re-read only when a push is missing for a whole
+		 * clock (the key moved, a subscription was refused or lost) */
+		if (e->fresh >= g || (ct->own && e->sub_id && e->fresh + 1 >= g))
 			continue;
 		if (n == cap) {
 			size_t ncap = cap ? 2 * cap : 256;
@@ -549,11 +531,14 @@ static int cons_refresh(struct cons_table *ct, struct ferry_worker *w, uint64_t 
 
 				ferry__cons_map_set_val(&ct->m, e, buf + off, g);
 				e->last_read = last;
+				e->sent_seq = ct->bseq;
 			}
 			off += lens[i];
 		}
 	}
 	pthread_mutex_unlock(&ct->lock);
+	/* subscribe again, where the keys are now */
+	ferry__essp_subscribe(ct, keys, n);
 out:
 	free(buf);
 	free(keys);
@@ -663,21 +648,17 @@ int ferry_flush(struct ferry_worker *w, struct ferry_table *t)
 		return -EINVAL;
 	if (t->params.push_codec)
 		return ferry__codec_flush(w, t); /* SEQUENTIAL only (codec.h) */
+	if (!t->hot && !t->cons)
+		return 0;
+	rc = ferry__cons_check_call(w, t, NULL, 0, NULL, "flush");
+	if (rc)
+		return rc;
 	if (t->hot) {
-		if (!w || w->fy != t->fy) {
-			ferry_err(
-				"flush: %s worker for table %u; pass a worker of the table's node",
-				w ? "another node's" : "a NULL", t->id);
-			return -EINVAL;
-		}
 		rc = ferry__hot_flush(t);
 		if (rc)
 			return rc;
 	}
-	if (!t->cons)
-		return 0;
-	rc = cons_check(w, t, NULL, 0, NULL, "flush");
-	return rc ? rc : cons_table_flush(t->cons, w, true);
+	return t->cons ? cons_table_flush(t->cons, w, true) : 0;
 }
 
 static void cons_worker_new(struct ferry_worker *w)
@@ -776,6 +757,7 @@ static void cons_node_free(void *p)
 	free(cn->peer);
 	pthread_mutex_destroy(&cn->lock);
 	pthread_mutex_destroy(&cn->flush_lock);
+	pthread_mutex_destroy(&cn->essp_mu);
 	pthread_cond_destroy(&cn->cond);
 	free(cn);
 }
@@ -792,6 +774,7 @@ int ferry__cons_attach(struct ferry *fy)
 	cn->fy = fy;
 	pthread_mutex_init(&cn->lock, NULL);
 	pthread_mutex_init(&cn->flush_lock, NULL);
+	pthread_mutex_init(&cn->essp_mu, NULL);
 	ferry__cond_init_monotonic(&cn->cond);
 	fy->cons_free = cons_node_free;
 	fy->cons_worker_new = cons_worker_new;
@@ -801,6 +784,8 @@ int ferry__cons_attach(struct ferry *fy)
 	rc = ferry__cons_clock_attach(fy, cn);
 	if (!rc)
 		rc = ferry__hot_attach(fy);
+	if (!rc)
+		rc = ferry__essp_attach(fy);
 	return rc ? rc : ferry__cons_push_attach(fy);
 }
 
@@ -828,6 +813,11 @@ static int cons_model_init(struct ferry_table *t)
 	pthread_mutex_init(&ct->flush_mu, NULL);
 	ferry__cond_init_monotonic(&ct->cond);
 	rc = ferry__cons_rx_init(ct);
+	if (!rc) {
+		rc = ferry__essp_table_init(ct);
+		if (rc)
+			ferry__cons_rx_fini(ct);
+	}
 	if (rc) {
 		ferry__cons_map_fini(&ct->m);
 		pthread_mutex_destroy(&ct->lock);
@@ -866,6 +856,8 @@ void ferry__cons_table_publish(struct ferry_table *t)
 	pthread_mutex_lock(&ct->cn->lock);
 	ct->cn->tabs[t->id] = t;
 	ct->published = true;
+	if (ct->own)
+		atomic_fetch_add(&ct->cn->nessp, 1);
 	pthread_mutex_unlock(&ct->cn->lock);
 	pthread_mutex_unlock(&ct->cn->flush_lock);
 }
@@ -894,8 +886,13 @@ void ferry__cons_table_fini(struct ferry_table *t)
 		pthread_mutex_lock(&ct->cn->lock);
 		if (ct->cn->tabs[t->id] == t)
 			ct->cn->tabs[t->id] = NULL;
+		if (ct->own)
+			atomic_fetch_sub(&ct->cn->nessp, 1);
 		pthread_mutex_unlock(&ct->cn->lock);
 		pthread_mutex_unlock(&ct->cn->flush_lock);
+		/* an owner's push of this table (the progress thread) is over */
+		pthread_mutex_lock(&ct->cn->essp_mu);
+		pthread_mutex_unlock(&ct->cn->essp_mu);
 	}
 	if (ct->m.npend)
 		ferry_warn("cons: table %u destroyed with %llu keys' pushes of this node never "
@@ -908,6 +905,7 @@ void ferry__cons_table_fini(struct ferry_table *t)
 			   "applied)",
 			   t->id, ct->out->left);
 	ferry__cons_batch_free(ct->out);
+	ferry__essp_table_fini(ct);
 	ferry__cons_rx_fini(ct);
 	ferry__cons_map_fini(&ct->m);
 	pthread_mutex_destroy(&ct->lock);

@@ -11,10 +11,15 @@
  *         \               flight
  *         |--> push.c     numbered push batches (CONS_PUSH, CONS_ACK): each
  *         |               delta applied once, held until acknowledged
+ *         |--> essp.c     ESSP: owners push values to the nodes that
+ *         |               read them (ESSP_SUB, ESSP_VAL, ESSP_KICK)
  *          --> hot.c      hot keys (NuPS): a replica on every node, deltas
  *               \         synced in the background (HOT_PUSH, HOT_ACK)
  *                --> hotops.c  their pulls, pushes, sets; the hooks wrap the
  *                         model's (or the sequential path) for the other keys
+ *
+ * cons.c and hotops.c both begin each call with check.c's
+ * ferry__cons_check_call (a leaf).
  *
  * docs/consistency.md ("Models") states each model's guarantee and cost.
  */
@@ -38,6 +43,15 @@ void ferry__cons_table_publish(struct ferry_table *t);
  * after this node's workers stopped using it. */
 void ferry__cons_table_fini(struct ferry_table *t);
 
+/*
+ * The checks every pull, push, set and flush of a table with a model or hot
+ * keys makes first (cons.c; hotops.c): a worker of the table's node, keys
+ * and values given, the node open, every key in range. Return: 0;
+ * -EINVAL, -ERANGE (logged); -FERRY_E_CLOSED. Context: the caller's thread.
+ */
+int ferry__cons_check_call(struct ferry_worker *w, struct ferry_table *t, const uint64_t *keys,
+			   size_t n, const void *buf, const char *what);
+
 /* ---- map.c: one table's entries on this node (caller holds the table's
  * cons lock for every call) ---- */
 
@@ -55,6 +69,14 @@ struct ferry_cons_ent {
 	struct ferry_cons_ent *pnext;	      /* entries with pend */
 	struct ferry_cons_ent *inext;	      /* entries with infl */
 	uint8_t out;			      /* end of a flush: enum ferry_cons_out */
+	/* ESSP (essp.c): this node's last applied batch that held the key's
+	 * deltas, or a later one (the last settled when the copy was pulled):
+	 * a pushed value must hold it */
+	uint64_t sent_seq;
+	/* subscribed under sub_id (0: not), at sub_rank: the rank its first
+	 * pushed value came from (sub_conf), before that the one asked */
+	uint32_t sub_rank, sub_id;
+	bool sub_conf;
 };
 
 /* what became of a key's in-flight deltas when a flush ended */
@@ -172,6 +194,15 @@ struct cons_table {
 	/* push.c, receiver side: one entry per sender rank (rx_lock) */
 	pthread_mutex_t rx_lock;
 	struct ferry_cons_rx *rx;
+	/* essp.c: the last batch number taken (lock; ct->seq's copy readable
+	 * by the progress thread), subscription ids (lock), the owner's
+	 * records (their own lock; NULL unless ESSP without replicas; the
+	 * progress thread's handlers read the pointer under RCU), the
+	 * global clock last pushed for (the node's essp_mu) */
+	uint64_t bseq;
+	uint32_t sub_next;
+	struct ferry_essp_own *own;
+	uint64_t pushed_g;
 };
 
 /* make a batch of @n keys with their deltas (taken over; freed with it) */
@@ -191,6 +222,27 @@ int ferry__cons_push_attach(struct ferry *fy);
 /* the receiver state of a table (cons_table_init / _fini) */
 int ferry__cons_rx_init(struct cons_table *ct);
 void ferry__cons_rx_fini(struct cons_table *ct);
+
+/* ---- essp.c: ESSP's owner pushes ---- */
+
+/* the owner's records of a new ESSP table (none for other models or with
+ * replicas); 0 or -ENOMEM */
+int ferry__essp_table_init(struct cons_table *ct);
+void ferry__essp_table_fini(struct cons_table *ct);
+/* reader: subscribe @keys, just kept as copies, at their owners (one
+ * ESSP_SUB per owner). Context: a worker's thread, no lock held. */
+void ferry__essp_subscribe(struct cons_table *ct, const uint64_t *keys, size_t n);
+/* owner: rank @src's batch @seq was applied to @key here (push.c); the
+ * progress thread */
+void ferry__essp_applied(struct cons_table *ct, uint64_t key, uint32_t src, uint64_t seq);
+/* owner: push every recorded key to its subscribers, fresh to @g (a global
+ * clock this node saw), once per table and global clock. The progress
+ * thread. (clock.c calls essp.c, never the other way: check-layers.sh) */
+void ferry__essp_push_all(struct ferry_cons_node *cn, uint64_t g);
+/* the global clock moved on by this node's own announcement: push from the
+ * progress thread (ESSP_KICK to self). Any thread. */
+void ferry__essp_kick(struct ferry_cons_node *cn, uint64_t g);
+int ferry__essp_attach(struct ferry *fy);
 
 /* ---- hot.c: hot keys (docs/consistency.md, "Hot keys") ---- */
 
@@ -251,6 +303,10 @@ struct ferry_cons_node {
 	_Atomic uint64_t replayed;
 	uint32_t fault_every;
 	_Atomic uint64_t fault_rx, fault_tx;
+	/* essp.c: held while owners push (the progress thread) and by a table's
+	 * teardown before it frees the table's state; ESSP tables here */
+	pthread_mutex_t essp_mu;
+	_Atomic uint32_t nessp;
 };
 
 struct ferry_cons_node *ferry__cons_node(struct ferry *fy);

@@ -18,30 +18,6 @@
 
 /* ---- pulls, pushes, sets ------------------------------------------------------ */
 
-static int hot_check_call(struct ferry_worker *w, struct ferry_table *t, const uint64_t *keys,
-			  size_t n, const void *buf, const char *what)
-{
-	if (!w || w->fy != t->fy) {
-		ferry_err("%s: %s worker for table %u; pass a worker of the table's node", what,
-			  w ? "another node's" : "a NULL", t->id);
-		return -EINVAL;
-	}
-	if (n && (!keys || !buf)) {
-		ferry_err("%s: NULL %s for %zu keys", what, keys ? "values" : "keys", n);
-		return -EINVAL;
-	}
-	if (atomic_load(&t->fy->closed))
-		return -FERRY_E_CLOSED;
-	for (size_t i = 0; i < n; i++)
-		if (!ferry__key_ok(t, keys[i])) {
-			ferry_err("%s: key %llu is out of range; table %u has keys 0 .. %llu", what,
-				  (unsigned long long)keys[i], t->id,
-				  (unsigned long long)t->params.num_keys - 1);
-			return -ERANGE;
-		}
-	return 0;
-}
-
 /* the call's keys split: hot ones (@hi: their index among the hot keys, or
  * -1), the others gathered into @ok, @ov (their values), and each key's
  * offset in the caller's buffer */
@@ -142,7 +118,7 @@ static int hot_pull(struct ferry_worker *w, struct ferry_table *t, const uint64_
 	struct ferry_hot *h = t->hot;
 	struct hot_split s;
 	float *tmp = NULL;
-	int rc = hot_check_call(w, t, keys, n, vals, "pull");
+	int rc = ferry__cons_check_call(w, t, keys, n, vals, "pull");
 
 	if (rc || !n)
 		return rc;
@@ -188,7 +164,7 @@ static int hot_push(struct ferry_worker *w, struct ferry_table *t, const uint64_
 	struct ferry_hot *h = t->hot;
 	struct hot_split s;
 	float *tmp = NULL;
-	int rc = hot_check_call(w, t, keys, n, deltas, "push");
+	int rc = ferry__cons_check_call(w, t, keys, n, deltas, "push");
 
 	if (rc || !n)
 		return rc;
@@ -246,7 +222,7 @@ static int hot_set(struct ferry_worker *w, struct ferry_table *t, const uint64_t
 		   const float *vals)
 {
 	struct ferry_hot *h = t->hot;
-	int rc = hot_check_call(w, t, keys, n, vals, "set");
+	int rc = ferry__cons_check_call(w, t, keys, n, vals, "set");
 
 	if (rc || !n)
 		return rc;

@@ -301,6 +301,8 @@ int ferry__cons_batch_run(struct cons_table *ct, struct ferry_cons_batch *b)
 	ferry__deadline_ms(fy->timeout_ms, &ts);
 	pthread_mutex_lock(&ct->lock);
 	ct->run = b;
+	if (b->seq > ct->bseq)
+		ct->bseq = b->seq;
 	/* unanswered keys of an earlier run go again, as they were: they may
 	 * have been applied, so a failure to send them again settles nothing */
 	for (size_t i = 0; i < b->n; i++)
@@ -385,8 +387,11 @@ int ferry__cons_batch_run(struct cons_table *ct, struct ferry_cons_batch *b)
 			nheld++;
 			break;
 		}
-		if (e && e->infl)
+		if (e && e->infl) {
 			e->out = out;
+			if (out == FERRY_CONS_OUT_APPLIED)
+				e->sent_seq = b->seq; /* ESSP: a pushed value must hold it */
+		}
 	}
 	pthread_mutex_unlock(&ct->lock);
 	if (!rc && why)
@@ -522,6 +527,8 @@ static void push_on_msg(struct ferry *fy, struct ferry_table *t, uint32_t src,
 			int arc = push_apply(t, k->key, v->vals + off - k->len);
 
 			what = !arc ? REC_APPLIED : arc == -EAGAIN ? REC_NOT_HERE : REC_ERROR;
+			if (!arc)
+				ferry__essp_applied(ct, k->key, src, m->seq);
 			rx->rec[k->idx] = (k->attempt & 0x3fffffffu) << 2 | what;
 		} else if (what == REC_APPLIED) {
 			atomic_fetch_add_explicit(&PUSH_CN(fy)->replayed, 1, memory_order_relaxed);

@@ -324,6 +324,7 @@ struct ferry {
 	void (*cons_close)(struct ferry *fy);
 	atomic_uint_fast64_t staleness[FERRY_STALENESS_BUCKETS];
 	atomic_uint_fast64_t cons_hits, cons_misses, cons_refreshed;
+	atomic_uint_fast64_t essp_subscribed, essp_pushed, essp_taken, essp_refused;
 	/* failure detector (heartbeat.c): per rank, set when a frame arrives
 	 * (dispatch.c) and cleared by the detector's tick; its state, freed with
 	 * the node after the transport */

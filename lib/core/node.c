@@ -395,5 +395,9 @@ int ferry_stats(struct ferry *fy, struct ferry_stats *s)
 	s->cons_hits = atomic_load(&fy->cons_hits);
 	s->cons_misses = atomic_load(&fy->cons_misses);
 	s->cons_refreshed = atomic_load(&fy->cons_refreshed);
+	s->essp_subscribed = atomic_load(&fy->essp_subscribed);
+	s->essp_pushed = atomic_load(&fy->essp_pushed);
+	s->essp_taken = atomic_load(&fy->essp_taken);
+	s->essp_refused = atomic_load(&fy->essp_refused);
 	return 0;
 }

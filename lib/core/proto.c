@@ -108,6 +108,12 @@ static size_t proto_body_size(uint8_t type)
 		return sizeof(struct ferry_msg_hot_push);
 	case FERRY_MSG_HOT_ACK:
 		return sizeof(struct ferry_msg_hot_ack);
+	case FERRY_MSG_ESSP_SUB:
+		return sizeof(struct ferry_msg_essp_sub);
+	case FERRY_MSG_ESSP_VAL:
+		return sizeof(struct ferry_msg_essp_val);
+	case FERRY_MSG_ESSP_KICK:
+		return sizeof(struct ferry_msg_essp_kick);
 	case FERRY_MSG_COLL:
 	case FERRY_MSG_COLL_ACK:
 	case FERRY_MSG_COLL_KICK:
@@ -255,6 +261,60 @@ static int proto_parse_hot_push(const uint8_t *p, size_t left, struct ferry_prot
 	left -= (size_t)m->count * sizeof(*es);
 	if (nvals > left / sizeof(float) || !proto_pad_ok(left, nvals * sizeof(float)))
 		PROTO_FAIL("hot push: value bytes differ from the entries' lengths");
+	v->count = m->count;
+	v->data = es;
+	v->vals = (const float *)p;
+	v->nvals = nvals;
+	return 0;
+}
+
+/* ESSP_SUB: count keys in range; ESSP_VAL: count entries, each key in
+ * range with its value's length, then the values */
+static int proto_parse_essp(uint8_t type, const uint8_t *p, size_t left,
+			    const struct ferry_proto_limits *lim, struct ferry_proto_view *v,
+			    const char **why_p)
+{
+	size_t nvals = 0;
+
+	if (type == FERRY_MSG_ESSP_SUB) {
+		const struct ferry_msg_essp_sub *m = v->body;
+		const uint64_t *ks = (const uint64_t *)p;
+
+		if (m->count == 0 || (m->flags & ~(FERRY_ESSP_UNSUB | 0xff00u)) ||
+		    FERRY_ESSP_HOPS(m->flags) > FERRY_ESSP_HOPS_MAX ||
+		    ((m->flags & FERRY_ESSP_UNSUB) && FERRY_ESSP_HOPS(m->flags)))
+			PROTO_FAIL("essp sub: no keys, unknown flags or too many hops");
+		if (m->origin >= lim->world)
+			PROTO_FAIL("essp sub: origin rank out of range");
+		if (m->count > left / sizeof(*ks))
+			PROTO_FAIL("essp sub: key count exceeds the frame");
+		for (uint32_t i = 0; i < m->count; i++)
+			if (lim->num_keys && ks[i] >= lim->num_keys)
+				PROTO_FAIL("essp sub: key out of range");
+		if (!proto_pad_ok(left - (size_t)m->count * sizeof(*ks), 0))
+			PROTO_FAIL("essp sub: trailing bytes after the keys");
+		v->count = m->count;
+		v->data = ks;
+		return 0;
+	}
+	const struct ferry_msg_essp_val *m = v->body;
+	const struct ferry_msg_essp_ent *es = (const struct ferry_msg_essp_ent *)p;
+
+	if (m->count == 0 || m->pad)
+		PROTO_FAIL("essp val: no entries, or a nonzero pad");
+	if (m->count > left / sizeof(*es))
+		PROTO_FAIL("essp val: entry count exceeds the frame");
+	for (uint32_t i = 0; i < m->count; i++) {
+		if (lim->num_keys && es[i].key >= lim->num_keys)
+			PROTO_FAIL("essp val: key out of range");
+		if (es[i].len != ferry__proto_value_len(lim, es[i].key))
+			PROTO_FAIL("essp val: value length differs from the table's");
+		nvals += es[i].len;
+	}
+	p += (size_t)m->count * sizeof(*es);
+	left -= (size_t)m->count * sizeof(*es);
+	if (nvals > left / sizeof(float) || !proto_pad_ok(left, nvals * sizeof(float)))
+		PROTO_FAIL("essp val: value bytes differ from the entries' lengths");
 	v->count = m->count;
 	v->data = es;
 	v->vals = (const float *)p;
@@ -612,6 +672,11 @@ int ferry__proto_parse(const void *buf, size_t len, const struct ferry_proto_lim
 			PROTO_FAIL("trailing bytes after the body");
 		return 0;
 	}
+	case FERRY_MSG_ESSP_SUB:
+	case FERRY_MSG_ESSP_VAL:
+		if (!lim)
+			PROTO_FAIL("essp: no table");
+		return proto_parse_essp(hdr->type, p, left, lim, view, why_p);
 	case FERRY_MSG_REPL_SYNC: {
 		const struct ferry_msg_repl_sync *m = view->body;
 

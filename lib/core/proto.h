@@ -346,6 +346,53 @@ struct ferry_msg_hot_ack {
 	uint64_t seq;
 };
 
+/*
+ * FERRY_MSG_ESSP_SUB (table scope): node @origin reads @count keys (after
+ * the body) of an ESSP table and asks their owner to push their values at
+ * each global clock (lib/cons/essp.c), under subscription @id; @flags
+ * FERRY_ESSP_UNSUB: stop. @done: every batch of @origin's buffered deltas
+ * of this table numbered up to it is settled (each applied key is in every
+ * value read after this frame arrives). A rank where a key is not live
+ * passes it on toward its owner (FERRY_ESSP_HOPS counts the passes, at most
+ * FERRY_ESSP_HOPS_MAX); @origin is the sender unless passed on.
+ */
+struct ferry_msg_essp_sub {
+	uint64_t done;
+	uint32_t id;
+	uint32_t count;
+	uint32_t flags;
+	uint32_t origin;
+};
+
+#define FERRY_ESSP_UNSUB 1u
+#define FERRY_ESSP_HOPS(flags) (((flags) >> 8) & 0xffu)
+#define FERRY_ESSP_HOPS_MAX 2u
+
+/*
+ * FERRY_MSG_ESSP_VAL (table scope): @count values of keys the receiver
+ * subscribed at the sender, each read there after the sender saw every node
+ * at clock @fresh or more (so each holds every update of clocks below it);
+ * entries, then their values.
+ */
+struct ferry_msg_essp_val {
+	uint64_t fresh;
+	uint32_t count;
+	uint32_t pad;
+};
+
+struct ferry_msg_essp_ent {
+	uint64_t key;
+	uint64_t tag; /* the value holds every applied delta of the receiver's batches up to it */
+	uint32_t id;  /* the receiver's subscription it answers */
+	uint32_t len; /* floats of the key's value */
+};
+
+/* FERRY_MSG_ESSP_KICK (node scope, to self only): the global clock here
+ * reached @clock */
+struct ferry_msg_essp_kick {
+	uint64_t clock;
+};
+
 /* TABLE_ACK (one-sided transports): world entries after the body, rank order:
  * each rank's arena (remote read) and landing inbox (remote write) */
 struct ferry_msg_arena {

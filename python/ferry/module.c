@@ -264,6 +264,10 @@ static PyObject *node_stats(NodeObject *n, PyObject *unused)
 	STAT(d, s, cons_hits);
 	STAT(d, s, cons_misses);
 	STAT(d, s, cons_refreshed);
+	STAT(d, s, essp_subscribed);
+	STAT(d, s, essp_pushed);
+	STAT(d, s, essp_taken);
+	STAT(d, s, essp_refused);
 	{
 		PyObject *l = PyList_New(FERRY_STALENESS_BUCKETS);
 

@@ -702,6 +702,8 @@ PyObject *node_table(NodeObject *n, PyObject *args, PyObject *kw)
 			       "replicas",
 			       "push_codec",
 			       "codec_keys",
+			       "hot_keys",
+			       "hot_sync_ms",
 			       NULL };
 	static const char *const placements[] = { "range", "hash", NULL };
 	static const char *const modes[] = { "dynamic", "classic", NULL };
@@ -716,23 +718,24 @@ PyObject *node_table(NodeObject *n, PyObject *args, PyObject *kw)
 		    staleness = { "staleness", UINT32_MAX, 0 },
 		    cons_bytes = { "cons_bytes", UINT64_MAX, 0 },
 		    replicas = { "replicas", UINT32_MAX, 0 },
-		    codec_keys = { "codec_keys", UINT32_MAX, 0 };
+		    codec_keys = { "codec_keys", UINT32_MAX, 0 },
+		    hot_sync = { "hot_sync_ms", UINT32_MAX, 0 };
 	const char *splace = "range", *smode = "dynamic", *sinit = "zero", *scons = "sequential",
 		   *scodec = "none";
 	int placement, mode, init, cons, codec, nlfp = 0, sparse = 0;
 	float a = 0, b = 0;
-	PyObject *ovl = Py_None;
-	struct arr vl = { .held = 0 };
+	PyObject *ovl = Py_None, *ohot = Py_None;
+	struct arr vl = { .held = 0 }, hk = { .held = 0 };
 	struct ferry_table *t;
 	TableObject *to;
 	int rc;
 
 	if (!PyArg_ParseTupleAndKeywords(
-		    args, kw, "|$O&O&OsO&spO&psffO&O&sO&O&O&sO&", kwl, uarg_conv, &num_keys,
+		    args, kw, "|$O&O&OsO&spO&psffO&O&sO&O&O&sO&OO&", kwl, uarg_conv, &num_keys,
 		    uarg_conv, &vlen, &ovl, &splace, uarg_conv, &vnodes, &smode, &nlfp, uarg_conv,
 		    &capacity, &sparse, &sinit, &a, &b, uarg_conv, &seed, uarg_conv, &loc_cache,
 		    &scons, uarg_conv, &staleness, uarg_conv, &cons_bytes, uarg_conv, &replicas,
-		    &scodec, uarg_conv, &codec_keys))
+		    &scodec, uarg_conv, &codec_keys, &ohot, uarg_conv, &hot_sync))
 		return NULL;
 	if ((placement = name_pick(splace, "placement", placements)) < 0 ||
 	    (mode = name_pick(smode, "mode", modes)) < 0 ||
@@ -760,14 +763,34 @@ PyObject *node_table(NodeObject *n, PyObject *args, PyObject *kw)
 					  .cons_bytes = cons_bytes.v,
 					  .replicas = (uint32_t)replicas.v,
 					  .push_codec = codec,
-					  .codec_keys = (uint32_t)codec_keys.v };
-	if (ovl != Py_None) {
-		if (arr_get(ovl, "value_lens", 0, 0, &vl))
+					  .codec_keys = (uint32_t)codec_keys.v,
+					  .hot_sync_ms = (uint32_t)hot_sync.v };
+	/* hot keys (docs/consistency.md, "Hot keys"): any sequence of keys, as
+	 * for a pull; the C library checks count, range and repeats */
+	if (ohot != Py_None) {
+		if (arr_get(ohot, "hot_keys", 0, 1, &hk))
 			return NULL;
+		if (hk.view.itemsize != 8 || !hk.view.len || !fmt_letter(&hk.view) ||
+		    !strchr("QqLl", fmt_letter(&hk.view))) {
+			arr_release(&hk);
+			PyErr_SetString(PyExc_ValueError,
+					"ferry: hot_keys must be uint64 keys, at least one");
+			return NULL;
+		}
+		tp.hot_keys = hk.view.buf;
+		tp.hot_count =
+			(uint32_t)(hk.view.len / 8 > UINT32_MAX ? UINT32_MAX : hk.view.len / 8);
+	}
+	if (ovl != Py_None) {
+		if (arr_get(ovl, "value_lens", 0, 0, &vl)) {
+			arr_release(&hk);
+			return NULL;
+		}
 		if (vl.view.itemsize != 4 ||
 		    (fmt_letter(&vl.view) != 'I' && fmt_letter(&vl.view) != 'i') ||
 		    (uint64_t)vl.view.len / 4 != num_keys.v) {
 			arr_release(&vl);
+			arr_release(&hk);
 			PyErr_Format(
 				PyExc_ValueError,
 				"ferry: value_lens must be uint32 with num_keys (%llu) entries",
@@ -781,6 +804,7 @@ PyObject *node_table(NodeObject *n, PyObject *args, PyObject *kw)
 	rc = ferry_table_create(n->fy, &tp, &t);
 	Py_END_ALLOW_THREADS;
 	arr_release(&vl);
+	arr_release(&hk);
 	if (rc)
 		return raise_rc(rc, "ferry_table_create");
 	to = PyObject_New(TableObject, &TableType);

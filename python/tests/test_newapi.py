@@ -541,3 +541,47 @@ def test_handle_outlives_its_thread(cluster2):
         tabs[n.rank].destroy()
 
     run_nodes(cluster2, again)
+
+
+# ---- hot keys (docs/consistency.md, "Hot keys") ------------------------------------------
+
+@pytest.mark.parametrize("model", ["sequential", "essp"])
+def test_hot_keys_sum_exactly_after_flush_and_barrier(cluster2, model):
+    keys = np.arange(16, dtype=np.uint64)
+
+    def body(n):
+        t = n.table(num_keys=16, value_len=2, consistency=model,
+                    staleness=1 if model == "essp" else 0,
+                    hot_keys=[1, 3, 5, 7], hot_sync_ms=5)
+        for _ in range(3):
+            t.push(keys, np.ones((16, 2), np.float32))
+            n.clock()
+        own = t.pull(np.array([1, 3], np.uint64))  # its own pushes at once
+        t.flush()
+        n.barrier()
+        v = t.pull(keys)
+        with pytest.raises(ferry.Error) as ei:
+            t.set(np.array([3], np.uint64), np.zeros((1, 2), np.float32))
+        assert ei.value.errno == errno.EINVAL  # a hot key cannot be set
+        s = n.stats()
+        n.barrier()
+        t.destroy()
+        return own, v, s
+
+    for own, v, s in run_nodes(cluster2, body):
+        assert (own >= 3.0).all()
+        np.testing.assert_array_equal(v, np.full((16, 2), 6.0, np.float32))
+        assert set(["essp_subscribed", "essp_pushed", "essp_taken", "essp_refused"]) <= set(s)
+
+
+def test_hot_keys_bad_arguments(cluster2, node1):
+    with pytest.raises(ValueError, match="hot_keys must be uint64 keys"):
+        node1.table(num_keys=4, value_len=1, hot_keys=np.array([1.0, 2.0]))
+    with pytest.raises(ValueError, match="hot_keys must be uint64 keys"):
+        node1.table(num_keys=4, value_len=1, hot_keys=np.array([], np.uint64))
+    with pytest.raises(ferry.Error) as ei:
+        node1.table(num_keys=4, value_len=1, hot_keys=[1, 1])  # a key twice
+    assert ei.value.errno == errno.EINVAL
+    with pytest.raises(ferry.Error) as ei:
+        node1.table(num_keys=4, value_len=1, hot_keys=[9])  # past num_keys
+    assert ei.value.errno == errno.EINVAL

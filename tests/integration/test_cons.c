@@ -118,6 +118,8 @@ struct ssp_run {
 	char why[256];
 	pthread_mutex_t why_lock;
 	pthread_barrier_t start; /* every worker made before any ticks: all start at 0 */
+	/* ESSP's owner pushes, summed over the nodes (ferry_stats) */
+	_Atomic uint64_t essp_subscribed, essp_pushed, essp_taken, essp_refused;
 };
 
 struct ssp_worker_arg {
@@ -246,6 +248,16 @@ static int ssp_node(struct tc *c, int rank, void *arg)
 	}
 	for (int i = 0; i < WPN; i++)
 		pthread_join(th[i], NULL);
+	{
+		struct ferry_stats st;
+
+		if (!ferry_stats(c->fy[rank], &st)) {
+			atomic_fetch_add(&run->essp_subscribed, st.essp_subscribed);
+			atomic_fetch_add(&run->essp_pushed, st.essp_pushed);
+			atomic_fetch_add(&run->essp_taken, st.essp_taken);
+			atomic_fetch_add(&run->essp_refused, st.essp_refused);
+		}
+	}
 	/* every update, on every node, after the barrier */
 	if (ferry_barrier(c->fy[rank]))
 		return -1;
@@ -312,6 +324,19 @@ static void ssp_history_hot(enum ferry_consistency model, uint32_t s, bool hot)
 	/* the cache served reads that were behind: SSP was not sequential */
 	if (s)
 		cr_assert(stale > 0, "no read was ever behind: the cache is not used");
+	/* ESSP: the owners pushed, and the readers took pushed values as
+	 * their copies (every one checked above, as any read); SSP: nothing */
+	cr_log_info("%s s=%u: %llu keys subscribed, %llu values pushed, %llu taken, %llu "
+		    "refused",
+		    model == FERRY_CONS_ESSP ? "essp" : "ssp", s,
+		    (unsigned long long)run->essp_subscribed, (unsigned long long)run->essp_pushed,
+		    (unsigned long long)run->essp_taken, (unsigned long long)run->essp_refused);
+	if (model == FERRY_CONS_ESSP) {
+		cr_assert_gt(run->essp_subscribed, 0, "no key was subscribed");
+		cr_assert_gt(run->essp_taken, 0, "no pushed value was taken");
+	} else {
+		cr_assert_eq(run->essp_pushed + run->essp_subscribed, 0);
+	}
 	tc_close(&c);
 	free(run);
 }
@@ -355,7 +380,7 @@ Test(cons, essp_reads_keep_the_staleness_bound, .timeout = 120)
 
 /* the same history with every node a process of its own (the run's record
  * in a shared mapping, its lock and barrier process-shared) */
-Test(cons, ssp_history_with_nodes_as_processes, .timeout = 180)
+static void ssp_history_procs(enum ferry_consistency model, uint32_t s)
 {
 	struct ssp_run *run =
 		mmap(NULL, sizeof(*run), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
@@ -367,8 +392,8 @@ Test(cons, ssp_history_with_nodes_as_processes, .timeout = 180)
 
 	cr_assert_neq(run, MAP_FAILED);
 	memset(run, 0, sizeof(*run));
-	run->model = FERRY_CONS_SSP;
-	run->s = 2;
+	run->model = model;
+	run->s = s;
 	pthread_mutexattr_init(&ma);
 	pthread_mutexattr_setpshared(&ma, PTHREAD_PROCESS_SHARED);
 	pthread_mutex_init(&run->why_lock, &ma);
@@ -405,7 +430,20 @@ Test(cons, ssp_history_with_nodes_as_processes, .timeout = 180)
 		     atomic_load(&run->violations), atomic_load(&run->reads), run->why);
 	cr_assert_eq(atomic_load(&run->ahead_bad), 0, "a worker ran more than s ahead");
 	cr_assert_gt(atomic_load(&run->reads), NW * SSP_ITERS * SSP_KEYS);
+	if (model == FERRY_CONS_ESSP)
+		cr_assert_gt(atomic_load(&run->essp_taken), 0, "no pushed value was taken");
 	munmap(run, sizeof(*run));
+}
+
+Test(cons, ssp_history_with_nodes_as_processes, .timeout = 180)
+{
+	ssp_history_procs(FERRY_CONS_SSP, 2);
+}
+
+/* ESSP's owners push to readers in other processes, keys moving meanwhile */
+Test(cons, essp_history_with_nodes_as_processes, .timeout = 180)
+{
+	ssp_history_procs(FERRY_CONS_ESSP, 2);
 }
 
 /* ---- EVENTUAL: exact sums after a flush and a barrier ---- */
@@ -904,6 +942,302 @@ Test(cons, a_clock_that_goes_down_drops_its_sender_and_waits_on_it_end, .timeout
 	cr_assert_eq(ferry_clock(w), -FERRY_E_PEER);
 	cr_assert(strstr(clk_last, "rank 1") && strstr(clk_last, "failed"), "%s", clk_last);
 	ferry_worker_destroy(w);
+	tc_close(&c);
+	ferry_log_set(FERRY_LOG_WARN, NULL, NULL);
+}
+
+/* ---- ESSP: who may push, and when a pushed value is taken ---- */
+
+static atomic_int essp_errors;
+static char essp_last[512];
+
+static void essp_log(enum ferry_log_level level, const char *msg, void *arg)
+{
+	(void)arg;
+	if (level == FERRY_LOG_ERROR && strstr(msg, "pushed values")) {
+		snprintf(essp_last, sizeof(essp_last), "%s", msg);
+		atomic_fetch_add(&essp_errors, 1);
+	}
+}
+
+/* an ESSP_VAL of one key from @from to @to */
+static int essp_send_val(struct ferry *from, uint32_t to, uint32_t table, uint64_t fresh,
+			 uint64_t key, uint64_t tag, uint32_t id, float val)
+{
+	struct ferry_frame f;
+	struct ferry_msg_essp_val *m;
+	struct ferry_msg_essp_ent *e;
+	float *v;
+	int rc;
+
+	ferry__frame_begin(&f);
+	m = ferry__frame_put(&f, sizeof(*m));
+	e = ferry__frame_put(&f, sizeof(*e));
+	v = ferry__frame_put(&f, sizeof(*v));
+	cr_assert(m && e && v);
+	m = (struct ferry_msg_essp_val *)(f.buf + sizeof(struct ferry_msg_hdr));
+	e = (struct ferry_msg_essp_ent *)(m + 1);
+	v = (float *)(e + 1);
+	m->fresh = fresh;
+	m->count = 1;
+	*e = (struct ferry_msg_essp_ent){ .key = key, .tag = tag, .id = id, .len = 1 };
+	*v = val;
+	rc = ferry__frame_finish(&f, FERRY_MSG_ESSP_VAL, (uint32_t)ferry_rank(from), table);
+	if (!rc)
+		rc = ferry__send(from, to, f.buf, f.len);
+	ferry__frame_free(&f);
+	return rc;
+}
+
+/* wait up to 5 s for node @fy's counter essp_taken + essp_refused to reach @n */
+static void essp_wait_seen(struct ferry *fy, uint64_t n)
+{
+	struct ferry_stats st;
+
+	for (int i = 0; i < 500; i++) {
+		cr_assert_eq(ferry_stats(fy, &st), 0);
+		if (st.essp_taken + st.essp_refused >= n)
+			return;
+		usleep(10000);
+	}
+	cr_assert(0, "node never handled the pushed value");
+}
+
+/*
+ * Node 1 pushes to key k (owned by node 0), flushes (batch 1, applied), and
+ * reads k: a copy, subscribed at node 0 under some id, whose pushed values
+ * must hold batch 1. Values are then pushed at node 1 by hand: one tagged
+ * below batch 1 is refused (it may lack node 1's own delta), one tagged 1 is
+ * taken, one from a rank the key is not subscribed at is refused, and a
+ * value claiming a clock node 1 has not announced, or a batch it never
+ * sent, drops its sender.
+ */
+Test(cons, pushed_values_are_taken_only_from_the_subscription_with_own_deltas, .timeout = 60)
+{
+	struct ferry_table_params tp;
+	struct ferry_worker *w0, *w1;
+	struct ferry_stats st;
+	struct cons_table *ct;
+	struct ferry_cons_ent *e;
+	uint64_t k = 5, seen = 0;
+	uint32_t sub_rank, sub_id, other;
+	float one = 1, v = 0;
+	struct tc c;
+
+	ferry_log_set(FERRY_LOG_WARN, essp_log, NULL);
+	cons_params(&tp, FERRY_CONS_ESSP, 8, 16, 1);
+	cr_assert_eq(tc_open(&c, 3, &tp, 20000), 0);
+	cr_assert_eq(ferry_worker_create(c.fy[0], &w0), 0);
+	cr_assert_eq(ferry_worker_create(c.fy[1], &w1), 0);
+	cr_assert_eq(ferry_localize(w0, c.t[0], &k, 1), 0);
+	cr_assert_eq(ferry_push(w1, c.t[1], &k, 1, &one), 0);
+	cr_assert_eq(ferry_flush(w1, c.t[1]), 0);
+	cr_assert_eq(ferry_pull(w1, c.t[1], &k, 1, &v), 0);
+	cr_assert_eq(v, 1);
+	ct = c.t[1]->cons;
+	pthread_mutex_lock(&ct->lock);
+	e = ferry__cons_map_find(&ct->m, k);
+	cr_assert(e && e->have_val && e->sub_id, "the read did not subscribe");
+	cr_assert_eq(e->sent_seq, 1, "the copy must hold batch 1");
+	sub_rank = e->sub_rank;
+	sub_id = e->sub_id;
+	pthread_mutex_unlock(&ct->lock);
+	cr_assert_lt(sub_rank, 3);
+	other = sub_rank == 2 ? 0 : 2;
+	/* node 1 announces clock 1 (it has one worker); nobody else ticks, so
+	 * the global clock stays 0 and no owner pushes by itself */
+	cr_assert_eq(ferry_clock(w1), 0);
+
+	/* tagged 0: may lack batch 1 (an overtaken push): refused */
+	cr_assert_eq(essp_send_val(c.fy[sub_rank], 1, c.t[1]->id, 1, k, 0, sub_id, 100), 0);
+	essp_wait_seen(c.fy[1], ++seen);
+	cr_assert_eq(ferry_pull(w1, c.t[1], &k, 1, &v), 0);
+	cr_assert_eq(v, 1, "a value without this node's own delta was taken");
+	/* from another rank, under the same id: refused */
+	cr_assert_eq(essp_send_val(c.fy[other], 1, c.t[1]->id, 1, k, 1, sub_id, 300), 0);
+	essp_wait_seen(c.fy[1], ++seen);
+	cr_assert_eq(ferry_pull(w1, c.t[1], &k, 1, &v), 0);
+	cr_assert_eq(v, 1, "a value from a rank the key is not subscribed at was taken");
+	/* another id (an older subscription): refused */
+	cr_assert_eq(essp_send_val(c.fy[sub_rank], 1, c.t[1]->id, 1, k, 1, sub_id + 7, 400), 0);
+	essp_wait_seen(c.fy[1], ++seen);
+	cr_assert_eq(ferry_pull(w1, c.t[1], &k, 1, &v), 0);
+	cr_assert_eq(v, 1, "a value of another subscription was taken");
+	/* tagged 1, fresh to 1: taken, and the reads are served from it */
+	cr_assert_eq(essp_send_val(c.fy[sub_rank], 1, c.t[1]->id, 1, k, 1, sub_id, 200), 0);
+	essp_wait_seen(c.fy[1], ++seen);
+	cr_assert_eq(ferry_pull(w1, c.t[1], &k, 1, &v), 0);
+	cr_assert_eq(v, 200, "a good pushed value was not taken");
+	cr_assert_eq(ferry_stats(c.fy[1], &st), 0);
+	cr_assert_eq(st.essp_taken, 1);
+	cr_assert_eq(st.essp_refused, 3);
+	cr_assert_eq(atomic_load(&essp_errors), 0, "%s", essp_last);
+
+	/* a clock node 1 never announced: the sender is dropped */
+	cr_assert_eq(essp_send_val(c.fy[sub_rank], 1, c.t[1]->id, 9, k, 1, sub_id, 500), 0);
+	for (int i = 0; i < 500 && !atomic_load(&essp_errors); i++)
+		usleep(10000);
+	cr_assert_eq(atomic_load(&essp_errors), 1);
+	cr_assert(strstr(essp_last, "not announced"), "%s", essp_last);
+	/* a batch node 1 never sent (it sent 1): the other sender is dropped */
+	cr_assert_eq(essp_send_val(c.fy[other], 1, c.t[1]->id, 1, k, 2, sub_id, 600), 0);
+	for (int i = 0; i < 500 && atomic_load(&essp_errors) < 2; i++)
+		usleep(10000);
+	cr_assert_eq(atomic_load(&essp_errors), 2);
+	cr_assert(strstr(essp_last, "never sent"), "%s", essp_last);
+	cr_assert_eq(ferry_pull(w1, c.t[1], &k, 1, &v), 0);
+	cr_assert_eq(v, 200);
+	ferry_worker_destroy(w0);
+	ferry_worker_destroy(w1);
+	tc_close(&c);
+	ferry_log_set(FERRY_LOG_WARN, NULL, NULL);
+}
+
+/* node @fy's worker @w pulls @k until it reads @want (up to 3 s) */
+static float essp_poll(struct ferry_worker *w, struct ferry_table *t, uint64_t k, float want)
+{
+	float v = -1;
+
+	for (int i = 0; i < 300; i++) {
+		cr_assert_eq(ferry_pull(w, t, &k, 1, &v), 0);
+		if (v == want)
+			break;
+		usleep(10000);
+	}
+	return v;
+}
+
+/*
+ * 3 nodes, one worker each, in lockstep: node 0 owns k and adds 1 to it in
+ * every clock; node 1 read k once. With bound 4, SSP would serve node 1 its
+ * first copy for 4 clocks; here node 0 pushes each clock's value, and node 1
+ * reads it without asking: no miss, no re-read of its own. Then node 2
+ * takes k over: node 0 stops pushing it, node 1's copy falls behind by a
+ * clock, is re-read at a clock boundary from node 2 and subscribed there,
+ * and node 2 pushes from then on. Every read keeps the bound.
+ */
+Test(cons, essp_owners_push_each_clock_and_subscriptions_follow_a_move, .timeout = 60)
+{
+	struct ferry_table_params tp;
+	struct ferry_worker *w[3];
+	struct ferry_stats a, b, d;
+	uint64_t k = 5;
+	float one = 1, v;
+	struct tc c;
+	int i;
+
+	cons_params(&tp, FERRY_CONS_ESSP, 4, 16, 1);
+	cr_assert_eq(tc_open(&c, 3, &tp, 20000), 0);
+	for (i = 0; i < 3; i++)
+		cr_assert_eq(ferry_worker_create(c.fy[i], &w[i]), 0);
+	cr_assert_eq(ferry_localize(w[0], c.t[0], &k, 1), 0);
+	cr_assert_eq(ferry_pull(w[1], c.t[1], &k, 1, &v), 0);
+	cr_assert_eq(v, 0);
+	cr_assert_eq(ferry_stats(c.fy[1], &a), 0);
+	for (i = 0; i < 6; i++) {
+		cr_assert_eq(ferry_push(w[0], c.t[0], &k, 1, &one), 0);
+		for (int n = 0; n < 3; n++)
+			cr_assert_eq(ferry_clock(w[n]), 0);
+		v = essp_poll(w[1], c.t[1], k, (float)(i + 1));
+		cr_assert_eq(v, (float)(i + 1), "clock %d: node 1 reads %g, not the pushed %d",
+			     i + 1, (double)v, i + 1);
+	}
+	cr_assert_eq(ferry_stats(c.fy[1], &b), 0);
+	cr_assert_eq(b.cons_misses, a.cons_misses, "node 1 pulled k from its owner again");
+	cr_assert_eq(b.cons_refreshed, a.cons_refreshed, "node 1 re-read k itself");
+	cr_assert_geq(b.essp_taken - a.essp_taken, 6);
+	/* read before the clock's push came: 1 behind, never more (SSP: up to 4) */
+	cr_assert_eq(b.staleness[0] + b.staleness[1] - a.staleness[0] - a.staleness[1],
+		     b.cons_hits - a.cons_hits, "a read was more than a clock behind its reader");
+
+	/* node 2 takes k over */
+	cr_assert_eq(ferry_localize(w[2], c.t[2], &k, 1), 0);
+	for (; i < 12; i++) {
+		cr_assert_eq(ferry_push(w[0], c.t[0], &k, 1, &one), 0);
+		for (int n = 0; n < 3; n++)
+			cr_assert_eq(ferry_clock(w[n]), 0);
+		cr_assert_eq(ferry_pull(w[1], c.t[1], &k, 1, &v), 0);
+		/* at clock i + 1, bound 4: clocks 0 .. i - 4 at least */
+		cr_assert(v >= (float)(i - 3) && v <= (float)(i + 1), "clock %d: %g", i + 1,
+			  (double)v);
+	}
+	v = essp_poll(w[1], c.t[1], k, 12);
+	cr_assert_eq(v, 12, "node 1 reads %g: node 2 does not push k to it", (double)v);
+	cr_assert_eq(ferry_stats(c.fy[1], &d), 0);
+	cr_assert_gt(d.cons_refreshed, b.cons_refreshed, "the copy was never re-read");
+	cr_assert_leq(d.cons_refreshed - b.cons_refreshed, 3, "re-read at every clock");
+	cr_assert_gt(d.essp_taken, b.essp_taken);
+	cr_assert_eq(ferry_stats(c.fy[2], &d), 0);
+	cr_assert_gt(d.essp_pushed, 0, "node 2 never pushed");
+	for (i = 0; i < 3; i++)
+		ferry_worker_destroy(w[i]);
+	tc_close(&c);
+}
+
+static atomic_int essp_refusals;
+
+static void essp_bound_log(enum ferry_log_level level, const char *msg, void *arg)
+{
+	(void)arg;
+	if (level == FERRY_LOG_WARN && strstr(msg, "ESSP subscriptions of rank 1 refused"))
+		atomic_fetch_add(&essp_refusals, 1);
+}
+
+/*
+ * The owner's records stay within a quarter of cons_bytes: with cons_bytes
+ * 32 KiB (8 KiB of records: 128 of 64 B each, a key and room for two
+ * readers), node 1 reads 512 keys node 0 owns and keeps what its own 32 KiB
+ * hold as copies; the subscriptions past the bound are refused (logged
+ * once), node 0 pushes at most 128 keys per global clock, and node 1 still reads every update within the bound (the keys
+ * not subscribed are re-read at its clock boundaries).
+ */
+Test(cons, essp_records_past_their_bound_are_refused_and_reads_keep_the_bound, .timeout = 60)
+{
+	struct ferry_table_params tp;
+	struct ferry_worker *w0, *w1;
+	struct ferry_stats a, b;
+	uint64_t keys[512];
+	float ones[512], v[512];
+	struct tc c;
+
+	ferry_log_set(FERRY_LOG_WARN, essp_bound_log, NULL);
+	cons_params(&tp, FERRY_CONS_ESSP, 1, 512, 1);
+	tp.cons_bytes = 32768;
+	cr_assert_eq(tc_open(&c, 2, &tp, 20000), 0);
+	cr_assert_eq(ferry_worker_create(c.fy[0], &w0), 0);
+	cr_assert_eq(ferry_worker_create(c.fy[1], &w1), 0);
+	for (int k = 0; k < 512; k++) {
+		keys[k] = (uint64_t)k;
+		ones[k] = 1;
+	}
+	cr_assert_eq(ferry_localize(w0, c.t[0], keys, 512), 0);
+	cr_assert_eq(ferry_pull(w1, c.t[1], keys, 512, v), 0);
+	for (int i = 0; i < 200 && !atomic_load(&essp_refusals); i++)
+		usleep(10000);
+	cr_assert_eq(ferry_stats(c.fy[1], &a), 0);
+	cr_assert_gt(a.essp_subscribed, 128, "node 1 subscribed %llu keys",
+		     (unsigned long long)a.essp_subscribed);
+	cr_assert_eq(atomic_load(&essp_refusals), 1, "no refusal logged (or more than once)");
+	for (int it = 0; it < 6; it++) {
+		cr_assert_eq(ferry_stats(c.fy[0], &a), 0);
+		cr_assert_eq(ferry_push(w0, c.t[0], keys, 512, ones), 0);
+		cr_assert_eq(ferry_clock(w0), 0);
+		cr_assert_eq(ferry_clock(w1), 0);
+		usleep(50000);
+		cr_assert_eq(ferry_stats(c.fy[0], &b), 0);
+		cr_assert_leq(b.essp_pushed - a.essp_pushed, 128, "clock %d: %llu values pushed",
+			      it + 1, (unsigned long long)(b.essp_pushed - a.essp_pushed));
+		cr_assert_eq(ferry_pull(w1, c.t[1], keys, 512, v), 0);
+		/* at clock it + 1, bound 1: clocks 0 .. it - 1 at least */
+		for (int k = 0; k < 512; k++)
+			cr_assert(v[k] >= (float)it && v[k] <= (float)(it + 1),
+				  "clock %d key %d: %g", it + 1, k, (double)v[k]);
+	}
+	cr_assert_eq(ferry_stats(c.fy[0], &b), 0);
+	cr_assert_gt(b.essp_pushed, 0, "node 0 pushed nothing");
+	cr_assert_eq(atomic_load(&essp_refusals), 1, "the refusal logged more than once");
+	ferry_worker_destroy(w0);
+	ferry_worker_destroy(w1);
 	tc_close(&c);
 	ferry_log_set(FERRY_LOG_WARN, NULL, NULL);
 }

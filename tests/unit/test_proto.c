@@ -704,13 +704,16 @@ Test(proto, frame_shorter_than_its_fixed_body)
 		{ FERRY_MSG_CONS_ACK, sizeof(struct ferry_msg_cons_ack) },
 		{ FERRY_MSG_HOT_PUSH, sizeof(struct ferry_msg_hot_push) },
 		{ FERRY_MSG_HOT_ACK, sizeof(struct ferry_msg_hot_ack) },
+		{ FERRY_MSG_ESSP_SUB, sizeof(struct ferry_msg_essp_sub) },
+		{ FERRY_MSG_ESSP_VAL, sizeof(struct ferry_msg_essp_val) },
+		{ FERRY_MSG_ESSP_KICK, sizeof(struct ferry_msg_essp_kick) },
 	};
 
 	/* every type but BYE, which is a bare header (below); the numbers not
 	 * assigned are 26-31 (30 and 31 are the handshake's AUTH frames, never
-	 * inside a session) and 34-35 */
+	 * inside a session), 34-35 and 41-42 */
 	cr_assert_eq(sizeof(c) / sizeof(c[0]),
-		     (FERRY_MSG_REPL_SYNC - 1) + 2 + (FERRY_MSG_TYPE_MAX - FERRY_MSG_CLOCK),
+		     (FERRY_MSG_REPL_SYNC - 1) + 2 + (FERRY_MSG_TYPE_MAX - FERRY_MSG_CLOCK) - 2,
 		     "a type is not covered");
 	for (size_t i = 0; i < sizeof(c) / sizeof(c[0]); i++) {
 		/* one word short, and a bare header */
@@ -2342,6 +2345,127 @@ Test(proto, hot_push_and_ack_frames_are_checked)
 	expect_ok(&x, &lim_fixed, &v, "a good HOT_ACK");
 	((struct ferry_msg_hot_ack *)fr_body(&x))->seq = 0;
 	expect_body_bad(&x, &lim_fixed, "number 0", "an answer to frame 0");
+	fr_free(&x);
+}
+
+/* ---- ESSP_SUB and ESSP_VAL (lib/cons/essp.c) ---- */
+
+/* ESSP_SUB of keys 10, 11, .. (@n of them) */
+static struct fr essp_sub_frame(uint32_t n, uint32_t flags)
+{
+	struct ferry_frame f;
+	struct ferry_msg_essp_sub *m;
+
+	ferry__frame_begin(&f);
+	m = ferry__frame_put(&f, sizeof(*m));
+	m->done = 3;
+	m->id = 7;
+	m->count = n;
+	m->flags = flags;
+	for (uint32_t i = 0; i < n; i++)
+		*(uint64_t *)ferry__frame_put(&f, sizeof(uint64_t)) = 10 + i;
+	return fr_take(&f, FERRY_MSG_ESSP_SUB, 1, 0);
+}
+
+/* ESSP_VAL of keys 20, 21, .. (@n, each of lim_perkey's length) */
+static struct fr essp_val_frame(uint32_t n)
+{
+	struct ferry_frame f;
+	struct ferry_msg_essp_val *m;
+	uint32_t nv = 0;
+
+	ferry__frame_begin(&f);
+	m = ferry__frame_put(&f, sizeof(*m));
+	m->fresh = 5;
+	m->count = n;
+	for (uint32_t i = 0; i < n; i++) {
+		struct ferry_msg_essp_ent *e = ferry__frame_put(&f, sizeof(*e));
+
+		e->key = 20 + i;
+		e->len = key_lens[20 + i];
+		e->tag = 2;
+		e->id = 7;
+		nv += e->len;
+	}
+	for (uint32_t i = 0; i < nv; i++)
+		*(float *)ferry__frame_put(&f, sizeof(float)) = (float)i;
+	return fr_take(&f, FERRY_MSG_ESSP_VAL, 1, 0);
+}
+
+static struct ferry_msg_essp_ent *essp_ent(struct fr *x, uint32_t i)
+{
+	return (struct ferry_msg_essp_ent *)((uint8_t *)fr_body(x) +
+					     sizeof(struct ferry_msg_essp_val)) +
+	       i;
+}
+
+Test(proto, essp_sub_and_val_frames_are_checked)
+{
+	struct ferry_proto_view v;
+	struct fr x = essp_sub_frame(3, 0);
+
+	expect_ok(&x, &lim_perkey, &v, "a good ESSP_SUB");
+	cr_assert_eq(v.count, 3);
+	cr_assert_eq(((const uint64_t *)v.data)[2], 12);
+	fr_free(&x);
+	x = essp_sub_frame(3, FERRY_ESSP_UNSUB);
+	expect_ok(&x, &lim_perkey, &v, "a good UNSUB");
+	fr_free(&x);
+	x = essp_sub_frame(3, 4);
+	expect_body_bad(&x, &lim_perkey, "flags", "unknown flags");
+	fr_free(&x);
+	x = essp_sub_frame(3, 3u << 8);
+	expect_body_bad(&x, &lim_perkey, "hops", "passed on 3 times");
+	fr_free(&x);
+	x = essp_sub_frame(3, FERRY_ESSP_UNSUB | 1u << 8);
+	expect_body_bad(&x, &lim_perkey, "hops", "an UNSUB passed on");
+	fr_free(&x);
+	x = essp_sub_frame(3, 2u << 8);
+	expect_ok(&x, &lim_perkey, &v, "a SUB passed on twice");
+	((struct ferry_msg_essp_sub *)fr_body(&x))->origin = WORLD;
+	expect_body_bad(&x, &lim_perkey, "origin", "an origin past the world");
+	fr_free(&x);
+	x = essp_sub_frame(3, 0);
+	((uint64_t *)((uint8_t *)fr_body(&x) + sizeof(struct ferry_msg_essp_sub)))[1] = NKEYS;
+	expect_body_bad(&x, &lim_perkey, "out of range", "a key past the table");
+	fr_free(&x);
+	x = essp_sub_frame(3, 0);
+	((struct ferry_msg_essp_sub *)fr_body(&x))->count = 4;
+	expect_body_bad(&x, &lim_perkey, "exceeds", "a count past the frame");
+	fr_free(&x);
+	x = essp_sub_frame(3, 0);
+	((struct ferry_msg_essp_sub *)fr_body(&x))->count = 1;
+	expect_body_bad(&x, &lim_perkey, "trailing", "keys after the count");
+	fr_free(&x);
+	x = essp_sub_frame(3, 0);
+	((struct ferry_msg_essp_sub *)fr_body(&x))->count = 0;
+	expect_body_bad(&x, &lim_perkey, "no keys", "no keys");
+	fr_free(&x);
+
+	x = essp_val_frame(4);
+	expect_ok(&x, &lim_perkey, &v, "a good ESSP_VAL");
+	cr_assert_eq(v.count, 4);
+	cr_assert_eq(v.nvals, key_lens[20] + key_lens[21] + key_lens[22] + key_lens[23]);
+	fr_free(&x);
+	x = essp_val_frame(4);
+	essp_ent(&x, 1)->len += 1;
+	expect_body_bad(&x, &lim_perkey, "length differs", "a length other than the key's");
+	fr_free(&x);
+	x = essp_val_frame(4);
+	essp_ent(&x, 3)->key = NKEYS + 1;
+	expect_body_bad(&x, &lim_perkey, "out of range", "a key past the table");
+	fr_free(&x);
+	x = essp_val_frame(4);
+	fr_resize(&x, -8);
+	expect_body_bad(&x, &lim_perkey, "value bytes", "values cut short");
+	fr_free(&x);
+	x = essp_val_frame(4);
+	((struct ferry_msg_essp_val *)fr_body(&x))->count = 1000;
+	expect_body_bad(&x, &lim_perkey, "exceeds", "a count past the frame");
+	fr_free(&x);
+	x = essp_val_frame(4);
+	((struct ferry_msg_essp_val *)fr_body(&x))->count = 0;
+	expect_body_bad(&x, &lim_perkey, "no entries", "no entries");
 	fr_free(&x);
 }
 

@@ -74,13 +74,16 @@ enum ferry_msg_type {
 	FERRY_MSG_REPL_SYNC = 25, /* node -> every node: my copies after a failure are sent */
 	FERRY_MSG_MGR_DEAD = 32,  /* to self: the membership manager saw a node leave */
 	FERRY_MSG_OP_FWD = 33,	  /* forwarder -> origin: an OP of yours went on to rank N */
-	/* 36 .. 43: consistency models (lib/cons/) */
+	/* 36 .. 45: consistency models (lib/cons/) */
 	FERRY_MSG_CLOCK = 36,	  /* node -> every node: my clock; my pushes of clocks
 			       * below it are applied at their owners */
 	FERRY_MSG_CONS_PUSH = 37, /* node -> owner: a numbered batch of buffered deltas */
 	FERRY_MSG_CONS_ACK = 38,  /* owner -> node: per key, applied (once) or not here */
 	FERRY_MSG_HOT_PUSH = 39,  /* node -> every node: a numbered frame of hot-key deltas */
 	FERRY_MSG_HOT_ACK = 40,	  /* node -> sender: its hot frames up to seq are applied */
+	FERRY_MSG_ESSP_SUB = 43,  /* reader -> owner: (un)subscribe keys to ESSP's pushes */
+	FERRY_MSG_ESSP_VAL = 44,  /* owner -> subscriber: values fresh to a global clock */
+	FERRY_MSG_ESSP_KICK = 45, /* to self: the global clock moved here; push */
 	FERRY_MSG_TYPE_MAX
 };
 
