@@ -83,6 +83,10 @@ struct ferry_tp_rd {
  */
 #define FERRY_TP_POLL_HOLD (1u << 1)
 #define FERRY_TP_POLL_FIRST (1u << 2)
+/* with HOLD | LAST: the spinner got what it waited for (it may spin again
+ * soon), so the progress thread may linger aside; without it, the spinner
+ * goes to sleep and the progress thread takes the sockets back at once */
+#define FERRY_TP_POLL_LINGER (1u << 3)
 #define FERRY_TP_POLL_LINGER_MS 1
 
 /* access for mem_reg(): the least that is needed */

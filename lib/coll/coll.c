@@ -398,14 +398,20 @@ static int coll_collect(struct ferry_coll *c, bool block)
 			coll_polling = cs;
 			ferry__node_poll(fy, FERRY_TP_POLL_HOLD | FERRY_TP_POLL_FIRST);
 		}
+		/* a poll that found nothing yields too: a node that shares
+		 * the core (more ranks than cores) may be the one to send */
 		while (!atomic_load_explicit(&c->done, memory_order_acquire) &&
 		       coll_now_ns() < until)
-			if (!poll)
+			if (!poll || ferry__node_poll(fy, FERRY_TP_POLL_HOLD) <= 0)
 				sched_yield();
-			else
-				ferry__node_poll(fy, FERRY_TP_POLL_HOLD);
 		if (poll) {
-			ferry__node_poll(fy, FERRY_TP_POLL_HOLD | FERRY_TP_POLL_LAST);
+			/* done: the progress thread may stay aside for the
+			 * next collective; else it takes the sockets back now */
+			ferry__node_poll(
+				fy, FERRY_TP_POLL_HOLD | FERRY_TP_POLL_LAST |
+					    (atomic_load_explicit(&c->done, memory_order_acquire) ?
+						     FERRY_TP_POLL_LINGER :
+						     0));
 			coll_polling = NULL;
 		}
 	}

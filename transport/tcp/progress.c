@@ -173,9 +173,16 @@ int ferry__tcp_poll(struct ferry_tp *tp, unsigned flags)
 			/* the progress thread goes back to the sockets within
 			 * the linger; no wake-up now, so a caller that spins
 			 * again at once finds it still aside */
-			__atomic_store_n(&t->park_until, tcp_now_ms() + FERRY_TP_POLL_LINGER_MS,
+			__atomic_store_n(&t->park_until,
+					 flags & FERRY_TP_POLL_LINGER ?
+						 tcp_now_ms() + FERRY_TP_POLL_LINGER_MS :
+						 0,
 					 __ATOMIC_RELEASE);
-			__atomic_sub_fetch(&t->spinners, 1, __ATOMIC_ACQ_REL);
+			/* the last spinner goes to sleep: the sockets go back
+			 * to the progress thread now */
+			if (!__atomic_sub_fetch(&t->spinners, 1, __ATOMIC_ACQ_REL) &&
+			    !(flags & FERRY_TP_POLL_LINGER))
+				ferry__tcp_wake(t);
 		}
 	}
 	if (__atomic_load_n(&t->closing, __ATOMIC_ACQUIRE) || pthread_mutex_trylock(&t->engine))
