@@ -398,11 +398,17 @@ static int coll_collect(struct ferry_coll *c, bool block)
 			coll_polling = cs;
 			ferry__node_poll(fy, FERRY_TP_POLL_HOLD | FERRY_TP_POLL_FIRST);
 		}
-		/* a poll that found nothing yields too: a node that shares
-		 * the core (more ranks than cores) may be the one to send */
+		/* a poll that found nothing yields too once the spin lasted
+		 * 20 us: a node that shares the core (more ranks than cores)
+		 * may be the one to send; sooner, a yield on a loaded core
+		 * would give it away for a whole time slice */
+		int64_t yield_from = until - (fy->busy_poll ? 1000000000ll : 100000ll) + 20000;
+		int64_t now;
+
 		while (!atomic_load_explicit(&c->done, memory_order_acquire) &&
-		       coll_now_ns() < until)
-			if (!poll || ferry__node_poll(fy, FERRY_TP_POLL_HOLD) <= 0)
+		       (now = coll_now_ns()) < until)
+			if (!poll ||
+			    (ferry__node_poll(fy, FERRY_TP_POLL_HOLD) <= 0 && now >= yield_from))
 				sched_yield();
 		if (poll) {
 			/* done: the progress thread may stay aside for the
