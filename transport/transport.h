@@ -52,9 +52,10 @@
 #include "transport/base/log.h"
 
 /* capability bits: the core tests bits, never transport names */
-#define FERRY_TP_CAP_READ (1u << 0)   /* one-sided read of registered memory */
-#define FERRY_TP_CAP_WRITE (1u << 1)  /* one-sided write */
-#define FERRY_TP_CAP_ATOMIC (1u << 2) /* remote atomics */
+#define FERRY_TP_CAP_READ (1u << 0)	/* one-sided read of registered memory */
+#define FERRY_TP_CAP_WRITE (1u << 1)	/* one-sided write */
+#define FERRY_TP_CAP_ATOMIC (1u << 2)	/* remote atomics */
+#define FERRY_TP_CAP_POLL_MSG (1u << 3) /* poll() with FERRY_TP_POLL_HOLD delivers frames */
 
 /* one read of a batch: read_v() */
 struct ferry_tp_rd {
@@ -69,6 +70,24 @@ struct ferry_tp_rd {
 };
 
 #define FERRY_TP_POLL_LAST (1u << 0) /* poll(): the caller stops polling now */
+/*
+ * poll() of a holding spin (transports with FERRY_TP_CAP_POLL_MSG; lib/coll/
+ * waits so): the caller spins on poll(), every call with HOLD, the first
+ * with HOLD | FIRST and the last with HOLD | LAST, on one thread, and takes
+ * every frame that arrives meanwhile on that thread (on_msg runs there,
+ * whatever FERRY_TCP_WORKER_POLL says). The progress thread stands aside
+ * from the peers' sockets while anyone spins so (tcp: it sleeps on its wake
+ * eventfd only), and goes back to them at most FERRY_TP_POLL_LINGER_MS after
+ * the last spin ended: the frames the spinner waits for wake no other
+ * thread, and back-to-back spins find it still aside.
+ */
+#define FERRY_TP_POLL_HOLD (1u << 1)
+#define FERRY_TP_POLL_FIRST (1u << 2)
+/* with HOLD | LAST: the spinner got what it waited for (it may spin again
+ * soon), so the progress thread may linger aside; without it, the spinner
+ * goes to sleep and the progress thread takes the sockets back at once */
+#define FERRY_TP_POLL_LINGER (1u << 3)
+#define FERRY_TP_POLL_LINGER_MS 1
 
 /* access for mem_reg(): the least that is needed */
 #define FERRY_TP_ACCESS_REMOTE_READ (1u << 0)

@@ -40,6 +40,7 @@ struct row {
 	size_t bytes;
 	int iters;
 	double mpi_us, ferry_us;
+	double mpi_p50, ferry_p50; /* the slowest rank's median per call */
 	const char *algo;
 };
 
@@ -63,6 +64,20 @@ static size_t parse_size(const char *s)
 	else if (*end == 'G' || *end == 'g')
 		v *= 1024.0 * 1024 * 1024;
 	return (size_t)v;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return (x > y) - (x < y);
+}
+
+/* the median of @n samples (sorts them) */
+static double median(double *v, int n)
+{
+	qsort(v, (size_t)n, sizeof(*v), cmp_double);
+	return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 static size_t dt_size(enum ferry_dtype t)
@@ -119,6 +134,8 @@ int main(int argc, char **argv)
 	};
 	size_t min = 8, max = 64u << 20;
 	int iters = 0, warmup = -1, quick = 0, rank, world, rc, opt, nrows = 0, bad = 0;
+	double *samples = NULL;
+	int nsamples = 0;
 	enum ferry_coll_algo algo = FERRY_COLL_ALGO_AUTO;
 	enum ferry_dtype dtype = FERRY_FLOAT32;
 	enum ferry_redop op = FERRY_SUM;
@@ -213,10 +230,18 @@ int main(int argc, char **argv)
 			 bytes <= (64u << 10) ? 1000 :
 						(int)((256ull << 20) / bytes);
 		int wu = warmup >= 0 ? warmup : it / 10 + 2;
-		double t0, tm, tf, tmax;
+		double t0, t1, tm, tf, tmax, pm, pf;
 
 		if (it < 5)
 			it = 5;
+		if (it > nsamples) {
+			double *v = realloc(samples, (size_t)it * sizeof(*v));
+
+			if (!v)
+				MPI_Abort(MPI_COMM_WORLD, 1);
+			samples = v;
+			nsamples = it;
+		}
 		fill(src, dtype, n, rank);
 		/* the same answer, bit for bit */
 		MPI_Allreduce(src, chk, (int)n, dt_mpi(dtype), op_mpi(op), MPI_COMM_WORLD);
@@ -231,18 +256,32 @@ int main(int argc, char **argv)
 		for (int i = 0; i < wu; i++)
 			MPI_Allreduce(src, dst, (int)n, dt_mpi(dtype), op_mpi(op), MPI_COMM_WORLD);
 		MPI_Barrier(MPI_COMM_WORLD);
-		t0 = now_s();
-		for (int i = 0; i < it; i++)
+		t0 = t1 = now_s();
+		for (int i = 0; i < it; i++) {
+			double t2;
+
 			MPI_Allreduce(src, dst, (int)n, dt_mpi(dtype), op_mpi(op), MPI_COMM_WORLD);
-		tm = (now_s() - t0) / it;
+			t2 = now_s();
+			samples[i] = t2 - t1;
+			t1 = t2;
+		}
+		tm = (t1 - t0) / it;
+		pm = median(samples, it);
 
 		for (int i = 0; i < wu && !rc; i++)
 			rc = ferry_allreduce(fy, src, dst, n, dtype, op);
 		MPI_Barrier(MPI_COMM_WORLD);
-		t0 = now_s();
-		for (int i = 0; i < it && !rc; i++)
+		t0 = t1 = now_s();
+		for (int i = 0; i < it && !rc; i++) {
+			double t2;
+
 			rc = ferry_allreduce(fy, src, dst, n, dtype, op);
-		tf = (now_s() - t0) / it;
+			t2 = now_s();
+			samples[i] = t2 - t1;
+			t1 = t2;
+		}
+		tf = (t1 - t0) / it;
+		pf = rc ? 0 : median(samples, it);
 		if (rc) {
 			fprintf(stderr, "ferry-coll-mpi: rank %d: ferry_allreduce: %s\n", rank,
 				ferry_strerror(rc));
@@ -254,7 +293,13 @@ int main(int argc, char **argv)
 		tm = tmax;
 		MPI_Allreduce(&tf, &tmax, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
 		tf = tmax;
+		MPI_Allreduce(&pm, &tmax, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+		pm = tmax;
+		MPI_Allreduce(&pf, &tmax, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+		pf = tmax;
 		rows[nrows++] = (struct row){
+			.mpi_p50 = pm * 1e6,
+			.ferry_p50 = pf * 1e6,
 			.bytes = bytes,
 			.iters = it,
 			.mpi_us = tm * 1e6,
@@ -272,20 +317,22 @@ int main(int argc, char **argv)
 		struct utsname u;
 
 		printf("# ferry-coll-mpi: %d ranks, %s %s, Ferry algorithm %s; times: the slowest "
-		       "rank's mean\n",
+		       "rank's mean, and its median per call (p50)\n",
 		       world, dname, oname, aname);
-		printf("# %10s %6s %9s | %11s %9s %9s | %11s %9s %9s | %7s %7s\n", "bytes", "iters",
-		       "algo", "mpi_us", "mpi_alg", "mpi_bus", "ferry_us", "ferry_alg", "ferry_bus",
-		       "t_f/m", "bus_f/m");
+		printf("# %10s %6s %9s | %11s %9s %9s | %11s %9s %9s | %7s %7s | %9s %9s %7s\n",
+		       "bytes", "iters", "algo", "mpi_us", "mpi_alg", "mpi_bus", "ferry_us",
+		       "ferry_alg", "ferry_bus", "t_f/m", "bus_f/m", "mpi_p50", "ferry_p50",
+		       "p50_f/m");
 		for (int i = 0; i < nrows; i++) {
 			const struct row *r = &rows[i];
 			double am = (double)r->bytes / r->mpi_us / 1e3,
 			       af = (double)r->bytes / r->ferry_us / 1e3;
 
 			printf("  %10zu %6d %9s | %11.2f %9.3f %9.3f | %11.2f %9.3f %9.3f | %7.2f "
-			       "%7.2f\n",
+			       "%7.2f | %9.2f %9.2f %7.2f\n",
 			       r->bytes, r->iters, r->algo, r->mpi_us, am, am * bus, r->ferry_us,
-			       af, af * bus, r->ferry_us / r->mpi_us, af / am);
+			       af, af * bus, r->ferry_us / r->mpi_us, af / am, r->mpi_p50,
+			       r->ferry_p50, r->ferry_p50 / r->mpi_p50);
 		}
 		if (json) {
 			json_t *doc = json_object(), *res = json_array();
@@ -323,6 +370,10 @@ int main(int argc, char **argv)
 				bjson_set_num(row, "time_ratio_ferry_over_mpi",
 					      r->ferry_us / r->mpi_us);
 				bjson_set_num(row, "busbw_ratio_ferry_over_mpi", af / am);
+				bjson_set_num(row, "mpi_p50_us", r->mpi_p50);
+				bjson_set_num(row, "ferry_p50_us", r->ferry_p50);
+				bjson_set_num(row, "p50_ratio_ferry_over_mpi",
+					      r->ferry_p50 / r->mpi_p50);
 			}
 			if (bjson_write(doc, json, "ferry-coll-mpi"))
 				bad = 1;
@@ -333,6 +384,7 @@ int main(int argc, char **argv)
 	free(src);
 	free(dst);
 	free(chk);
+	free(samples);
 	MPI_Finalize();
 	return bad;
 }

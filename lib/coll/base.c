@@ -209,11 +209,22 @@ void ferry__coll_early_free(struct ferry_coll_early *e)
 	}
 }
 
+bool ferry__coll_poll_enabled(const struct ferry *fy)
+{
+	const char *e = getenv("FERRY_COLL_POLL");
+
+	if (e && *e && strcmp(e, "0") && strcmp(e, "1"))
+		ferry_warn("coll: FERRY_COLL_POLL=%s is not 0 or 1; using 1", e);
+	return fy->tp_polls && (fy->tp->ops->caps & FERRY_TP_CAP_POLL_MSG) &&
+	       !(e && !strcmp(e, "0"));
+}
+
 void ferry__coll_colls_init(struct ferry_colls *cs, struct ferry *fy)
 {
 	cs->fy = fy;
 	cs->n = fy->world;
 	cs->me = fy->rank;
+	cs->poll = ferry__coll_poll_enabled(fy);
 	pthread_mutex_init(&cs->lock, NULL);
 	ferry__cond_init_monotonic(&cs->cond);
 }

@@ -333,6 +333,44 @@ static int coll_start(struct ferry_colls *cs, uint8_t kind, const void *src, voi
 
 /* ---- wait ------------------------------------------------------------- */
 
+/*
+ * A thread that polls the transport runs handlers, which need it
+ * RCU-registered (transport/transport.h, poll). A collective's caller may be
+ * any application thread: the first wait registers it, and it stays so
+ * until it exits (a thread-specific key's destructor unregisters it), so a
+ * wait costs no registration. Return: registered.
+ */
+static pthread_key_t coll_rcu_key;
+/* the collectives this thread waits for while it polls (coll_on_msg counts
+ * the frames it takes so: cs->polled) */
+static __thread struct ferry_colls *coll_polling;
+static pthread_once_t coll_rcu_once = PTHREAD_ONCE_INIT;
+static int coll_rcu_key_rc;
+
+static void coll_rcu_exit(void *p)
+{
+	(void)p;
+	ferry__rcu_leave();
+}
+
+static void coll_rcu_key_make(void)
+{
+	coll_rcu_key_rc = pthread_key_create(&coll_rcu_key, coll_rcu_exit);
+}
+
+static bool coll_rcu_registered(void)
+{
+	pthread_once(&coll_rcu_once, coll_rcu_key_make);
+	if (coll_rcu_key_rc)
+		return false;
+	if (pthread_getspecific(coll_rcu_key))
+		return true;
+	if (pthread_setspecific(coll_rcu_key, (void *)1))
+		return false;
+	ferry__rcu_enter();
+	return true;
+}
+
 static int coll_collect(struct ferry_coll *c, bool block)
 {
 	struct ferry *fy;
@@ -347,13 +385,41 @@ static int coll_collect(struct ferry_coll *c, bool block)
 	fy = c->fy;
 	cs = c->colls;
 	if (block && !atomic_load_explicit(&c->done, memory_order_acquire)) {
-		/* a small collective takes tens of microseconds: spin, yielding the
-		 * CPU (the progress thread may need it), before sleeping */
+		/* a small collective takes tens of microseconds: spin before
+		 * sleeping. Where the transport lets a waiting thread read the
+		 * sockets itself (tcp, FERRY_TCP_WORKER_POLL=1), the spin does,
+		 * and the frames that complete this collective are handled here
+		 * with no hand-off from the progress thread; else it yields the
+		 * CPU, which the progress thread may need */
 		int64_t until = coll_now_ns() + (fy->busy_poll ? 1000000000ll : 100000ll);
+		bool poll = cs->poll && coll_rcu_registered();
+
+		if (poll) {
+			coll_polling = cs;
+			ferry__node_poll(fy, FERRY_TP_POLL_HOLD | FERRY_TP_POLL_FIRST);
+		}
+		/* a poll that found nothing yields too once the spin lasted
+		 * 20 us: a node that shares the core (more ranks than cores)
+		 * may be the one to send; sooner, a yield on a loaded core
+		 * would give it away for a whole time slice */
+		int64_t yield_from = until - (fy->busy_poll ? 1000000000ll : 100000ll) + 20000;
+		int64_t now;
 
 		while (!atomic_load_explicit(&c->done, memory_order_acquire) &&
-		       coll_now_ns() < until)
-			sched_yield();
+		       (now = coll_now_ns()) < until)
+			if (!poll ||
+			    (ferry__node_poll(fy, FERRY_TP_POLL_HOLD) <= 0 && now >= yield_from))
+				sched_yield();
+		if (poll) {
+			/* done: the progress thread may stay aside for the
+			 * next collective; else it takes the sockets back now */
+			ferry__node_poll(
+				fy, FERRY_TP_POLL_HOLD | FERRY_TP_POLL_LAST |
+					    (atomic_load_explicit(&c->done, memory_order_acquire) ?
+						     FERRY_TP_POLL_LINGER :
+						     0));
+			coll_polling = NULL;
+		}
 	}
 	ferry__deadline_ms(fy->timeout_ms, &deadline);
 	pthread_mutex_lock(&cs->lock);
@@ -665,6 +731,8 @@ static void coll_on_msg(struct ferry *fy, struct ferry_table *t, uint32_t src,
 		if (idx < 0) {
 			why = "coll: a frame of a group its sender is not a member of";
 		} else {
+			if (coll_polling == cs)
+				atomic_fetch_add_explicit(&cs->polled, 1, memory_order_relaxed);
 			pthread_mutex_lock(&cs->lock);
 			why = coll_group_msg(cs, (uint32_t)idx, v->hdr->type, m, v, &bad);
 			pthread_mutex_unlock(&cs->lock);
@@ -753,6 +821,18 @@ static size_t coll_env_crossover(void)
 		return FERRY_COLL_CROSSOVER_DEFAULT;
 	}
 	return (size_t)v;
+}
+
+unsigned long long ferry__coll_polled(const struct ferry *fy)
+{
+	struct ferry_colls *world = fy->coll;
+	unsigned long long n = atomic_load(&world->polled);
+
+	pthread_mutex_lock(&world->glock);
+	for (struct ferry_colls *g = world->groups; g; g = g->next)
+		n += atomic_load(&g->polled);
+	pthread_mutex_unlock(&world->glock);
+	return n;
 }
 
 int ferry__coll_attach(struct ferry *fy)

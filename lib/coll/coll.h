@@ -112,6 +112,10 @@ struct ferry_colls {
 	uint32_t broken_rank;
 	enum ferry_coll_algo algo; /* forced, or AUTO */
 	size_t crossover;	   /* bytes */
+	/* a waiter polls the transport (FERRY_TP_CAP_POLL_MSG, FERRY_COLL_POLL
+	 * not 0): it takes its frames itself, the progress thread stands aside */
+	bool poll;
+	atomic_ullong polled; /* frames of @cs handled by a thread waiting on it */
 
 	/* the whole cluster's only: the node's groups, and frames of groups not
 	 * made here yet (at most FERRY_COLL_WINDOW collectives into each of at
@@ -148,6 +152,12 @@ static inline const struct ferry_msg_coll *ferry__coll_frame_body(const struct f
 
 /* ---- base.c ---------------------------------------------------------- */
 
+/* do waiters poll the transport (struct ferry_colls, poll)? Reads
+ * FERRY_COLL_POLL */
+bool ferry__coll_poll_enabled(const struct ferry *fy);
+/* frames of the whole cluster's and every group's collectives that a thread
+ * waiting on them handled itself (tests) */
+unsigned long long ferry__coll_polled(const struct ferry *fy);
 /* @cs of the whole cluster of @fy (a group sets its members after); fini
  * frees its kept frames and maps, not @cs */
 void ferry__coll_colls_init(struct ferry_colls *cs, struct ferry *fy);

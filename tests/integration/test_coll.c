@@ -37,6 +37,7 @@
 
 #include "common/cluster.h"
 #include "ferry/ferry.h"
+#include "lib/coll/coll.h"
 #include "lib/core/core.h"
 
 static int64_t now_ns(void)
@@ -320,6 +321,85 @@ Test(coll, many_collectives_back_to_back_started_sixteen_at_a_time, .timeout = 3
 		tc_close(&c);
 		cr_assert_eq(atomic_load(&sh.failures), 0, "%d nodes: %s", n, sh.why);
 	}
+}
+
+/* ---- the waiter polls the transport ------------------------------------- */
+
+#define POLL_ROUNDS 400
+
+static int poll_node(struct tc *c, int rank, void *arg)
+{
+	struct shared *sh = arg;
+	float buf[16];
+	int rc;
+
+	for (int i = 0; i < POLL_ROUNDS; i++) {
+		fill(buf, FERRY_FLOAT32, 16, rank, (unsigned)i);
+		rc = ferry_allreduce(c->fy[rank], buf, buf, 16, FERRY_FLOAT32, FERRY_SUM);
+		if (rc)
+			return failf(sh, "rank %d: all-reduce %d: %s", rank, i, ferry_strerror(rc));
+		if (check(buf, FERRY_FLOAT32, 16, c->n, FERRY_SUM, (unsigned)i) >= 0)
+			return failf(sh, "rank %d: all-reduce %d differs", rank, i);
+	}
+	/* the progress threads are back on the sockets: a barrier needs them */
+	rc = ferry_barrier(c->fy[rank]);
+	return rc ? failf(sh, "rank %d: barrier after: %s", rank, ferry_strerror(rc)) : 0;
+}
+
+static double cpu_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/*
+ * Over tcp a waiting caller takes its collective's frames itself
+ * (FERRY_TP_POLL_HOLD) while the progress thread stands aside; with
+ * FERRY_COLL_POLL=0 it never does. Either way the results are right, the
+ * progress threads serve a barrier afterwards, and the idle nodes use
+ * (almost) no CPU: no thread spins once the collectives are over.
+ */
+static void run_poll(bool on)
+{
+	const char *tp = getenv("FERRY_TRANSPORT");
+	bool tcp = !tp || !*tp || !strcmp(tp, "tcp");
+
+	setenv("FERRY_COLL_POLL", on ? "1" : "0", 1);
+	for (int n = 2; n <= 4; n += 2) {
+		struct shared sh = { 0 };
+		unsigned long long polled = 0;
+		double cpu;
+		struct tc c;
+
+		cr_assert_eq(tc_open(&c, n, NULL, 20000), 0);
+		tc_run(&c, poll_node, &sh);
+		cr_assert_eq(atomic_load(&sh.failures), 0, "%d nodes: %s", n, sh.why);
+		for (int r = 0; r < n; r++)
+			polled += ferry__coll_polled(c.fy[r]);
+		if (on && tcp)
+			cr_expect_gt(polled, 0, "%d nodes: no frame was taken by its waiter", n);
+		else
+			cr_expect_eq(polled, 0, "%d nodes: %llu frames taken by waiters", n,
+				     polled);
+		cpu = cpu_s();
+		usleep(500000);
+		cpu = cpu_s() - cpu;
+		cr_expect_lt(cpu, 0.05, "%d idle nodes used %.3f s of CPU in 0.5 s", n, cpu);
+		tc_close(&c);
+	}
+	unsetenv("FERRY_COLL_POLL");
+}
+
+Test(coll, a_waiter_takes_its_frames_itself_and_nothing_spins_after, .timeout = 120)
+{
+	run_poll(true);
+}
+
+Test(coll, with_coll_poll_off_the_progress_thread_takes_every_frame, .timeout = 120)
+{
+	run_poll(false);
 }
 
 /* ---- bad arguments ------------------------------------------------------ */

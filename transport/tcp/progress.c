@@ -137,7 +137,12 @@ static void tcp_events(struct tcp_tp *t, const struct epoll_event *evs, int n)
  * sockets hold and runs its handlers itself, so the reply needs no hand-off
  * from the progress thread (one thread wake-up less per round trip)
  *
- * Only with FERRY_TCP_WORKER_POLL=1 (else it returns 0 at once). It takes
+ * Only with FERRY_TCP_WORKER_POLL=1, or in a holding spin (@flags has
+ * FERRY_TP_POLL_HOLD: a collective's caller, lib/coll/): else it returns 0
+ * at once. A holding spin counts itself in t->spinners (FIRST .. LAST), and
+ * while it does, and FERRY_TP_POLL_LINGER_MS after, the progress thread
+ * sleeps on park_epfd, which holds the wake eventfd alone: the sockets'
+ * frames then wake no one but reach the spinner's epoll_wait(0). It takes
  * the engine with a trylock: while the progress thread handles events, or
  * another worker polls, it returns 0 and the caller waits as before. The
  * epoll set is level-triggered, so the progress thread, woken by the same
@@ -159,9 +164,28 @@ int ferry__tcp_poll(struct ferry_tp *tp, unsigned flags)
 	int64_t timer;
 	int n;
 
-	(void)flags; /* the progress thread sleeps in epoll_wait() all along */
-	if (!t->worker_poll || __atomic_load_n(&t->closing, __ATOMIC_ACQUIRE) ||
-	    pthread_mutex_trylock(&t->engine))
+	if (!t->worker_poll && !(flags & FERRY_TP_POLL_HOLD))
+		return 0;
+	if (flags & FERRY_TP_POLL_HOLD) {
+		if (flags & FERRY_TP_POLL_FIRST) {
+			__atomic_add_fetch(&t->spinners, 1, __ATOMIC_ACQ_REL);
+		} else if (flags & FERRY_TP_POLL_LAST) {
+			/* the progress thread goes back to the sockets within
+			 * the linger; no wake-up now, so a caller that spins
+			 * again at once finds it still aside */
+			__atomic_store_n(&t->park_until,
+					 flags & FERRY_TP_POLL_LINGER ?
+						 tcp_now_ms() + FERRY_TP_POLL_LINGER_MS :
+						 0,
+					 __ATOMIC_RELEASE);
+			/* the last spinner goes to sleep: the sockets go back
+			 * to the progress thread now */
+			if (!__atomic_sub_fetch(&t->spinners, 1, __ATOMIC_ACQ_REL) &&
+			    !(flags & FERRY_TP_POLL_LINGER))
+				ferry__tcp_wake(t);
+		}
+	}
+	if (__atomic_load_n(&t->closing, __ATOMIC_ACQUIRE) || pthread_mutex_trylock(&t->engine))
 		return 0;
 	tcp_engine_of = t;
 	timer = t->timer_ms;
@@ -200,6 +224,7 @@ static void *tcp_progress(void *arg)
 	for (;;) {
 		int timeout = busy ? 0 : (drain_end >= 0 ? 10 : -1);
 		int64_t next = t->timer_ms;
+		int epfd = t->epfd;
 		int n;
 
 		if (next) {
@@ -214,8 +239,24 @@ static void *tcp_progress(void *arg)
 					timeout = (int)wait;
 			}
 		}
+		/*
+		 * A worker spins on poll(FERRY_TP_POLL_HOLD) (lib/coll/): stand
+		 * aside from the sockets, so the frames it waits for wake no one
+		 * (a wake-up here would take the core from it), and watch only
+		 * the wake eventfd (self-sends, broken links, timers armed
+		 * elsewhere, stop), rechecking every ms; back to the sockets once
+		 * no one spun for FERRY_TP_POLL_LINGER_MS
+		 */
+		if (drain_end < 0 &&
+		    (__atomic_load_n(&t->spinners, __ATOMIC_ACQUIRE) > 0 ||
+		     tcp_now_ms() < __atomic_load_n(&t->park_until, __ATOMIC_ACQUIRE))) {
+			/* it sleeps even with busy_poll: the spinner spins */
+			epfd = t->park_epfd;
+			if (timeout <= 0 || timeout > FERRY_TP_POLL_LINGER_MS)
+				timeout = FERRY_TP_POLL_LINGER_MS;
+		}
 		tcp_engine_unlock(t);
-		n = epoll_wait(t->epfd, evs, TCP_EVENTS, timeout);
+		n = epoll_wait(epfd, evs, TCP_EVENTS, timeout);
 		tcp_engine_lock(t);
 
 		if (n < 0 && errno != EINTR) {

@@ -131,9 +131,19 @@ static int tcp_init(struct ferry_tp *tp, const struct ferry_tp_config *cfg)
 		ferry_err("tcp: epoll_ctl: %s", strerror(errno));
 		goto err_close_epoll;
 	}
-	ret = ferry__tcp_start_thread(t);
-	if (ret)
+	t->park_epfd = epoll_create1(EPOLL_CLOEXEC);
+	if (t->park_epfd < 0 || epoll_ctl(t->park_epfd, EPOLL_CTL_ADD, t->wake_fd, &ev)) {
+		ret = -errno;
+		ferry_err("tcp: the progress thread's second epoll set: %s", strerror(errno));
+		if (t->park_epfd >= 0)
+			close(t->park_epfd);
 		goto err_close_epoll;
+	}
+	ret = ferry__tcp_start_thread(t);
+	if (ret) {
+		close(t->park_epfd);
+		goto err_close_epoll;
+	}
 	ferry_dbg("tcp: rank %u of %u listens on %s", cfg->rank, cfg->world, t->addr);
 	return 0;
 
@@ -178,6 +188,7 @@ static void tcp_fini(struct ferry_tp *tp)
 	pthread_mutex_destroy(&t->self_lock);
 	pthread_mutex_destroy(&t->engine);
 	close(t->epfd);
+	close(t->park_epfd);
 	close(t->wake_fd);
 	if (t->lfd >= 0)
 		close(t->lfd);
@@ -200,7 +211,7 @@ static int tcp_addr_get(struct ferry_tp *tp, void *buf, size_t *len)
 const struct ferry_tp_ops ferry__tcp_ops = {
 	.size = sizeof(struct ferry_tp_ops),
 	.name = "tcp",
-	.caps = 0,
+	.caps = FERRY_TP_CAP_POLL_MSG,
 	.tp_size = sizeof(struct tcp_tp),
 	.mr_size = sizeof(struct ferry_tp_mr),
 	.init = tcp_init,

@@ -220,7 +220,13 @@ struct tcp_tp {
 	 * drops it only around epoll_wait().
 	 */
 	pthread_mutex_t engine;
-	int worker_poll;  /* FERRY_TCP_WORKER_POLL=1: waiting workers poll (set in init) */
+	int worker_poll; /* FERRY_TCP_WORKER_POLL=1: waiting workers poll (set in init) */
+	/* poll(FERRY_TP_POLL_HOLD): threads spinning on poll() now, and until
+	 * when (ms) the progress thread stands aside after the last one
+	 * stopped; it then sleeps on park_epfd (the wake eventfd alone) */
+	int spinners;	    /* atomic */
+	int64_t park_until; /* atomic */
+	int park_epfd;
 	int closing;	  /* atomic: fini() asked the progress thread to stop */
 	int fail_pending; /* atomic: some connection is BROKEN */
 
