@@ -82,7 +82,10 @@ static int tp_index[ARRAY_SIZE(tp_table)];
 /* ---- log capture -------------------------------------------------------- */
 
 static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
-static char log_lines[512][256];
+/* every line of one test (each runs in its own process): 512 were too few
+ * for a refused node's retries on a loaded machine, and a line printed after
+ * them was not seen by log_count() */
+static char log_lines[8192][256];
 static int log_n;
 
 static void log_cb(enum ferry_log_level level, const char *msg, void *arg)
@@ -427,7 +430,11 @@ TP_TEST(nodes_with_the_same_token_connect_and_exchange_frames)
 
 /* rank 2 has another token, or none: no connection with it stands, both
  * ends say why, and the two with the same token still connect each other */
-static void refused_case(const struct ferry_tp_ops *ops, const uint8_t *key2, const char *why)
+/* rank 2 has @key2 (NULL: no token); @why and, when not NULL, @also must be
+ * logged: each is waited for up to 3 s while the nodes still try (a loaded
+ * machine may not have read a peer's first bytes within the connect's 1.5 s) */
+static void refused_case(const struct ferry_tp_ops *ops, const uint8_t *key2, const char *why,
+			 const char *also)
 {
 	const uint8_t *keys[3] = { key_a, key_a, key2 };
 	struct tnode nodes[3];
@@ -438,7 +445,9 @@ static void refused_case(const struct ferry_tp_ops *ops, const uint8_t *key2, co
 		cr_expect_eq(rets[r], -ETIMEDOUT, "rank %u connected without rank 2's token: %s", r,
 			     ferry_strerror(rets[r]));
 	cr_expect_gt(log_count("timed out", "rank 2"), 0, "no rank names rank 2 as missing");
-	cr_expect_gt(log_count(why, NULL), 0, "no log line says \"%s\"", why);
+	cr_expect_gt(log_wait(why, NULL, 1, 3000), 0, "no log line says \"%s\"", why);
+	if (also)
+		cr_expect_gt(log_wait(also, NULL, 1, 3000), 0, "no log line says \"%s\"", also);
 	cr_expect_eq(LOCKED(&nodes[0], nodes[0].frames[2]), 0);
 	cr_expect_eq(LOCKED(&nodes[2], nodes[2].frames[0]), 0);
 	cluster_down(nodes, 3);
@@ -449,7 +458,7 @@ TP_TEST(a_node_with_another_token_is_refused)
 	const struct ferry_tp_ops *ops = tp_get(*tpi);
 
 	keys_make();
-	refused_case(ops, key_b, "its token proof is wrong");
+	refused_case(ops, key_b, "its token proof is wrong", NULL);
 }
 
 TP_TEST(a_node_without_a_token_is_refused)
@@ -459,12 +468,11 @@ TP_TEST(a_node_without_a_token_is_refused)
 	keys_make();
 	if (!strcmp(ops->name, "rdma")) {
 		/* a REQ's private data comes padded: a missing proof reads as a wrong one */
-		refused_case(ops, NULL, "its token proof is wrong");
+		refused_case(ops, NULL, "its token proof is wrong", NULL);
 		return;
 	}
-	refused_case(ops, NULL, "it sent no token proof");
-	cr_expect_gt(log_count("it opens with a token proof", NULL), 0,
-		     "the node without a token did not say what it met");
+	/* the node without a token says what it met */
+	refused_case(ops, NULL, "it sent no token proof", "it opens with a token proof");
 }
 
 /* run a dialer's side of the token exchange on @fd with @key; @a keeps it */
