@@ -20,12 +20,17 @@
  * measures hot keys (docs/consistency.md, "Hot keys") instead of the four
  * models: SEQUENTIAL and EVENTUAL, each without and with keys 0 .. H-1 hot
  * (the H most used under --zipf), the same keys and draws, ratios to
- * SEQUENTIAL without hot keys. --hot-sync-ms sets their interval.
+ * SEQUENTIAL without hot keys. --hot-sync-ms sets their interval. --hot-auto
+ * (with --hot H) runs SEQUENTIAL without hot keys, with keys 0 .. H-1 hot,
+ * and with hot_auto H: there every node's workers first run a quarter of
+ * the iterations (not timed), then every node calls ferry_hot_update(), and
+ * the timed run follows; it prints how many of the keys chosen are among
+ * 0 .. H-1.
  *
  *   ferry-cons-bench [--nodes 4] [--workers 2] [--keys 100000] [--len 8]
  *                    [--batch 16] [--clock-every 10] [--iters 2000]
  *                    [--rounds 2] [--staleness 2] [--transport tcp|loop|rdma]
- *                    [--zipf S] [--hot H] [--hot-sync-ms MS]
+ *                    [--zipf S] [--hot H] [--hot-sync-ms MS] [--hot-auto]
  */
 #include <errno.h>
 #include <getopt.h>
@@ -53,6 +58,7 @@ struct cb_cfg {
 	uint32_t hot; /* --hot: keys 0 .. hot-1 hot in the runs that have them */
 	uint32_t hot_sync_ms;
 	uint64_t *hot_keys;
+	int hot_auto; /* --hot-auto: the third run chooses its hot keys */
 };
 
 struct cb_node {
@@ -64,12 +70,16 @@ struct cb_node {
 	atomic_ullong pulls, pushes; /* key operations */
 	atomic_int err;
 	pthread_barrier_t *start;
-	double t_end; /* when its last worker finished */
+	double t_end;	/* when its last worker finished */
+	double t_start; /* when its timed workers were started */
+	long warm;	/* hot_auto: iterations before ferry_hot_update(), 0: none */
+	int chosen;	/* hot_auto: keys chosen among 0 .. hot-1 (-1: the call failed) */
 };
 
 struct cb_worker {
 	struct cb_node *node;
 	int w;
+	int warm; /* the untimed warm-up before a ferry_hot_update() */
 };
 
 static double cb_now(void)
@@ -128,7 +138,7 @@ static void *cb_worker_main(void *p)
 		goto out;
 	for (size_t i = 0; i < (size_t)cfg->batch * cfg->len; i++)
 		ones[i] = 1;
-	for (long it = 0; it < cfg->iters; it++) {
+	for (long it = 0, n = a->warm ? nd->warm : cfg->iters; it < n; it++) {
 		for (int i = 0; i < cfg->batch; i++)
 			keys[i] = cb_key(cfg, &seed);
 		if (!cfg->push) {
@@ -151,8 +161,10 @@ static void *cb_worker_main(void *p)
 				break;
 		}
 	}
-	atomic_fetch_add(&nd->pulls, pulls);
-	atomic_fetch_add(&nd->pushes, pushes);
+	if (!a->warm) {
+		atomic_fetch_add(&nd->pulls, pulls);
+		atomic_fetch_add(&nd->pushes, pushes);
+	}
 out:
 	if (rc || !keys || !vals || !ones) {
 		fprintf(stderr, "ferry-cons-bench: node %d worker %d: %s\n", nd->rank, a->w,
@@ -167,6 +179,43 @@ out:
 	return NULL;
 }
 
+/* hot_auto: the workers' warm-up, then every node's ferry_hot_update() */
+static int cb_warm_up(struct cb_node *nd)
+{
+	const struct cb_cfg *cfg = nd->cfg;
+	struct cb_worker wa[64];
+	pthread_t th[64];
+	struct ferry_worker *w;
+	uint64_t *keys = malloc(cfg->hot * sizeof(*keys));
+	int rc, n;
+
+	for (int i = 0; i < cfg->workers; i++) {
+		wa[i] = (struct cb_worker){ .node = nd, .w = i, .warm = 1 };
+		pthread_create(&th[i], NULL, cb_worker_main, &wa[i]);
+	}
+	for (int i = 0; i < cfg->workers; i++)
+		pthread_join(th[i], NULL);
+	rc = keys ? ferry_barrier(nd->fy) : -ENOMEM;
+	if (!rc)
+		rc = ferry_worker_create(nd->fy, &w);
+	if (!rc) {
+		rc = ferry_hot_update(w, nd->t);
+		ferry_worker_destroy(w);
+	}
+	n = rc ? 0 : ferry_hot_keys(nd->t, keys, cfg->hot);
+	nd->chosen = rc ? -1 : 0;
+	for (int i = 0; i < n && i < (int)cfg->hot; i++)
+		nd->chosen += keys[i] < cfg->hot;
+	free(keys);
+	if (rc || atomic_load(&nd->err)) {
+		fprintf(stderr, "ferry-cons-bench: node %d: hot_auto's update: %s\n", nd->rank,
+			ferry_strerror(rc));
+		atomic_store(&nd->err, 1);
+		return -1;
+	}
+	return 0;
+}
+
 /* one node's part of one measurement: create, run the workers, check, destroy */
 static void *cb_node_main(void *p)
 {
@@ -179,6 +228,9 @@ static void *cb_node_main(void *p)
 	float *vals;
 	uint64_t *keys;
 
+	if (nd->warm && cb_warm_up(nd))
+		return NULL;
+	nd->t_start = cb_now();
 	for (int i = 0; i < cfg->workers; i++) {
 		wa[i] = (struct cb_worker){ .node = nd, .w = i };
 		pthread_create(&th[i], NULL, cb_worker_main, &wa[i]);
@@ -261,9 +313,10 @@ static int cb_measure(const struct cb_cfg *cfg, struct ferry **fys, enum ferry_c
 		.consistency = model,
 		.staleness = model == FERRY_CONS_SSP || model == FERRY_CONS_ESSP ? cfg->staleness :
 										   0,
-		.hot_keys = hot ? cfg->hot_keys : NULL,
-		.hot_count = hot ? cfg->hot : 0,
+		.hot_keys = hot == 1 ? cfg->hot_keys : NULL,
+		.hot_count = hot == 1 ? cfg->hot : 0,
 		.hot_sync_ms = hot ? cfg->hot_sync_ms : 0,
+		.hot_auto = hot == 2 ? cfg->hot : 0,
 	};
 	struct cb_node nd[MAXN];
 	struct cb_create cc[MAXN];
@@ -280,9 +333,12 @@ static int cb_measure(const struct cb_cfg *cfg, struct ferry **fys, enum ferry_c
 	pthread_barrier_init(&start, NULL, (unsigned)(cfg->nodes * cfg->workers));
 	for (int i = 0; i < cfg->nodes; i++) {
 		memset(&nd[i], 0, sizeof(nd[i]));
-		nd[i] = (struct cb_node){
-			.cfg = cfg, .fy = fys[i], .rank = i, .pushed = pushed, .start = &start
-		};
+		nd[i] = (struct cb_node){ .cfg = cfg,
+					  .fy = fys[i],
+					  .rank = i,
+					  .pushed = pushed,
+					  .start = &start,
+					  .warm = hot == 2 ? (cfg->iters + 3) / 4 : 0 };
 		cc[i] = (struct cb_create){ .nd = &nd[i], .tp = &tp };
 		pthread_create(&th[i], NULL, cb_create_main, &cc[i]);
 	}
@@ -306,6 +362,19 @@ static int cb_measure(const struct cb_cfg *cfg, struct ferry **fys, enum ferry_c
 		pulls += atomic_load(&nd[i].pulls);
 		pushes += atomic_load(&nd[i].pushes);
 		err |= atomic_load(&nd[i].err);
+	}
+	if (hot == 2) {
+		/* from the first node's timed start: the warm-up is not timed */
+		t0 = nd[0].t_start;
+		for (int i = 1; i < cfg->nodes; i++)
+			if (nd[i].t_start < t0)
+				t0 = nd[i].t_start;
+		printf("  hot_auto chose, per node, these many of the %u keys drawn most "
+		       "(0 .. %u):",
+		       cfg->hot, cfg->hot - 1);
+		for (int i = 0; i < cfg->nodes; i++)
+			printf(" %d", nd[i].chosen);
+		printf("\n");
 	}
 	t1 = t0;
 	for (int i = 0; i < cfg->nodes; i++)
@@ -338,7 +407,8 @@ static int cb_usage(void)
 {
 	fprintf(stderr, "usage: ferry-cons-bench [--nodes N] [--workers W] [--keys K] [--len L] "
 			"[--batch B] [--clock-every C] [--iters I] [--rounds R] [--staleness S] "
-			"[--transport tcp|loop|rdma] [--zipf S] [--hot H] [--hot-sync-ms MS]\n");
+			"[--transport tcp|loop|rdma] [--zipf S] [--hot H] [--hot-sync-ms MS] "
+			"[--hot-auto]\n");
 	return 2;
 }
 
@@ -358,6 +428,7 @@ int main(int argc, char **argv)
 		{ "zipf", required_argument, NULL, 'z' },
 		{ "hot", required_argument, NULL, 'H' },
 		{ "hot-sync-ms", required_argument, NULL, 'S' },
+		{ "hot-auto", no_argument, NULL, 'A' },
 		{ 0 },
 	};
 	static const char *const mnames[] = { "seq", "eventual", "ssp", "essp" };
@@ -365,6 +436,10 @@ int main(int argc, char **argv)
 	/* the runs: the four models, or (--hot) two models without and with hot keys */
 	static const int mmodel[] = { 0, 1, 2, 3 }, mhot[] = { 0, 0, 0, 0 };
 	static const int hmodel[] = { 0, 0, 1, 1 }, hhot[] = { 0, 1, 0, 1 };
+	/* --hot-auto: sequential without, with chosen and with automatic hot keys */
+	static const char *const anames[] = { "seq", "seq+hot", "seq+auto" };
+	static const int amodel[] = { 0, 0, 0 }, ahot[] = { 0, 1, 2 };
+	int nruns;
 	const char *const *names;
 	const int *model, *hot;
 	struct cb_cfg cfg = { .nodes = 4,
@@ -421,6 +496,9 @@ int main(int argc, char **argv)
 		case 'S':
 			cfg.hot_sync_ms = (uint32_t)atoi(optarg);
 			break;
+		case 'A':
+			cfg.hot_auto = 1;
+			break;
 		case 'T':
 			if (!strcmp(optarg, "tcp"))
 				cfg.transport = FERRY_TRANSPORT_TCP;
@@ -437,11 +515,13 @@ int main(int argc, char **argv)
 	}
 	if (cfg.nodes < 1 || cfg.nodes > MAXN || cfg.workers < 1 || cfg.workers > 64 ||
 	    cfg.batch < 1 || cfg.clock_every < 1 || cfg.rounds < 1 || cfg.len < 1 ||
-	    cfg.keys < (uint64_t)cfg.nodes || cfg.iters < 1 || cfg.zipf < 0 || cfg.hot > cfg.keys)
+	    cfg.keys < (uint64_t)cfg.nodes || cfg.iters < 1 || cfg.zipf < 0 || cfg.hot > cfg.keys ||
+	    (cfg.hot_auto && !cfg.hot))
 		return cb_usage();
-	names = cfg.hot ? hnames : mnames;
-	model = cfg.hot ? hmodel : mmodel;
-	hot = cfg.hot ? hhot : mhot;
+	names = cfg.hot_auto ? anames : cfg.hot ? hnames : mnames;
+	model = cfg.hot_auto ? amodel : cfg.hot ? hmodel : mmodel;
+	hot = cfg.hot_auto ? ahot : cfg.hot ? hhot : mhot;
+	nruns = cfg.hot_auto ? 3 : 4;
 	if (cfg.zipf > 0) {
 		double sum = 0;
 
@@ -475,7 +555,7 @@ int main(int argc, char **argv)
 	       cfg.clock_every, cfg.staleness, cfg.iters, cfg.rounds,
 	       cfg.zipf > 0 ? "Zipf" : "uniform", cfg.zipf, cfg.hot);
 	for (int r = 0; r < cfg.rounds && !rc; r++)
-		for (int m = 0; m < 4 && !rc; m++) {
+		for (int m = 0; m < nruns && !rc; m++) {
 			double pl, ps, st, st2, hit, hit2;
 
 			cfg.push = 0;
@@ -498,7 +578,7 @@ int main(int argc, char **argv)
 	if (!rc) {
 		printf("%-12s %14s %14s %10s %10s %10s\n", "model", "pulls keys/s", "pushes keys/s",
 		       "pull x seq", "push x seq", "staleness");
-		for (int m = 0; m < 4; m++)
+		for (int m = 0; m < nruns; m++)
 			printf("%-12s %14.0f %14.0f %10.2f %10.2f %10.2f\n", names[m], pulls[m],
 			       pushes[m], pulls[m] / pulls[0], pushes[m] / pushes[0], stale[m]);
 		printf("every key's sum after each run equals the pushes counted\n");

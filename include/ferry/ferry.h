@@ -289,6 +289,16 @@ struct ferry_table_params {
 	const uint64_t *hot_keys;
 	uint32_t hot_count;
 	uint32_t hot_sync_ms;
+	/*
+	 * hot_auto: instead of hot_keys, up to hot_auto keys (at most
+	 * FERRY_HOT_MAX) are chosen from what the nodes access: each node
+	 * counts its pulls and pushes of the table's keys (Misra-Gries, 80 x
+	 * hot_auto bytes at most), and every ferry_hot_update() makes the keys
+	 * counted most across all nodes the hot keys, until the next. The table
+	 * starts with none. SEQUENTIAL dense tables only, without push_codec
+	 * (docs/consistency.md, "Hot keys"). Must agree.
+	 */
+	uint32_t hot_auto;
 };
 
 #define FERRY_HOT_MAX 65536u /* most hot keys of a table */
@@ -415,6 +425,35 @@ FERRY_API int ferry_clock(struct ferry_worker *w);
 
 /** ferry_clock_get - @w's clock: the clock its reads and pushes belong to */
 FERRY_API uint64_t ferry_clock_get(const struct ferry_worker *w);
+
+/**
+ * ferry_hot_update - choose a hot_auto table's hot keys again (collective)
+ *
+ * Every node calls it once, with one of its workers, while no worker of any
+ * node has an operation on @t under way (for example between two
+ * ferry_barrier()s); it returns on each node once every node has the new
+ * hot keys. Each node's hot_auto most counted keys are summed across the
+ * nodes, and the hot_auto highest sums (ties: the lower key) are the new
+ * hot keys, the same on every node. A key that stops being hot gets its
+ * replica's value (which holds every push) in its slot; a key that becomes
+ * hot gets its slot's value in every replica: nothing pushed is lost or
+ * counted twice. The counts are halved after, so older accesses weigh less.
+ * Transient memory: 16 x world x hot_auto bytes.
+ *
+ * Return: 0; -EINVAL (no hot_auto, not @t's node: logged); -ETIMEDOUT,
+ * -FERRY_E_PEER (a node did not take part: the hot keys may then differ
+ * between nodes; recreate the table); -ENOMEM; -FERRY_E_CLOSED.
+ */
+FERRY_API int ferry_hot_update(struct ferry_worker *w, struct ferry_table *t);
+
+/**
+ * ferry_hot_keys - @t's hot keys on this node, ascending, into @keys
+ * (the first @cap of them; @keys may be NULL when @cap is 0)
+ *
+ * Return: how many hot keys @t has (more than @cap when they did not all
+ * fit); -EINVAL (a NULL table, or @keys NULL with @cap > 0).
+ */
+FERRY_API int ferry_hot_keys(struct ferry_table *t, uint64_t *keys, uint32_t cap);
 
 /**
  * ferry_flush - send this node's buffered pushes of @t now and drop its

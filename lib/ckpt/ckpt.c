@@ -263,7 +263,7 @@ int ferry_table_checkpoint_start(struct ferry_table *t, const char *dir,
 	if (!t || !dir || !*dir || !ck_p)
 		return -EINVAL;
 	fy = t->fy;
-	if (t->params.hot_count) {
+	if (t->params.hot_count || t->params.hot_auto) {
 		ferry_err("checkpoint: table %u has hot keys, whose replicas a checkpoint does "
 			  "not hold yet; checkpoint a table without hot_keys",
 			  t->id);

@@ -469,7 +469,7 @@ int ferry_table_restore(struct ferry_table *t, const char *dir)
 	if (!t || !dir || !*dir)
 		return -EINVAL;
 	fy = t->fy;
-	if (t->params.hot_count) {
+	if (t->params.hot_count || t->params.hot_auto) {
 		ferry_err("restore: table %u has hot keys, whose replicas a restore does not "
 			  "set yet; restore into a table without hot_keys",
 			  t->id);

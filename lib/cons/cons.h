@@ -17,6 +17,9 @@
  *               \         synced in the background (HOT_PUSH, HOT_ACK)
  *                --> hotops.c  their pulls, pushes, sets; the hooks wrap the
  *                         model's (or the sequential path) for the other keys
+ *   hotauto.c --> hot.c   hot_auto: ferry_hot_update() chooses the hot keys
+ *                         again from the counts hotops.c keeps (topk.c, a
+ *                         leaf, as hot.c and hotops.c call it)
  *
  * cons.c and hotops.c both begin each call with check.c's
  * ferry__cons_check_call (a leaf).
@@ -255,6 +258,7 @@ struct ferry_hot_stats {
 	uint64_t frames_resent;	 /* frames sent again (unanswered) */
 	uint64_t frames_applied; /* other nodes' frames applied here */
 	uint64_t frames_again;	 /* ... that came again and were not applied again */
+	uint64_t updates;	 /* hot_auto: ferry_hot_update()s done here */
 };
 
 /* table parameters: 0, or -EINVAL / -ENOMEM with a log line */

@@ -39,6 +39,7 @@
 
 #include "lib/cons/cons.h"
 #include "lib/cons/hot.h"
+#include "lib/cons/topk.h"
 #include "lib/dir/placement.h"
 #include "lib/ops/ops.h"
 #include "lib/store/init.h"
@@ -61,6 +62,25 @@ int ferry__hot_check(const struct ferry_table_params *p)
 {
 	uint64_t *s;
 
+	if (p->hot_auto) {
+		const char *bad =
+			p->hot_count ? "with hot_keys; give one of them" :
+			p->hot_auto > FERRY_HOT_MAX ?
+				       "is above FERRY_HOT_MAX" :
+			p->consistency != FERRY_CONS_SEQUENTIAL ?
+				       "needs SEQUENTIAL consistency (not yet the others)" :
+			p->sparse			 ? "needs a dense table (not yet sparse)" :
+			p->push_codec			 ? "goes without a push_codec" :
+			p->hot_sync_ms > HOT_SYNC_MS_MAX ? "with hot_sync_ms above 60000" :
+							   NULL;
+
+		if (bad) {
+			ferry_err("table: hot_auto %u %s (docs/consistency.md, \"Hot keys\")",
+				  p->hot_auto, bad);
+			return -EINVAL;
+		}
+		return 0;
+	}
 	if (!p->hot_count) {
 		if (p->hot_sync_ms) {
 			ferry_err("table: hot_sync_ms %u without hot keys; set hot_count and "
@@ -113,7 +133,7 @@ int ferry__hot_check(const struct ferry_table_params *p)
 
 uint64_t ferry__hot_hash(const struct ferry_table_params *p)
 {
-	uint64_t h = p->hot_count;
+	uint64_t h = p->hot_count + ferry__hash64(p->hot_auto ^ 0x5bd1e995ull);
 
 	/* a sum: the order the keys are given in need not agree */
 	for (uint32_t i = 0; p->hot_keys && i < p->hot_count; i++)
@@ -433,16 +453,6 @@ static void hot_on_push(struct ferry *fy, struct ferry_table *t, uint32_t src,
 	}
 	if (src == fy->rank)
 		return; /* never sent to itself */
-	for (uint32_t i = 0; i < v->count; i++)
-		if (es[i].idx >= h->n || es[i].len != h->offs[es[i].idx + 1] - h->offs[es[i].idx]) {
-			ferry_err("cons: rank %u sent hot frame %llu of table %u with entry %u "
-				  "(index %u, %u floats) that is not one of the %u hot keys; the "
-				  "sender is dropped (a peer with other hot keys or version?)",
-				  src, (unsigned long long)m->seq, t->id, i, es[i].idx, es[i].len,
-				  h->n);
-			ferry__node_peer_failed(fy, src);
-			return;
-		}
 	if (hot_fault(h, &h->fault_rx, 0)) {
 		ferry_warn("cons: fault injection (FERRY_CONS_FAULT_EVERY): hot frame %llu of rank "
 			   "%u is dropped unapplied, unanswered",
@@ -451,6 +461,22 @@ static void hot_on_push(struct ferry *fy, struct ferry_table *t, uint32_t src,
 	}
 	pthread_mutex_lock(&h->lock);
 	if (m->seq == h->rx[src] + 1) {
+		/* checked only now: a copy of an old frame may name the hot keys
+		 * before a ferry_hot_update() (hotauto.c), whose numbers go on */
+		for (uint32_t i = 0; i < v->count; i++)
+			if (es[i].idx >= h->n ||
+			    es[i].len != h->offs[es[i].idx + 1] - h->offs[es[i].idx]) {
+				pthread_mutex_unlock(&h->lock);
+				ferry_err(
+					"cons: rank %u sent hot frame %llu of table %u with entry "
+					"%u (index %u, %u floats) that is not one of the %u hot "
+					"keys; the sender is dropped (a peer with other hot keys "
+					"or version?)",
+					src, (unsigned long long)m->seq, t->id, i, es[i].idx,
+					es[i].len, h->n);
+				ferry__node_peer_failed(fy, src);
+				return;
+			}
 		for (uint32_t i = 0; i < v->count; i++) {
 			float *r = h->val + h->offs[es[i].idx];
 
@@ -574,7 +600,7 @@ int ferry__hot_stats(struct ferry_table *t, struct ferry_hot_stats *st)
 	return 0;
 }
 
-static void hot_free(struct ferry_hot *h)
+void ferry__hot_free(struct ferry_hot *h)
 {
 	for (uint32_t k = 0; k < h->nfr; k++)
 		ferry__frame_free(&h->fr[k].f);
@@ -586,57 +612,94 @@ static void hot_free(struct ferry_hot *h)
 	free(h->dirty);
 	free(h->acked);
 	free(h->rx);
+	if (h->count) {
+		ferry__topk_fini(&h->count->s);
+		pthread_mutex_destroy(&h->count->lock);
+		free(h->count);
+	}
 	pthread_mutex_destroy(&h->lock);
 	pthread_cond_destroy(&h->cond);
 	free(h);
+}
+
+int ferry__hot_count_init(struct ferry_hot *h, uint32_t hot_auto)
+{
+	struct ferry_hot_count *c = calloc(1, sizeof(*c));
+
+	if (!c || ferry__topk_init(&c->s, hot_auto < 16 ? 64 : 4 * hot_auto)) {
+		free(c);
+		return -ENOMEM;
+	}
+	pthread_mutex_init(&c->lock, NULL);
+	c->max = hot_auto;
+	h->count = c;
+	return 0;
+}
+
+struct ferry_hot *ferry__hot_new(struct ferry_table *t, const uint64_t *keys, uint32_t n)
+{
+	const struct ferry_table_params *p = &t->params;
+	struct ferry_hot *h = calloc(1, sizeof(*h));
+	uint64_t floats = 0;
+
+	if (!h)
+		return NULL;
+	h->t = t;
+	h->n = n;
+	h->sync_ms = p->hot_sync_ms ? p->hot_sync_ms : HOT_SYNC_MS_DEFAULT;
+	h->ssp = p->consistency == FERRY_CONS_SSP || p->consistency == FERRY_CONS_ESSP;
+	pthread_mutex_init(&h->lock, NULL);
+	ferry__cond_init_monotonic(&h->cond);
+	/* n + 1: no allocation of 0 bytes (hot_auto starts with no hot key) */
+	h->keys = malloc((n + 1) * sizeof(*h->keys));
+	h->offs = malloc((n + 1) * sizeof(*h->offs));
+	h->dirty = calloc(n + 1, 1);
+	h->acked = calloc(t->fy->world, sizeof(*h->acked));
+	h->rx = calloc(t->fy->world, sizeof(*h->rx));
+	if (!h->keys || !h->offs || !h->dirty || !h->acked || !h->rx)
+		goto nomem;
+	if (n) {
+		memcpy(h->keys, keys, n * sizeof(*h->keys));
+		qsort(h->keys, n, sizeof(*h->keys), hot_cmp);
+	}
+	h->offs[0] = 0;
+	for (uint32_t i = 0; i < n; i++)
+		h->offs[i + 1] = floats += ferry__value_len(t, h->keys[i]);
+	h->val = malloc((floats + 1) * sizeof(float));
+	h->pend = calloc(floats + 1, sizeof(float));
+	if (!h->val || !h->pend)
+		goto nomem;
+	/* every replica starts at the key's initial value, as its slot does */
+	for (uint32_t i = 0; i < n; i++)
+		ferry__init_value(&t->init, h->keys[i], 0, h->val + h->offs[i],
+				  (uint32_t)(h->offs[i + 1] - h->offs[i]));
+	return h;
+nomem:
+	ferry__hot_free(h);
+	return NULL;
 }
 
 int ferry__hot_table_init(struct ferry_table *t)
 {
 	const struct ferry_table_params *p = &t->params;
 	struct ferry_hot *h;
-	uint64_t floats = 0;
 
-	if (!p->hot_count)
+	if (!p->hot_count && !p->hot_auto)
 		return 0;
-	h = calloc(1, sizeof(*h));
-	if (!h)
+	h = ferry__hot_new(t, p->hot_keys, p->hot_count);
+	if (h && p->hot_auto && ferry__hot_count_init(h, p->hot_auto)) {
+		ferry__hot_free(h);
+		h = NULL;
+	}
+	if (!h) {
+		ferry_err("table: out of memory for %u hot keys' replicas", p->hot_count);
 		return -ENOMEM;
-	h->t = t;
-	h->n = p->hot_count;
-	h->sync_ms = p->hot_sync_ms ? p->hot_sync_ms : HOT_SYNC_MS_DEFAULT;
-	h->ssp = p->consistency == FERRY_CONS_SSP || p->consistency == FERRY_CONS_ESSP;
-	pthread_mutex_init(&h->lock, NULL);
-	ferry__cond_init_monotonic(&h->cond);
-	h->keys = malloc(h->n * sizeof(*h->keys));
-	h->offs = malloc((h->n + 1) * sizeof(*h->offs));
-	h->dirty = calloc(h->n, 1);
-	h->acked = calloc(t->fy->world, sizeof(*h->acked));
-	h->rx = calloc(t->fy->world, sizeof(*h->rx));
-	if (!h->keys || !h->offs || !h->dirty || !h->acked || !h->rx)
-		goto nomem;
-	memcpy(h->keys, p->hot_keys, h->n * sizeof(*h->keys));
-	qsort(h->keys, h->n, sizeof(*h->keys), hot_cmp);
-	h->offs[0] = 0;
-	for (uint32_t i = 0; i < h->n; i++)
-		h->offs[i + 1] = floats += ferry__value_len(t, h->keys[i]);
-	h->val = malloc(floats * sizeof(float));
-	h->pend = calloc(floats, sizeof(float));
-	if (!h->val || !h->pend)
-		goto nomem;
-	/* every replica starts at the key's initial value, as its slot does */
-	for (uint32_t i = 0; i < h->n; i++)
-		ferry__init_value(&t->init, h->keys[i], 0, h->val + h->offs[i],
-				  (uint32_t)(h->offs[i + 1] - h->offs[i]));
+	}
 	h->inner = t->cons_hooks;
 	t->params.hot_keys = NULL; /* the caller's array: copied */
 	t->cons_hooks = &ferry__hot_hooks;
 	t->hot = h;
 	return 0;
-nomem:
-	hot_free(h);
-	ferry_err("table: out of memory for %u hot keys' replicas", p->hot_count);
-	return -ENOMEM;
 }
 
 int ferry__hot_table_publish(struct ferry_table *t)
@@ -687,5 +750,5 @@ void ferry__hot_table_fini(struct ferry_table *t)
 	__atomic_store_n((struct ferry_hot **)&t->hot, NULL, __ATOMIC_RELEASE);
 	/* the progress thread reads t->hot under RCU: wait for it */
 	urcu_memb_synchronize_rcu();
-	hot_free(h);
+	ferry__hot_free(h);
 }

@@ -8,10 +8,20 @@
 #define FERRY_LIB_CONS_HOT_H
 
 #include "lib/cons/cons.h"
+#include "lib/cons/topk.h"
 
 struct hot_frame {
 	uint64_t seq;
 	struct ferry_frame f;
+};
+
+/* hot_auto: this node's counts of the table's accesses (hotops.c counts,
+ * hotauto.c chooses from them); bound: topk.h's, for cap = 4 x hot_auto
+ * (at least 64): 80 x hot_auto bytes at most, and 5 KiB at least */
+struct ferry_hot_count {
+	pthread_mutex_t lock; /* guards s; taken once per call of the table */
+	struct ferry_topk s;
+	uint32_t max; /* hot_auto: most keys chosen */
 };
 
 /* one table's hot keys on this node; bound: hot.c's header (3 x the hot values,
@@ -42,6 +52,7 @@ struct ferry_hot {
 	bool stop, running;
 	pthread_t thr;
 	struct ferry_hot_stats st;
+	struct ferry_hot_count *count; /* hot_auto, else NULL; survives an update */
 	_Atomic uint64_t fault_rx, fault_tx;
 };
 
@@ -62,6 +73,14 @@ static inline int64_t hot_index(const struct ferry_hot *h, uint64_t key)
 	}
 	return -1;
 }
+
+/* hot.c: a state for the @n sorted, distinct @keys of @t, each replica at
+ * its initial value, no thread. Return: NULL (out of memory) */
+struct ferry_hot *ferry__hot_new(struct ferry_table *t, const uint64_t *keys, uint32_t n);
+/* hot.c: what ferry__hot_new made (its thread stopped), and the counts */
+void ferry__hot_free(struct ferry_hot *h);
+/* hot.c: @h counts accesses for hot_auto. Return: 0 or -ENOMEM */
+int ferry__hot_count_init(struct ferry_hot *h, uint32_t hot_auto);
 
 /* hotops.c: the table's hooks (they wrap the model's, kept in inner) */
 extern const struct ferry_cons_hooks ferry__hot_hooks;

@@ -74,6 +74,24 @@ static int hot_split(const struct ferry_hot *h, const uint64_t *keys, size_t n, 
 	return 0;
 }
 
+/* hot_auto counts one call in this many of each thread (a power of 2): a
+ * sample, so that counting costs a local pull little (docs/consistency.md) */
+#define HOT_COUNT_EVERY 8
+
+/* hot_auto: count the call's keys (hot ones too, so that they stay) */
+static void hot_note(struct ferry_hot *h, const uint64_t *keys, size_t n)
+{
+	static __thread uint32_t tick;
+	struct ferry_hot_count *c = h->count;
+
+	if (!c || (++tick & (HOT_COUNT_EVERY - 1)))
+		return;
+	pthread_mutex_lock(&c->lock);
+	for (size_t i = 0; i < n; i++)
+		ferry__topk_add(&c->s, keys[i], 1);
+	pthread_mutex_unlock(&c->lock);
+}
+
 /* the other keys' operation: through the model's hooks, or the sequential path */
 static int hot_inner(struct ferry_hot *h, struct ferry_worker *w, uint8_t op, const uint64_t *keys,
 		     size_t n, const float *in, float *out)
@@ -122,6 +140,7 @@ static int hot_pull(struct ferry_worker *w, struct ferry_table *t, const uint64_
 
 	if (rc || !n)
 		return rc;
+	hot_note(h, keys, n);
 	rc = hot_split(h, keys, n, &s);
 	if (rc)
 		return rc;
@@ -168,6 +187,7 @@ static int hot_push(struct ferry_worker *w, struct ferry_table *t, const uint64_
 
 	if (rc || !n)
 		return rc;
+	hot_note(h, keys, n);
 	rc = hot_split(h, keys, n, &s);
 	if (rc)
 		return rc;

@@ -31,7 +31,7 @@ static const char *const table_field_names[] = {
 	[FERRY_TF_SPARSE] = "sparse",
 	[FERRY_TF_CONSISTENCY] = "consistency/staleness",
 	[FERRY_TF_REPLICAS] = "replicas",
-	[FERRY_TF_HOT] = "hot_keys/hot_count/hot_sync_ms",
+	[FERRY_TF_HOT] = "hot_keys/hot_count/hot_sync_ms/hot_auto",
 };
 
 static uint32_t table_diff(const struct ferry_msg_table *a, const struct ferry_msg_table *b)
