@@ -444,6 +444,53 @@ static PyObject *table_flush(TableObject *t, PyObject *unused)
 	RETURN_CALL("ferry_flush", ferry_flush(pw->w, t->t));
 }
 
+/* hot_auto (docs/consistency.md, "Hot keys"): choose the hot keys again */
+static PyObject *table_hot_update(TableObject *t, PyObject *unused)
+{
+	struct pyw *pw;
+
+	if (table_check(t) || !(pw = node_worker(t->node)))
+		return NULL;
+	RETURN_CALL("ferry_hot_update", ferry_hot_update(pw->w, t->t));
+}
+
+/* this node's hot keys, ascending, as a uint64 array */
+static PyObject *table_hot_keys(TableObject *t, PyObject *unused)
+{
+	PyObject *list, *np = NULL, *arr = NULL;
+	uint64_t *keys;
+	int n;
+
+	if (table_check(t))
+		return NULL;
+	n = ferry_hot_keys(t->t, NULL, 0);
+	if (n < 0)
+		return raise_rc(n, "ferry_hot_keys");
+	keys = PyMem_Malloc(((size_t)n + 1) * sizeof(*keys));
+	if (!keys)
+		return PyErr_NoMemory();
+	n = ferry_hot_keys(t->t, keys, (uint32_t)n);
+	list = PyList_New(n < 0 ? 0 : n);
+	for (int i = 0; list && i < n; i++) {
+		PyObject *k = PyLong_FromUnsignedLongLong(keys[i]);
+
+		if (!k) {
+			Py_CLEAR(list);
+			break;
+		}
+		PyList_SET_ITEM(list, i, k);
+	}
+	PyMem_Free(keys);
+	if (!list)
+		return NULL;
+	np = PyImport_ImportModule("numpy");
+	if (np)
+		arr = PyObject_CallMethod(np, "array", "Os", list, "uint64");
+	Py_XDECREF(np);
+	Py_DECREF(list);
+	return arr;
+}
+
 /* ---- checkpoints ------------------------------------------------------ */
 
 /* a checkpoint started (Table.checkpoint_async) and not yet waited for */
@@ -704,6 +751,7 @@ PyObject *node_table(NodeObject *n, PyObject *args, PyObject *kw)
 			       "codec_keys",
 			       "hot_keys",
 			       "hot_sync_ms",
+			       "hot_auto",
 			       NULL };
 	static const char *const placements[] = { "range", "hash", NULL };
 	static const char *const modes[] = { "dynamic", "classic", NULL };
@@ -719,7 +767,8 @@ PyObject *node_table(NodeObject *n, PyObject *args, PyObject *kw)
 		    cons_bytes = { "cons_bytes", UINT64_MAX, 0 },
 		    replicas = { "replicas", UINT32_MAX, 0 },
 		    codec_keys = { "codec_keys", UINT32_MAX, 0 },
-		    hot_sync = { "hot_sync_ms", UINT32_MAX, 0 };
+		    hot_sync = { "hot_sync_ms", UINT32_MAX, 0 },
+		    hot_auto = { "hot_auto", UINT32_MAX, 0 };
 	const char *splace = "range", *smode = "dynamic", *sinit = "zero", *scons = "sequential",
 		   *scodec = "none";
 	int placement, mode, init, cons, codec, nlfp = 0, sparse = 0;
@@ -731,11 +780,12 @@ PyObject *node_table(NodeObject *n, PyObject *args, PyObject *kw)
 	int rc;
 
 	if (!PyArg_ParseTupleAndKeywords(
-		    args, kw, "|$O&O&OsO&spO&psffO&O&sO&O&O&sO&OO&", kwl, uarg_conv, &num_keys,
+		    args, kw, "|$O&O&OsO&spO&psffO&O&sO&O&O&sO&OO&O&", kwl, uarg_conv, &num_keys,
 		    uarg_conv, &vlen, &ovl, &splace, uarg_conv, &vnodes, &smode, &nlfp, uarg_conv,
 		    &capacity, &sparse, &sinit, &a, &b, uarg_conv, &seed, uarg_conv, &loc_cache,
 		    &scons, uarg_conv, &staleness, uarg_conv, &cons_bytes, uarg_conv, &replicas,
-		    &scodec, uarg_conv, &codec_keys, &ohot, uarg_conv, &hot_sync))
+		    &scodec, uarg_conv, &codec_keys, &ohot, uarg_conv, &hot_sync, uarg_conv,
+		    &hot_auto))
 		return NULL;
 	if ((placement = name_pick(splace, "placement", placements)) < 0 ||
 	    (mode = name_pick(smode, "mode", modes)) < 0 ||
@@ -764,7 +814,8 @@ PyObject *node_table(NodeObject *n, PyObject *args, PyObject *kw)
 					  .replicas = (uint32_t)replicas.v,
 					  .push_codec = codec,
 					  .codec_keys = (uint32_t)codec_keys.v,
-					  .hot_sync_ms = (uint32_t)hot_sync.v };
+					  .hot_sync_ms = (uint32_t)hot_sync.v,
+					  .hot_auto = (uint32_t)hot_auto.v };
 	/* hot keys (docs/consistency.md, "Hot keys"): any sequence of keys, as
 	 * for a pull; the C library checks count, range and repeats */
 	if (ohot != Py_None) {
@@ -834,6 +885,10 @@ static PyMethodDef table_methods[] = {
 	KWF("localize_async", table_localize_async, "as localize; returns a handle"),
 	{ "flush", (PyCFunction)table_flush, METH_NOARGS,
 	  "send this node's buffered pushes now, drop its cached values (ferry_flush)" },
+	{ "hot_update", (PyCFunction)table_hot_update, METH_NOARGS,
+	  "hot_auto: choose the hot keys again from every node's accesses (collective)" },
+	{ "hot_keys", (PyCFunction)table_hot_keys, METH_NOARGS,
+	  "this node's hot keys, ascending, as a uint64 array" },
 	KWM("checkpoint", table_checkpoint, "checkpoint(dir): write a checkpoint (collective)"),
 	KWM("checkpoint_async", table_checkpoint_async,
 	    "checkpoint_async(dir) -> Checkpoint: mark it; wait() finishes it (collective)"),

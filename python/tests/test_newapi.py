@@ -574,6 +574,53 @@ def test_hot_keys_sum_exactly_after_flush_and_barrier(cluster2, model):
         assert set(["essp_subscribed", "essp_pushed", "essp_taken", "essp_refused"]) <= set(s)
 
 
+def test_hot_auto_chooses_the_keys_used_most_and_keeps_every_push(cluster2):
+    keys = np.arange(32, dtype=np.uint64)
+    busy = np.array([4, 9, 17], np.uint64)
+
+    def body(n):
+        t = n.table(num_keys=32, value_len=2, hot_auto=3, hot_sync_ms=5)
+        before = t.hot_keys()
+        for _ in range(64):  # counted one call in 8: 8 times each
+            t.push(busy, np.ones((3, 2), np.float32))
+        t.push(keys, np.ones((32, 2), np.float32))
+        n.barrier()
+        t.hot_update()
+        chosen = t.hot_keys()
+        v = t.pull(keys)
+        t.push(busy, np.ones((3, 2), np.float32))  # now to the replicas
+        t.flush()
+        n.barrier()
+        after = t.pull(keys)
+        n.barrier()
+        t.destroy()
+        return before, chosen, v, after
+
+    for before, chosen, v, after in run_nodes(cluster2, body):
+        assert before.dtype == np.uint64 and len(before) == 0
+        np.testing.assert_array_equal(chosen, busy)
+        want = np.full((32, 2), 2.0, np.float32)
+        want[busy.astype(np.int64)] = 2 * 64 + 2
+        np.testing.assert_array_equal(v, want)
+        want[busy.astype(np.int64)] += 2
+        np.testing.assert_array_equal(after, want)
+
+
+def test_hot_auto_bad_arguments(cluster2, node1):
+    with pytest.raises(ferry.Error) as ei:
+        node1.table(num_keys=4, value_len=1, hot_auto=2, hot_keys=[1])
+    assert ei.value.errno == errno.EINVAL
+    with pytest.raises(ferry.Error) as ei:
+        node1.table(num_keys=4, value_len=1, hot_auto=2, consistency="eventual")
+    assert ei.value.errno == errno.EINVAL
+    t = node1.table(num_keys=4, value_len=1)
+    with pytest.raises(ferry.Error) as ei:
+        t.hot_update()  # no hot_auto
+    assert ei.value.errno == errno.EINVAL
+    assert len(t.hot_keys()) == 0
+    t.destroy()
+
+
 def test_hot_keys_bad_arguments(cluster2, node1):
     with pytest.raises(ValueError, match="hot_keys must be uint64 keys"):
         node1.table(num_keys=4, value_len=1, hot_keys=np.array([1.0, 2.0]))
