@@ -177,6 +177,64 @@ static void frames(void)
 			->seq = 1;
 		seed_frame("hot-ack", &f, FERRY_MSG_HOT_ACK, 1, 3);
 	}
+	{
+		/* the consistency models (lib/cons/): a clock, a batch of two
+		 * keys' deltas and its answers, ESSP's subscription, pushed
+		 * values and kick */
+		struct ferry_msg_cons_push *cp;
+		struct ferry_msg_cons_key *ck;
+		struct ferry_msg_cons_ack *ca;
+		struct ferry_msg_cons_st *st;
+		struct ferry_msg_essp_sub *es;
+		struct ferry_msg_essp_val *ev;
+		struct ferry_msg_essp_ent *ee;
+
+		ferry__frame_begin(&f);
+		((struct ferry_msg_clock *)ferry__frame_put(&f, sizeof(struct ferry_msg_clock)))
+			->clock = 4;
+		seed_frame("clock", &f, FERRY_MSG_CLOCK, 1, 3);
+		ferry__frame_begin(&f);
+		cp = ferry__frame_put(&f, sizeof(*cp));
+		cp->seq = 1;
+		cp->total = 2;
+		cp->count = 2;
+		ck = ferry__frame_put(&f, 2 * sizeof(*ck));
+		ck[0] = (struct ferry_msg_cons_key){ .key = 3, .idx = 0, .len = FUZZ_VLEN };
+		ck[1] = (struct ferry_msg_cons_key){ .key = 9, .idx = 1, .len = FUZZ_VLEN };
+		ferry__frame_put(&f, 2 * FUZZ_VLEN * sizeof(float));
+		seed_frame("cons-push", &f, FERRY_MSG_CONS_PUSH, 1, 3);
+		ferry__frame_begin(&f);
+		ca = ferry__frame_put(&f, sizeof(*ca));
+		ca->seq = 1;
+		ca->count = 2;
+		st = ferry__frame_put(&f, 2 * sizeof(*st));
+		st[0] = (struct ferry_msg_cons_st){ .idx = 0 };
+		st[1] = (struct ferry_msg_cons_st){ .idx = 1, .status = -EAGAIN, .hint = 2 };
+		seed_frame("cons-ack", &f, FERRY_MSG_CONS_ACK, 2, 3);
+		ferry__frame_begin(&f);
+		es = ferry__frame_put(&f, sizeof(*es));
+		es->done = 1;
+		es->id = 5;
+		es->count = 2;
+		es->origin = 1;
+		*(uint64_t *)ferry__frame_put(&f, sizeof(uint64_t)) = 3;
+		*(uint64_t *)ferry__frame_put(&f, sizeof(uint64_t)) = 9;
+		seed_frame("essp-sub", &f, FERRY_MSG_ESSP_SUB, 1, 3);
+		ferry__frame_begin(&f);
+		ev = ferry__frame_put(&f, sizeof(*ev));
+		ev->fresh = 3;
+		ev->count = 2;
+		ee = ferry__frame_put(&f, 2 * sizeof(*ee));
+		ee[0] = (struct ferry_msg_essp_ent){ .key = 3, .tag = 1, .id = 5, .len = FUZZ_VLEN };
+		ee[1] = (struct ferry_msg_essp_ent){ .key = 9, .tag = 1, .id = 5, .len = FUZZ_VLEN };
+		ferry__frame_put(&f, 2 * FUZZ_VLEN * sizeof(float));
+		seed_frame("essp-val", &f, FERRY_MSG_ESSP_VAL, 2, 3);
+		ferry__frame_begin(&f);
+		((struct ferry_msg_essp_kick *)ferry__frame_put(&f,
+								sizeof(struct ferry_msg_essp_kick)))
+			->clock = 4;
+		seed_frame("essp-kick", &f, FERRY_MSG_ESSP_KICK, 1, 3);
+	}
 	ferry__frame_begin(&f);
 	ferry__frame_put(&f, sizeof(struct ferry_msg_table));
 	seed_frame("table", &f, FERRY_MSG_TABLE, 1, 3);
