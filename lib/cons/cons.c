@@ -894,6 +894,11 @@ void ferry__cons_table_fini(struct ferry_table *t)
 		pthread_mutex_lock(&ct->cn->essp_mu);
 		pthread_mutex_unlock(&ct->cn->essp_mu);
 	}
+	/* the table is served on until it is released (lib/table/), and the
+	 * progress thread's handlers read t->cons under RCU: none may hold ct
+	 * when it is freed. They find NULL after this, and drop the frame */
+	__atomic_store_n(&t->cons, NULL, __ATOMIC_RELEASE);
+	urcu_memb_synchronize_rcu();
 	if (ct->m.npend)
 		ferry_warn("cons: table %u destroyed with %llu keys' pushes of this node never "
 			   "sent; call ferry_flush() or ferry_barrier() before "
@@ -912,6 +917,5 @@ void ferry__cons_table_fini(struct ferry_table *t)
 	pthread_mutex_destroy(&ct->flush_mu);
 	pthread_cond_destroy(&ct->cond);
 	free(ct);
-	t->cons = NULL;
 	t->cons_hooks = NULL;
 }

@@ -217,12 +217,14 @@ static void essp_on_sub(struct ferry *fy, struct ferry_table *t, uint32_t src,
 {
 	const struct ferry_msg_essp_sub *m = v->body;
 	const uint64_t *keys = v->data;
-	struct cons_table *ct = t->cons;
+	struct cons_table *ct = __atomic_load_n((struct cons_table **)&t->cons, __ATOMIC_ACQUIRE);
 	struct ferry_essp_own *o = ct ? __atomic_load_n(&ct->own, __ATOMIC_ACQUIRE) : NULL;
 	uint32_t refused = 0, who = m->origin, hops = FERRY_ESSP_HOPS(m->flags);
 	struct essp_pair *fwd = NULL;
 	size_t nfwd = 0;
 
+	if (!ct && t->params.consistency == FERRY_CONS_ESSP)
+		return; /* destroyed here (ferry__cons_table_fini) */
 	if (!o) {
 		ferry_err("cons: rank %u subscribed to keys of table %u, which is not an ESSP "
 			  "table here (or has replicas); ignored (do all nodes create the table "
@@ -633,13 +635,15 @@ static void essp_on_val(struct ferry *fy, struct ferry_table *t, uint32_t src,
 {
 	const struct ferry_msg_essp_val *m = v->body;
 	const struct ferry_msg_essp_ent *es = v->data;
-	struct cons_table *ct = t->cons;
+	struct cons_table *ct = __atomic_load_n((struct cons_table **)&t->cons, __ATOMIC_ACQUIRE);
 	struct ferry_cons_node *cn = fy->cons;
 	struct essp_pair *stale = NULL;
 	uint64_t own, taken = 0, refused = 0, off = 0;
 	size_t nstale = 0;
 	const char *bad = NULL;
 
+	if (!ct && t->params.consistency == FERRY_CONS_ESSP)
+		return; /* destroyed here (ferry__cons_table_fini) */
 	if (!ct || ct->model != FERRY_CONS_ESSP) {
 		ferry_err("cons: rank %u pushed values of table %u, which is not an ESSP table "
 			  "here; dropped (do all nodes create the table alike?)",

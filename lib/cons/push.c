@@ -461,7 +461,7 @@ static void push_on_msg(struct ferry *fy, struct ferry_table *t, uint32_t src,
 {
 	const struct ferry_msg_cons_push *m = v->body;
 	const struct ferry_msg_cons_key *ks = v->data;
-	struct cons_table *ct = t->cons;
+	struct cons_table *ct = __atomic_load_n((struct cons_table **)&t->cons, __ATOMIC_ACQUIRE);
 	struct ferry_cons_rx *rx;
 	struct ferry_frame f;
 	struct ferry_msg_cons_ack *a;
@@ -469,6 +469,9 @@ static void push_on_msg(struct ferry *fy, struct ferry_table *t, uint32_t src,
 	size_t off = 0;
 	int rc;
 
+	if (!ct && t->params.consistency != FERRY_CONS_SEQUENTIAL)
+		return; /* destroyed here (ferry__cons_table_fini): the sender flushes
+			 * no more once it destroyed it too */
 	if (!ct || !ct->rx) {
 		ferry_err("cons: rank %u sent buffered pushes for table %u, which has no "
 			  "consistency model here; dropped (do all nodes create the table alike?)",
@@ -587,7 +590,7 @@ static void push_on_ack(struct ferry *fy, struct ferry_table *t, uint32_t src,
 {
 	const struct ferry_msg_cons_ack *m = v->body;
 	const struct ferry_msg_cons_st *sts = v->data;
-	struct cons_table *ct = t->cons;
+	struct cons_table *ct = __atomic_load_n((struct cons_table **)&t->cons, __ATOMIC_ACQUIRE);
 	struct ferry_cons_batch *b;
 
 	if (!ct)
