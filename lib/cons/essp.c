@@ -604,7 +604,7 @@ void ferry__essp_subscribe(struct cons_table *ct, const uint64_t *keys, size_t n
 	struct essp_pair *p;
 	uint64_t done;
 	size_t np = 0;
-	uint32_t id;
+	uint32_t id, at;
 
 	if (ct->model != FERRY_CONS_ESSP || t->params.replicas || !n)
 		return;
@@ -619,7 +619,13 @@ void ferry__essp_subscribe(struct cons_table *ct, const uint64_t *keys, size_t n
 
 		if (!e || !e->have_val || e->sub_id == id)
 			continue;
-		e->sub_rank = ferry__loc_get(t, keys[i]);
+		/* live here: an owner's push to itself would be a frame to
+		 * itself per clock; the clock boundary's refresh re-reads the
+		 * copy with a local pull instead (cons.c, cons_refresh) */
+		at = ferry__loc_get(t, keys[i]);
+		if (at == t->fy->rank)
+			continue;
+		e->sub_rank = at;
 		e->sub_id = id;
 		e->sub_conf = false;
 		p[np++] = (struct essp_pair){ .rank = e->sub_rank, .id = id, .key = keys[i] };
