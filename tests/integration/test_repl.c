@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include "common/cluster.h"
+#include "common/etcdsrv.h"
 #include "ferry/ferry.h"
 
 #define NODES 4
@@ -58,6 +59,9 @@ struct storm {
 	 * after it resumed, and those of them that returned 0 (fencing: none) */
 	volatile int64_t cont_ns;
 	volatile long resumed_pushes, resumed_acks, resumed_other;
+	/* with etcd as the manager: each survivor's membership epoch at the
+	 * start, and after the kill (its lease ran out: the epoch grew) */
+	volatile uint64_t epoch0[NODES], epoch1[NODES];
 	volatile int failures;
 	char why[512];
 };
@@ -102,6 +106,7 @@ static int storm_child(int rank, struct ferry_params *p, struct storm *st, int b
 		return 11;
 	if ((rc = ferry_barrier(fy)))
 		return storm_fail(st, rank, "barrier", 0, rc);
+	st->epoch0[rank] = ferry_epoch(fy);
 	for (uint64_t k = 0; k < KEYS; k++)
 		homed_at_dead[k] = ferry_table_home(t, k) == DEAD;
 	__atomic_fetch_add(&st->ready, 1, __ATOMIC_SEQ_CST);
@@ -208,6 +213,11 @@ static int storm_child(int rank, struct ferry_params *p, struct storm *st, int b
 				return 1;
 			}
 	}
+	/* etcd: the dead node's lease ends within its TTL (2 s) of the kill */
+	for (int64_t until = st->kill_ns + 6000000000ll;
+	     p->etcd_endpoints && ferry_epoch(fy) == st->epoch0[rank] && now_ns() < until;)
+		usleep(10000);
+	st->epoch1[rank] = ferry_epoch(fy);
 	__atomic_fetch_add(&st->checked, 1, __ATOMIC_SEQ_CST);
 	for (int64_t until = now_ns() + 30000000000ll;
 	     st->checked < NODES - 1 && !st->failures && now_ns() < until;)
@@ -218,7 +228,7 @@ static int storm_child(int rank, struct ferry_params *p, struct storm *st, int b
 	return 0;
 }
 
-static void run_storm(int mode, int batch)
+static void run_storm(int mode, int batch, const char *etcd)
 {
 	struct storm *st =
 		mmap(NULL, sizeof(*st), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
@@ -233,6 +243,11 @@ static void run_storm(int mode, int batch)
 	p.transport = getenv("FERRY_TRANSPORT") ? FERRY_TRANSPORT_AUTO : FERRY_TRANSPORT_TCP;
 	p.timeout_ms = 8000;
 	p.heartbeat_ms = mode ? HB_MS : HB_KILL_MS;
+	if (etcd) {
+		/* both detectors: the heartbeat (fencing needs its lease) and etcd's */
+		p.etcd_endpoints = etcd;
+		p.etcd_ttl = 2;
+	}
 	rc = ferry_local_cluster_fork(NODES, &p, pids);
 	if (rc >= 0 && rc < NODES)
 		_exit(storm_child(rc, &p, st, batch));
@@ -304,6 +319,14 @@ static void run_storm(int mode, int batch)
 	}
 	/* the dead node's keys were taken over: one of them served again */
 	cr_assert_gt(st->first_ok_ns, 0, "no key homed at the dead node was served after it");
+	for (int i = 0; etcd && i < NODES; i++) {
+		if (i == DEAD)
+			continue;
+		cr_assert_gt(st->epoch0[i], 0, "rank %d: membership epoch 0 with etcd", i);
+		cr_assert_gt(st->epoch1[i], st->epoch0[i],
+			     "rank %d: the dead node's lease never ended in etcd (epoch %llu)", i,
+			     (unsigned long long)st->epoch1[i]);
+	}
 	munmap(st, sizeof(*st));
 }
 
@@ -313,7 +336,7 @@ static void run_storm(int mode, int batch)
  * request.c), so no operation waits out its timeout here */
 Test(repl, a_node_killed_in_a_push_storm_loses_no_acknowledged_push, .timeout = 120)
 {
-	run_storm(0, 0);
+	run_storm(0, 0, NULL);
 }
 
 /* the kill lands inside a batch of 16 moves of the dead node, and in the
@@ -322,12 +345,12 @@ Test(repl, a_node_killed_in_a_push_storm_loses_no_acknowledged_push, .timeout = 
  * the chain fixes, against about 1 in 20 failing before) */
 Test(repl, a_node_killed_during_relocations_loses_no_acknowledged_push, .timeout = 120)
 {
-	run_storm(0, 16);
+	run_storm(0, 16, NULL);
 }
 
 Test(repl, a_stopped_node_is_declared_dead_by_the_heartbeat_and_failed_over, .timeout = 120)
 {
-	run_storm(1, 0);
+	run_storm(1, 0, NULL);
 }
 
 /* fencing: the node is stopped longer than the heartbeat timeout (declared
@@ -336,5 +359,20 @@ Test(repl, a_stopped_node_is_declared_dead_by_the_heartbeat_and_failed_over, .ti
  * failed it), and every push acknowledged anywhere is in the final sums */
 Test(repl, a_node_stopped_and_continued_acknowledges_nothing_after_its_takeover, .timeout = 120)
 {
-	run_storm(2, 0);
+	run_storm(2, 0, NULL);
+}
+
+/* the same kill storm with etcd as the membership manager (a real etcd from
+ * Debian's etcd-server, started for the test): the nodes form the cluster
+ * through it, the failover needs nothing of it (the transport saw the kill),
+ * and the dead node's lease then ends in etcd, which every survivor sees as a
+ * new epoch */
+Test(repl, a_node_killed_with_etcd_as_the_manager_loses_no_acknowledged_push, .timeout = 120)
+{
+	struct etcd_srv s;
+
+	ed_skip_unless_available();
+	ed_up(&s);
+	run_storm(0, 0, s.url);
+	ed_down(&s);
 }
