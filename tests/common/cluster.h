@@ -36,6 +36,12 @@ int tc_run(struct tc *c, int (*fn)(struct tc *c, int rank, void *arg), void *arg
  * but @skip (-1: none; a node the test killed) exited 0, naming @why */
 void tc_wait_procs(const pid_t *pids, int n, int skip, const char *why);
 
+/* @n nodes as forked processes (tcp, or the transport FERRY_TRANSPORT names
+ * unless it is loop), each creating @tp's table and running fn(c, rank, arg)
+ * (@arg: shared memory, say mmap'd); asserts that each exited 0, naming @why */
+void tc_procs_run(int n, const struct ferry_table_params *tp, int timeout_ms,
+		  int (*fn)(struct tc *c, int rank, void *arg), void *arg, const char *why);
+
 /* stop a forked node (SIGSTOP) and return once all its threads stopped */
 void tc_stop_proc(pid_t pid);
 

@@ -386,9 +386,7 @@ static void ssp_history_procs(enum ferry_consistency model, uint32_t s)
 		mmap(NULL, sizeof(*run), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
 	pthread_mutexattr_t ma;
 	pthread_barrierattr_t ba;
-	struct ferry_params p;
-	pid_t pids[NODES];
-	int rc;
+	struct ferry_table_params tp;
 
 	cr_assert_neq(run, MAP_FAILED);
 	memset(run, 0, sizeof(*run));
@@ -400,31 +398,8 @@ static void ssp_history_procs(enum ferry_consistency model, uint32_t s)
 	pthread_barrierattr_init(&ba);
 	pthread_barrierattr_setpshared(&ba, PTHREAD_PROCESS_SHARED);
 	pthread_barrier_init(&run->start, &ba, NW);
-	ferry_params_init(&p);
-	/* rdma where asked (the VM); loop emulates one-sided access in one
-	 * process only: tcp then */
-	p.transport = getenv("FERRY_TRANSPORT") && strcmp(getenv("FERRY_TRANSPORT"), "loop") ?
-			      FERRY_TRANSPORT_AUTO :
-			      FERRY_TRANSPORT_TCP;
-	p.timeout_ms = 20000;
-	rc = ferry_local_cluster_fork(NODES, &p, pids);
-	if (rc >= 0 && rc < NODES) {
-		struct ferry_table_params tp;
-		struct tc c = { .n = NODES };
-		int me = rc;
-
-		cons_params(&tp, run->model, run->s, SSP_KEYS, NW);
-		rc = ferry_open(&p, &c.fy[me]);
-		if (!rc)
-			rc = ferry_table_create(c.fy[me], &tp, &c.t[me]);
-		if (!rc)
-			rc = ssp_node(&c, me, run);
-		ferry_table_destroy(c.t[me]);
-		ferry_close(c.fy[me]);
-		_exit(rc ? 1 : 0);
-	}
-	cr_assert_eq(rc, FERRY_LOCAL_PARENT, "fork: %s", ferry_strerror(rc));
-	tc_wait_procs(pids, NODES, -1, run->why);
+	cons_params(&tp, run->model, run->s, SSP_KEYS, NW);
+	tc_procs_run(NODES, &tp, 20000, ssp_node, run, run->why);
 	cr_assert_eq(atomic_load(&run->errors), 0, "%s", run->why);
 	cr_assert_eq(atomic_load(&run->violations), 0, "%d of %ld reads break the bound: %s",
 		     atomic_load(&run->violations), atomic_load(&run->reads), run->why);
@@ -577,41 +552,24 @@ Test(cons, eventual_sums_are_exact_after_a_barrier_alone, .timeout = 120)
 
 /* the same with every node a process of its own; each checks after the
  * barrier, against the pushes all of them counted in a shared mapping */
+static int ev_proc(struct tc *c, int rank, void *arg)
+{
+	int rc = ev_node(c, rank, arg);
+
+	return rc ? rc : ev_check(c, rank, arg);
+}
+
 Test(cons, eventual_sums_are_exact_with_nodes_as_processes, .timeout = 180)
 {
 	struct ev_run *run =
 		mmap(NULL, sizeof(*run), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-	struct ferry_params p;
-	pid_t pids[NODES];
-	int rc;
+	struct ferry_table_params tp;
 
 	cr_assert_neq(run, MAP_FAILED);
 	memset(run, 0, sizeof(*run));
-	ferry_params_init(&p);
-	p.transport = getenv("FERRY_TRANSPORT") && strcmp(getenv("FERRY_TRANSPORT"), "loop") ?
-			      FERRY_TRANSPORT_AUTO :
-			      FERRY_TRANSPORT_TCP;
-	p.timeout_ms = 20000;
-	rc = ferry_local_cluster_fork(NODES, &p, pids);
-	if (rc >= 0 && rc < NODES) {
-		struct ferry_table_params tp;
-		struct tc c = { .n = NODES };
-		int me = rc;
-
-		cons_params(&tp, FERRY_CONS_EVENTUAL, 0, EV_KEYS, 1);
-		rc = ferry_open(&p, &c.fy[me]);
-		if (!rc)
-			rc = ferry_table_create(c.fy[me], &tp, &c.t[me]);
-		if (!rc)
-			rc = ev_node(&c, me, run);
-		if (!rc)
-			rc = ev_check(&c, me, run);
-		ferry_table_destroy(c.t[me]);
-		ferry_close(c.fy[me]);
-		_exit(rc ? 1 : 0);
-	}
-	cr_assert_eq(rc, FERRY_LOCAL_PARENT, "fork: %s", ferry_strerror(rc));
-	tc_wait_procs(pids, NODES, -1, "a node read other than the exact sum, or failed");
+	cons_params(&tp, FERRY_CONS_EVENTUAL, 0, EV_KEYS, 1);
+	tc_procs_run(NODES, &tp, 20000, ev_proc, run,
+		     "a node read other than the exact sum, or failed");
 	cr_assert_eq(atomic_load(&run->errors), 0);
 	cr_assert_eq(atomic_load(&run->own_bad), 0, "a read lacked this node's own pushes");
 	munmap(run, sizeof(*run));

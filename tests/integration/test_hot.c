@@ -288,44 +288,31 @@ Test(hot, lost_frames_and_answers_lose_and_double_nothing, .timeout = 180)
 	ferry_log_set(FERRY_LOG_WARN, NULL, NULL);
 }
 
+/* one process's node: the storm, then its check */
+static int ex_proc(struct tc *c, int rank, void *arg)
+{
+	struct ex_run *run = arg;
+	int rc = ex_node(c, rank, run);
+
+	if (!rc)
+		rc = ex_check(c, rank, run);
+	if (rc)
+		fprintf(stderr, "node %d: %s\n", rank, run->why);
+	return rc;
+}
+
 /* the same with every node a process of its own */
 Test(hot, sums_are_exact_with_nodes_as_processes, .timeout = 180)
 {
 	struct ex_run *run =
 		mmap(NULL, sizeof(*run), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-	struct ferry_params p;
-	pid_t pids[NODES];
-	int rc;
+	struct ferry_table_params tp;
 
 	cr_assert_neq(run, MAP_FAILED);
 	memset(run, 0, sizeof(*run));
-	ferry_params_init(&p);
-	p.transport = getenv("FERRY_TRANSPORT") && strcmp(getenv("FERRY_TRANSPORT"), "loop") ?
-			      FERRY_TRANSPORT_AUTO :
-			      FERRY_TRANSPORT_TCP;
-	p.timeout_ms = 20000;
-	rc = ferry_local_cluster_fork(NODES, &p, pids);
-	if (rc >= 0 && rc < NODES) {
-		struct ferry_table_params tp;
-		struct tc c = { .n = NODES };
-		int me = rc;
-
-		hot_params(&tp, FERRY_CONS_SEQUENTIAL, 5);
-		rc = ferry_open(&p, &c.fy[me]);
-		if (!rc)
-			rc = ferry_table_create(c.fy[me], &tp, &c.t[me]);
-		if (!rc)
-			rc = ex_node(&c, me, run);
-		if (!rc)
-			rc = ex_check(&c, me, run);
-		if (rc)
-			fprintf(stderr, "node %d: %d (%s)\n", me, rc, run->why);
-		ferry_table_destroy(c.t[me]);
-		ferry_close(c.fy[me]);
-		_exit(rc ? 1 : 0);
-	}
-	cr_assert_eq(rc, FERRY_LOCAL_PARENT, "fork: %s", ferry_strerror(rc));
-	tc_wait_procs(pids, NODES, -1, "a node read other than the exact sum, or failed");
+	hot_params(&tp, FERRY_CONS_SEQUENTIAL, 5);
+	tc_procs_run(NODES, &tp, 20000, ex_proc, run,
+		     "a node read other than the exact sum, or failed");
 	cr_assert_eq(atomic_load(&run->errors), 0, "%s", run->why);
 	cr_assert_eq(atomic_load(&run->own_bad), 0, "a read lacked this node's own pushes");
 	ex_totals(run);

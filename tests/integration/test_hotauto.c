@@ -259,37 +259,13 @@ Test(hotauto, the_same_with_nodes_as_processes, .timeout = 180)
 {
 	struct au_run *run =
 		mmap(NULL, sizeof(*run), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-	struct ferry_params p;
-	pid_t pids[NODES];
-	int rc;
+	struct ferry_table_params tp;
 
 	cr_assert_neq(run, MAP_FAILED);
 	memset(run, 0, sizeof(*run));
-	ferry_params_init(&p);
-	p.transport = getenv("FERRY_TRANSPORT") && strcmp(getenv("FERRY_TRANSPORT"), "loop") ?
-			      FERRY_TRANSPORT_AUTO :
-			      FERRY_TRANSPORT_TCP;
-	p.timeout_ms = 20000;
-	rc = ferry_local_cluster_fork(NODES, &p, pids);
-	if (rc >= 0 && rc < NODES) {
-		struct ferry_table_params tp;
-		struct tc c = { .n = NODES };
-		int me = rc;
-
-		auto_params(&tp);
-		rc = ferry_open(&p, &c.fy[me]);
-		if (!rc)
-			rc = ferry_table_create(c.fy[me], &tp, &c.t[me]);
-		if (!rc)
-			rc = au_node(&c, me, run);
-		if (rc)
-			fprintf(stderr, "node %d: %d (%s)\n", me, rc, run->why);
-		ferry_table_destroy(c.t[me]);
-		ferry_close(c.fy[me]);
-		_exit(rc ? 1 : 0);
-	}
-	cr_assert_eq(rc, FERRY_LOCAL_PARENT, "fork: %s", ferry_strerror(rc));
-	tc_wait_procs(pids, NODES, -1, "a node's hot keys or sums were wrong, or it failed");
+	auto_params(&tp);
+	tc_procs_run(NODES, &tp, 20000, au_node, run,
+		     "a node's hot keys or sums were wrong, or it failed");
 	cr_assert_eq(atomic_load(&run->errors), 0, "%s", run->why);
 	au_totals(run);
 	munmap(run, sizeof(*run));
