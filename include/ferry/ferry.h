@@ -292,7 +292,7 @@ struct ferry_table_params {
 	/*
 	 * hot_auto: instead of hot_keys, up to hot_auto keys (at most
 	 * FERRY_HOT_MAX) are chosen from what the nodes access: each node
-	 * counts its pulls and pushes of the table's keys (Misra-Gries, 80 x
+	 * counts its pulls and pushes of the table's keys (Misra-Gries, 320 x
 	 * hot_auto bytes at most), and every ferry_hot_update() makes the keys
 	 * counted most across all nodes the hot keys, until the next. The table
 	 * starts with none. SEQUENTIAL dense tables only, without push_codec

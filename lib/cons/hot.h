@@ -17,7 +17,8 @@ struct hot_frame {
 
 /* hot_auto: this node's counts of the table's accesses (hotops.c counts,
  * hotauto.c chooses from them); bound: topk.h's, for cap = 4 x hot_auto
- * (at least 64): 80 x hot_auto bytes at most, and 5 KiB at least */
+ * (at least 64), 80 bytes per counter at most: 320 x hot_auto bytes (5 KiB at
+ * least) */
 struct ferry_hot_count {
 	pthread_mutex_t lock; /* guards s; taken once per call of the table */
 	struct ferry_topk s;
