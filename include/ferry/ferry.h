@@ -295,7 +295,7 @@ struct ferry_table_params {
 	 * counts its pulls and pushes of the table's keys (Misra-Gries, 320 x
 	 * hot_auto bytes at most), and every ferry_hot_update() makes the keys
 	 * counted most across all nodes the hot keys, until the next. The table
-	 * starts with none. SEQUENTIAL dense tables only, without push_codec
+	 * starts with none. SEQUENTIAL or EVENTUAL dense tables, without push_codec
 	 * (docs/consistency.md, "Hot keys"). Must agree.
 	 */
 	uint32_t hot_auto;

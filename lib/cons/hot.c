@@ -64,11 +64,13 @@ int ferry__hot_check(const struct ferry_table_params *p)
 
 	if (p->hot_auto) {
 		const char *bad =
-			p->hot_count ? "with hot_keys; give one of them" :
+			p->hot_count ?
+				"with hot_keys; give one of them" :
 			p->hot_auto > FERRY_HOT_MAX ?
-				       "is above FERRY_HOT_MAX" :
-			p->consistency != FERRY_CONS_SEQUENTIAL ?
-				       "needs SEQUENTIAL consistency (not yet the others)" :
+				"is above FERRY_HOT_MAX" :
+			p->consistency != FERRY_CONS_SEQUENTIAL &&
+					p->consistency != FERRY_CONS_EVENTUAL ?
+				"needs SEQUENTIAL or EVENTUAL consistency (not yet SSP, ESSP)" :
 			p->sparse			 ? "needs a dense table (not yet sparse)" :
 			p->push_codec			 ? "goes without a push_codec" :
 			p->hot_sync_ms > HOT_SYNC_MS_MAX ? "with hot_sync_ms above 60000" :

@@ -5,7 +5,8 @@
  * push per key (topk.c, Misra-Gries); ferry_hot_update(), a collective,
  * makes the keys counted most across the nodes the new hot keys:
  *
- *   1. flush: this node's hot deltas are applied at every replica
+ *   1. flush (ferry_flush): this node's hot deltas are applied at every
+ *      replica, and on an EVENTUAL table its buffered deltas at the owners
  *   2. all-reduce of every node's hot_auto most counted (key, count): the
  *      sum over a world x hot_auto array, each node filling its own row.
  *      Every node is past step 1 once it returns, so every replica holds
@@ -15,7 +16,9 @@
  *      pulls its slot's value into the new replica (the sequential path)
  *   4. the new state replaces the old (frame numbers, acknowledgements and
  *      stats go on), after an RCU grace period; counts are halved
- *   5. barrier: no node pushes to a new hot key before every node has it
+ *   5. barrier: no node pushes to a new hot key before every node has it;
+ *      on an EVENTUAL table the barrier also drops every node's copies, so
+ *      none read before the update (of a key that was hot since) is served
  *
  * So every push made before the call is in the value after it, once: a hot
  * key's replica holds every delta (1), a slot every sequential push (the
@@ -230,7 +233,8 @@ int ferry_hot_update(struct ferry_worker *w, struct ferry_table *t)
 			  (unsigned long long)HOTAUTO_ROWS_MAX);
 		return -EINVAL;
 	}
-	rc = ferry__hot_flush(t);
+	/* hot deltas, and on an EVENTUAL table the buffered ones too */
+	rc = ferry_flush(w, t);
 	if (rc)
 		return rc;
 	rows = calloc(1, bytes);

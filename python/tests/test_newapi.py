@@ -611,7 +611,7 @@ def test_hot_auto_bad_arguments(cluster2, node1):
         node1.table(num_keys=4, value_len=1, hot_auto=2, hot_keys=[1])
     assert ei.value.errno == errno.EINVAL
     with pytest.raises(ferry.Error) as ei:
-        node1.table(num_keys=4, value_len=1, hot_auto=2, consistency="eventual")
+        node1.table(num_keys=4, value_len=1, hot_auto=2, consistency="ssp", staleness=1)
     assert ei.value.errno == errno.EINVAL
     t = node1.table(num_keys=4, value_len=1)
     with pytest.raises(ferry.Error) as ei:

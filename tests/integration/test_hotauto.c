@@ -16,6 +16,7 @@
  */
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,6 +50,7 @@ static const uint64_t set_b[NAUTO] = { 2, 40, 63, 101, 128, 177, 203, 255 };
 static void auto_params(struct ferry_table_params *tp)
 {
 	memset(tp, 0, sizeof(*tp));
+	tp->consistency = FERRY_CONS_SEQUENTIAL;
 	tp->num_keys = KEYS;
 	tp->value_len = VLEN;
 	tp->placement = FERRY_PLACEMENT_HASH;
@@ -58,10 +60,24 @@ static void auto_params(struct ferry_table_params *tp)
 }
 
 struct au_run {
+	/* every node's workers are done (process-shared): not ferry_barrier,
+	 * which would flush an EVENTUAL table's buffered pushes itself, and
+	 * the update must */
+	pthread_barrier_t phase;
 	_Atomic uint64_t pushed[KEYS];
 	atomic_int errors;
 	char why[256];
 };
+
+static void au_phase_init(struct au_run *run)
+{
+	pthread_barrierattr_t ba;
+
+	pthread_barrierattr_init(&ba);
+	pthread_barrierattr_setpshared(&ba, PTHREAD_PROCESS_SHARED);
+	cr_assert_eq(pthread_barrier_init(&run->phase, &ba, NODES), 0);
+	pthread_barrierattr_destroy(&ba);
+}
 
 static void au_note(struct au_run *run, const char *what, int rc)
 {
@@ -199,9 +215,8 @@ static int au_node(struct tc *c, int rank, void *arg)
 		for (int i = 0; i < WPN; i++)
 			pthread_join(th[i], NULL);
 		/* every node's workers are done before any node updates */
-		rc = ferry_barrier(c->fy[rank]);
-		if (!rc)
-			rc = ferry_hot_update(w, c->t[rank]);
+		pthread_barrier_wait(&run->phase);
+		rc = ferry_hot_update(w, c->t[rank]);
 		snprintf(when, sizeof(when), "after update %d", ph + 1);
 		if (!rc)
 			rc = au_keys_are(c, rank, sets[ph], when);
@@ -239,13 +254,15 @@ static void au_totals(struct au_run *run)
 		     "too few pushes to set B: %llu", (unsigned long long)b);
 }
 
-Test(hotauto, the_keys_used_most_become_hot_and_every_push_is_kept, .timeout = 180)
+static void au_threads(enum ferry_consistency model)
 {
 	struct ferry_table_params tp;
 	struct au_run *run = calloc(1, sizeof(*run));
 	struct tc c;
 
+	au_phase_init(run);
 	auto_params(&tp);
+	tp.consistency = model;
 	cr_assert_eq(tc_open(&c, NODES, &tp, 20000), 0);
 	cr_assert_eq(tc_run(&c, au_node, run), 0, "a node's hot keys or sums were wrong: %s",
 		     run->why);
@@ -260,7 +277,20 @@ Test(hotauto, the_keys_used_most_become_hot_and_every_push_is_kept, .timeout = 1
 		cr_assert_gt(st.pushes, 0, "rank %d pushed nothing to a hot key", r);
 	}
 	tc_close(&c);
+	pthread_barrier_destroy(&run->phase);
 	free(run);
+}
+
+Test(hotauto, the_keys_used_most_become_hot_and_every_push_is_kept, .timeout = 180)
+{
+	au_threads(FERRY_CONS_SEQUENTIAL);
+}
+
+/* EVENTUAL: the plain keys' pushes are buffered; the update flushes them,
+ * and its barrier drops the copies read before it */
+Test(hotauto, the_same_on_an_eventual_table, .timeout = 180)
+{
+	au_threads(FERRY_CONS_EVENTUAL);
 }
 
 Test(hotauto, the_same_with_nodes_as_processes, .timeout = 180)
@@ -271,6 +301,7 @@ Test(hotauto, the_same_with_nodes_as_processes, .timeout = 180)
 
 	cr_assert_neq(run, MAP_FAILED);
 	memset(run, 0, sizeof(*run));
+	au_phase_init(run);
 	auto_params(&tp);
 	tc_procs_run(NODES, &tp, 20000, au_node, run,
 		     "a node's hot keys or sums were wrong, or it failed");
@@ -328,8 +359,8 @@ Test(hotauto, bad_parameters_and_calls_are_refused_with_a_log_line, .timeout = 6
 
 	REFUSED(tp.hot_keys = &one; tp.hot_count = 1);
 	REFUSED(tp.hot_auto = FERRY_HOT_MAX + 1);
-	REFUSED(tp.consistency = FERRY_CONS_EVENTUAL);
 	REFUSED(tp.consistency = FERRY_CONS_SSP; tp.staleness = 2);
+	REFUSED(tp.consistency = FERRY_CONS_ESSP; tp.staleness = 2);
 	REFUSED(tp.push_codec = FERRY_CODEC_BF16);
 	REFUSED(tp.sparse = 1; tp.num_keys = 0);
 	REFUSED(tp.hot_sync_ms = 60001);
