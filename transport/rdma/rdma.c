@@ -282,7 +282,8 @@ static int rdma_send(struct ferry_tp *tp, uint32_t dst, const struct iovec *iov,
 	 * others, once a signaled completion (sig_n) comes to flush the queue
 	 */
 	if (p->state == RDMA_PEER_UP && !p->q_head &&
-	    (total > RDMA_CORK_MAX || !p->sig_n || p->s_posted - p->s_done < RDMA_CORK_INFLIGHT)) {
+	    (!t->cork || total > RDMA_CORK_MAX || !p->sig_n ||
+	     p->s_posted - p->s_done < RDMA_CORK_INFLIGHT)) {
 		while (rem && rdma_can_post_data(t, p)) {
 			size_t n = rem < RDMA_CHUNK ? rem : RDMA_CHUNK;
 
@@ -311,6 +312,11 @@ static int rdma_send(struct ferry_tp *tp, uint32_t dst, const struct iovec *iov,
 	}
 out_unlock:
 	pthread_mutex_unlock(&p->lock);
+	/* FERRY_RDMA_RX_SPIN_US: a worker's frame may bring a reply; the
+	 * progress thread waits for it spinning, woken now, off its path */
+	if (!ret && t->rx_spin_ns && !pthread_equal(pthread_self(), t->thread) &&
+	    !__atomic_exchange_n(&t->rx_spin_req, 1, __ATOMIC_ACQ_REL))
+		wake = 1;
 	if (wake)
 		ferry__rdma_wake(t);
 	return ret;
