@@ -79,9 +79,10 @@
  *   send() (any thread) copies the frame straight into send buffers and posts
  *   it while credits, send buffers and send-queue slots last; the rest goes to
  *   the peer's out queue, flushed by the progress thread when credits or
- *   completions come back. It never waits for the network. A small frame
- *   also waits in the out queue while RDMA_CORK_INFLIGHT sends and a
- *   signaled work request are in flight (its completion flushes the queue):
+ *   completions come back. It never waits for the network. A small frame of
+ *   a burst (less than cork_ns, FERRY_RDMA_CORK_US, after the last one to
+ *   that peer) also waits in the out queue while RDMA_CORK_INFLIGHT sends and
+ *   a signaled work request are in flight (its completion flushes the queue):
  *   under load many frames then leave in one chunk, one work request,
  *   instead of one each. Only every RDMA_SIGNAL_EVERY-th send is signaled,
  *   so a request does not wake its sender's progress thread for its own
@@ -156,6 +157,7 @@
 #define RDMA_INLINE_WANT 256u	  /* max_inline_data asked of a queue pair (FERRY_RDMA_INLINE) */
 #define RDMA_RX_SPIN_MIN_NS 2000  /* least adaptive receive spin, once it shrank */
 #define RDMA_CORK_MAX (16u << 10) /* frames up to this size may wait */
+#define RDMA_CORK_US 50		  /* ... when they follow the last by less (FERRY_RDMA_CORK_US) */
 #define RDMA_QCHUNK (64u << 10)	  /* least capacity of an out queue entry */
 #define RDMA_DRAIN_MS 1000	  /* fini: bound on flushing the out queues */
 #define RDMA_RETRY_MIN_MS 10	  /* backoff between dials of a refusing rank */
@@ -348,6 +350,7 @@ struct rdma_peer {
 	uint32_t owed;		   /* credits we owe the peer (buffers reposted) */
 	uint64_t s_posted, s_done; /* sends (send buffers) */
 	uint32_t max_inline;	   /* the queue pair's max_inline_data: smaller chunks go inline */
+	int64_t last_send_ns; /* when send() last took a frame for this peer (the cork's gap) */
 	uint64_t sq_posted, sq_done; /* work requests on the send queue */
 	struct rdma_sig *sig;	     /* ring of sq_depth records */
 	uint32_t sig_head, sig_n;
@@ -474,7 +477,7 @@ struct rdma_tp {
 	uint32_t max_rd;
 	uint32_t max_msg;
 	uint32_t inline_want; /* max_inline_data asked of every queue pair (FERRY_RDMA_INLINE) */
-	int cork;	      /* small frames wait behind sends in flight (FERRY_RDMA_CORK) */
+	int64_t cork_ns;      /* a small frame this soon after the last to its peer may wait */
 
 	int epfd;
 	int wake_fd;
