@@ -351,7 +351,7 @@ int ferry__rdma_conn_attach(struct rdma_tp *t, struct rdma_conn *c, uint32_t r)
 		return ret;
 	}
 	pthread_mutex_lock(&p->lock);
-	/* what the device granted (ibv_create_qp writes it back), at most the slot size */
+	/* what the device granted (rdma_create_qp writes the caps back into qa) */
 	p->max_inline = t->inline_want ? qa.cap.max_inline_data : 0;
 	p->qp = c->id->qp;
 	p->gen++;
