@@ -20,7 +20,10 @@
 #                       line with its whole output (repeatable), e.g. a benchmark
 #   --timeout SECS      bound for the whole VM run (default 900)
 #   --test-timeout SECS bound for each test binary and command in the guest (default 300)
-#   --no-baseline       skip the ib_read_lat / ib_write_lat baselines
+#   --no-baseline       skip the perftest baselines: ib_read_lat, ib_write_lat, ib_send_lat
+#                       (busy-polling) and ib_send_lat -e (sleeping on CQ events: the floor
+#                       of a blocking wait), each 64 bytes x 1000, outputs in the guest's
+#                       /tmp/ib_read_lat.client, ib_write_lat, ib_send_lat, ib_send_lat-e
 #   --accel auto|kvm|tcg  (default auto: kvm when /dev/kvm is usable, with a TCG retry if the
 #                       KVM guest never starts; env FERRY_VM_ACCEL)
 #   --log FILE          serial log (default: DIR/softroce-vm.log)
@@ -31,7 +34,7 @@
 # holds the kernel and the modules it needs; delete it to fetch the kernel again.
 #
 # Guest output, one line each: "VMTEST <name> PASS|FAIL|TIMEOUT <seconds>s", "VMBASE <tool>
-# ... typical=<us> p99=<us>", and the verdict "VMRESULT pass=N fail=M".
+# bytes=.. iters=.. p50=<us> p99=<us> min=.. avg=.. max=..", and the verdict "VMRESULT pass=N fail=M".
 # Exit status: 0 every test passed, 1 some test failed, 2 no verdict (timeout, boot failure,
 # setup error).
 set -euo pipefail
@@ -368,7 +371,7 @@ copy_bin()
 	copy_libs "$src"
 }
 
-for tool in rdma ip ibv_devices ibv_devinfo ib_read_lat ib_write_lat timeout; do
+for tool in rdma ip ibv_devices ibv_devinfo ib_read_lat ib_write_lat ib_send_lat timeout; do
 	p=$(PATH=/usr/sbin:/usr/bin:/sbin:/bin:$PATH command -v "$tool" || true)
 	[[ -n $p ]] || die "$tool not found on the host"
 	copy_bin "$p"
@@ -421,7 +424,8 @@ IFS=. read -r o1 o2 o3 o4 <<<"$GUEST_IP"
 	# The IPv4-mapped GID ends in ffff:<ip as two hex words>.
 	printf 'GID_SUFFIX=ffff:%02x%02x:%02x%02x\n' "$o1" "$o2" "$o3" "$o4"
 	printf 'TEST_TIMEOUT=%s\nBASELINE=%s\nVERBOSE=%s\n' "$test_timeout" "$baseline" "$verbose"
-	printf 'PORT_READ_HEX=%04X\nPORT_WRITE_HEX=%04X\n' 18515 18516
+	printf 'PORT_READ_HEX=%04X\nPORT_WRITE_HEX=%04X\nPORT_SEND_HEX=%04X\nPORT_SENDEV_HEX=%04X\n' \
+		18515 18516 18517 18518
 } >"$root/ferry/config"
 : >"$root/ferry/env.sh"
 for e in "${envs[@]}"; do
@@ -596,15 +600,21 @@ while IFS=: read -r k v; do
 	case "$k" in "cpu MHz"*) MHZ=${v# }; break ;; esac
 done </proc/cpuinfo
 
-perf_baseline() { # tool hexport port
+# perf_baseline NAME HEXPORT PORT [FLAGS]: runs perftest tool NAME's first word (ib_*_lat) with
+# FLAGS on both sides; its output goes to /tmp/NAME.client and .server (NAME may carry a suffix:
+# ib_send_lat-e is ib_send_lat -e, the event mode)
+perf_baseline() {
 	tool=$1
+	bin=${1%%-*}
 	now
 	t0=$NOW
-	timeout -k 5 60 $tool -d rxe0 -x "$gid_idx" -s 64 -n 1000 -F -C -p "$3" \
+	# shellcheck disable=SC2086 # $4: the flags, word-split on purpose
+	timeout -k 5 60 $bin -d rxe0 -x "$gid_idx" -s 64 -n 1000 -F -C -p "$3" $4 \
 		>/tmp/$tool.server 2>&1 </dev/null &
 	spid=$!
 	if wait_listen "$2"; then
-		timeout -k 5 60 $tool -d rxe0 -x "$gid_idx" -s 64 -n 1000 -F -C -p "$3" "$GUEST_IP" \
+		# shellcheck disable=SC2086
+		timeout -k 5 60 $bin -d rxe0 -x "$gid_idx" -s 64 -n 1000 -F -C -p "$3" $4 "$GUEST_IP" \
 			>/tmp/$tool.client 2>&1 </dev/null
 		rc=$?
 	else
@@ -644,6 +654,10 @@ perf_baseline() { # tool hexport port
 if [ "$BASELINE" = 1 ]; then
 	perf_baseline ib_read_lat "$PORT_READ_HEX" 18515
 	perf_baseline ib_write_lat "$PORT_WRITE_HEX" 18516
+	# the floors of a message round trip (SEND/RECV, as Ferry's frames): busy-polling the CQ,
+	# and sleeping on CQ events (-e), the floor of Ferry's blocking mode
+	perf_baseline ib_send_lat "$PORT_SEND_HEX" 18517
+	perf_baseline ib_send_lat-e "$PORT_SENDEV_HEX" 18518 -e
 fi
 
 . /ferry/env.sh

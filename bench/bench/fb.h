@@ -53,10 +53,12 @@ enum fb_nodes_as {
 	FB_NODES_EXTERNAL,
 };
 
-/* A perftest figure (ib_read_lat, ib_write_lat) used as a raw round trip. */
+/* A perftest figure (ib_read_lat, ib_write_lat, ib_send_lat) used as a raw round trip. */
 struct fb_perftest {
 	int set;
-	int is_write;  /* RDMA_Write latency: perftest reports half a round trip */
+	int is_write;  /* RDMA_Write or Send latency: perftest reports half a round trip */
+	int is_send;   /* Send latency (SEND/RECV, as Ferry's frames) */
+	int events;    /* measured sleeping on CQ events (-e): the floor of blocking waits */
 	double p50_us; /* t_typical */
 	double p99_us; /* 99% percentile; 0 when absent */
 	uint32_t bytes;
@@ -73,6 +75,11 @@ struct fb_opts {
 	int wait_both; /* --wait both: every scenario in both modes */
 	int pin;       /* --pin: each node process on a CPU of its own */
 	int timeline;  /* --timeline: step stamps on every node (timeline.c) */
+	/* --hw-oneway: published one-way latencies (message bytes, us) for the
+	 * timeline's projection, ascending by bytes; nhw 0: no projection */
+	int nhw;
+	uint32_t hw_bytes[8];
+	double hw_us[8];
 	int quick;
 	int verbose;
 	uint32_t sizes[FB_MAX_LIST]; /* value sizes in bytes, multiples of 4 */
@@ -100,6 +107,8 @@ struct fb_opts {
 	const char *link;
 	const char *json_path;
 	struct fb_perftest pt_read, pt_write; /* rdma baselines given */
+	struct fb_perftest pt_send;	      /* ib_send_lat, busy-polling */
+	struct fb_perftest pt_events;	      /* --baseline-events: ib_send_lat -e */
 	double given_us, given_p99_us;	      /* --baseline-us */
 	const char *baseline_cmd;	      /* --baseline-cmd, {bytes} substituted */
 	int pt_cycles;			      /* perftest figures are cycles (-C) */
@@ -295,7 +304,7 @@ int fb_tl_begin(struct fb_node *n);
  * per-step medians into the shared region; rank 0 prints the table of
  * @kind under @title. Return: 0 or -1
  */
-int fb_tl_end(struct fb_node *n, enum fb_tl_kind kind, const char *title);
+int fb_tl_end(struct fb_node *n, enum fb_tl_kind kind, const char *title, uint32_t bytes);
 /* the bench's own stamps around a call (timeline.h's *_CALL and *_RETURN) */
 enum fb_tl_mark {
 	FB_TL_LOC_CALL,

@@ -135,7 +135,7 @@ static int loc_tl_end(struct fb_node *n, enum fb_tl_kind kind, const char *what,
 
 	snprintf(title, sizeof(title), "%s, %u-byte values, %s", what, bytes,
 		 n->sh->busy_poll ? "busy-poll" : "blocking");
-	return fb_tl_end(n, kind, title);
+	return fb_tl_end(n, kind, title, bytes);
 }
 
 /*

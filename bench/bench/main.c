@@ -53,6 +53,10 @@ static const char usage_text[] =
 	"      --timeline          localize (move rows) and push: the median time of\n"
 	"                          each step on each node (lib/core/timeline.h;\n"
 	"                          threads or --procs)\n"
+	"      --hw-oneway LIST    with --timeline: BYTES:US,... published one-way\n"
+	"                          latencies of a NIC (ascending bytes); each table\n"
+	"                          adds a projection: its wire steps at those\n"
+	"                          figures, its CPU steps as measured\n"
 	"      --bind ADDR         address the nodes (and the raw baseline) use\n"
 	"      --link NAME         what the link is, for the record (default\n"
 	"                          loopback, or external)\n"
@@ -79,8 +83,12 @@ static const char usage_text[] =
 	"      --hot-nodes N       hot-key nodes (default 2; external: the cluster)\n"
 	"\n"
 	"Baselines other than the built-in raw TCP ones (for --transport rdma):\n"
-	"      --baseline-file F   perftest output (ib_read_lat: pull; ib_write_lat,\n"
-	"                          doubled: a message round trip); repeatable\n"
+	"      --baseline-file F   perftest output (ib_read_lat: pull; ib_send_lat,\n"
+	"                          else ib_write_lat, doubled: a message round trip,\n"
+	"                          the busy-poll rows' floor); repeatable\n"
+	"      --baseline-events F ib_send_lat -e output (sleeping on CQ events),\n"
+	"                          doubled: the blocking rows' message floor (without\n"
+	"                          it they are compared with the busy-polling one)\n"
 	"      --baseline-cmd CMD  run CMD (sh -c) per value size, {bytes} replaced,\n"
 	"                          and parse its perftest output\n"
 	"      --baseline-us P50[,P99]  a raw round trip measured elsewhere\n"
@@ -125,6 +133,8 @@ enum {
 	OPT_BASE_CMD,
 	OPT_BASE_US,
 	OPT_BASE_CYCLES,
+	OPT_BASE_EVENTS,
+	OPT_HW_ONEWAY,
 	OPT_TIMELINE,
 };
 
@@ -161,6 +171,8 @@ static const struct option long_opts[] = {
 	{ "baseline-cmd", required_argument, NULL, OPT_BASE_CMD },
 	{ "baseline-us", required_argument, NULL, OPT_BASE_US },
 	{ "baseline-cycles", no_argument, NULL, OPT_BASE_CYCLES },
+	{ "baseline-events", required_argument, NULL, OPT_BASE_EVENTS },
+	{ "hw-oneway", required_argument, NULL, OPT_HW_ONEWAY },
 	{ "json", required_argument, NULL, 'j' },
 	{ "verbose", no_argument, NULL, 'v' },
 	{ "help", no_argument, NULL, 'h' },
@@ -228,11 +240,36 @@ struct opt_seen {
 	int sizes, keys, memkeys, threads, cell, iters, windows, lsizes, lreps, hot_s;
 };
 
+/* --hw-oneway: "8:0.82,4096:2.25" */
+static int parse_hw(const char *s, struct fb_opts *o)
+{
+	o->nhw = 0;
+	while (*s) {
+		char *end;
+		unsigned long b = strtoul(s, &end, 10);
+		double us;
+
+		if (end == s || *end != ':' || b > UINT32_MAX || o->nhw == 8)
+			return -1;
+		s = end + 1;
+		us = strtod(s, &end);
+		if (end == s || !(us > 0) || (*end && *end != ','))
+			return -1;
+		if (o->nhw && b <= o->hw_bytes[o->nhw - 1])
+			return -1;
+		o->hw_bytes[o->nhw] = (uint32_t)b;
+		o->hw_us[o->nhw++] = us;
+		s = *end ? end + 1 : end;
+	}
+	return o->nhw ? 0 : -1;
+}
+
 static int parse_opts(int argc, char **argv, struct fb_opts *o)
 {
 	struct opt_seen seen = { 0 };
 	const char *files[4];
 	int nfiles = 0;
+	const char *events_file = NULL;
 	double v[FB_MAX_LIST], d;
 	int c, n;
 	size_t off = 0;
@@ -464,6 +501,15 @@ static int parse_opts(int argc, char **argv, struct fb_opts *o)
 		case OPT_BASE_CYCLES:
 			o->pt_cycles = 1;
 			break;
+		case OPT_BASE_EVENTS:
+			events_file = optarg;
+			break;
+		case OPT_HW_ONEWAY:
+			if (parse_hw(optarg, o))
+				return bad_option("--hw-oneway '%s': want BYTES:US,... (up to 8, "
+						  "ascending bytes, microseconds > 0)",
+						  optarg);
+			break;
 		case OPT_BASE_CMD:
 			o->baseline_cmd = optarg;
 			break;
@@ -509,10 +555,22 @@ static int parse_opts(int argc, char **argv, struct fb_opts *o)
 					  "it%s",
 					  files[i],
 					  o->pt_cycles ? " (or no cpu MHz in /proc/cpuinfo)" : "");
-		if (pt.is_write)
+		if (pt.is_send)
+			o->pt_send = pt;
+		else if (pt.is_write)
 			o->pt_write = pt;
 		else
 			o->pt_read = pt;
+	}
+	if (events_file) {
+		struct fb_perftest pt = { 0 };
+
+		if (fb_perftest_file(events_file, o->pt_cycles, &pt) || !pt.is_send)
+			return bad_option("--baseline-events '%s': no ib_send_lat result in it%s",
+					  events_file,
+					  o->pt_cycles ? " (or no cpu MHz in /proc/cpuinfo)" : "");
+		pt.events = 1;
+		o->pt_events = pt;
 	}
 
 	if (o->pin && o->nodes_as == FB_NODES_THREADS)
@@ -829,6 +887,40 @@ static void print_goals(const struct fb_opts *o, const struct fb_shared *sh, int
 		       atomic_load(&sh->failures) ? "see FAILED above" : "met");
 }
 
+/*
+ * The perftest floors the rows were compared with, one line per wait mode and
+ * floor: like for like, a blocking row against a floor that sleeps on CQ
+ * events when one was given (--baseline-events), a busy-poll row against one
+ * that busy-polls
+ */
+static void print_floors(const struct fb_shared *sh)
+{
+	int n = atomic_load(&sh->nresults), shown = 0;
+
+	for (int i = 0; i < n; i++) {
+		const struct fb_result *r = &sh->results[i];
+		int seen = 0;
+
+		if (strncmp(r->baseline, "ib_", 3) && strncmp(r->baseline, "2xib_", 5))
+			continue;
+		for (int j = 0; j < i && !seen; j++)
+			seen = sh->results[j].busy_poll == r->busy_poll &&
+			       !strcmp(sh->results[j].baseline, r->baseline);
+		if (seen)
+			continue;
+		if (!shown++)
+			printf("# floors (perftest in this run; which one each row is compared "
+			       "with):\n");
+		printf("#   %-4s rows: %-20s p50 %.2f us, p99 %.2f us (%s)\n",
+		       r->busy_poll ? "busy" : "blk", r->baseline, r->base_p50_us, r->base_p99_us,
+		       strstr(r->baseline, "-e/")  ? "sleeping on CQ events, as blocking waits" :
+		       strstr(r->baseline, "read") ? "one READ, busy-polling" :
+		       r->busy_poll		   ? "busy-polling, as busy-poll waits" :
+						     "busy-polling: NOT like for like, no "
+						     "--baseline-events given");
+	}
+}
+
 /* ---- JSON ----------------------------------------------------------------- */
 
 /* through the tools' one writer (bench/common/bjson.h); plot.sh reads it with jq */
@@ -970,6 +1062,7 @@ int main(int argc, char **argv)
 		printf(" load at the end: %s\n", ctx.load1);
 		print_goals(&o, sh, 0);
 		print_goals(&o, sh, 1);
+		print_floors(sh);
 		if (o.json_path && json_write(o.json_path, &o, &ctx, sh))
 			atomic_fetch_add(&sh->failures, 1);
 	} else {

@@ -415,7 +415,8 @@ int fb_perftest_parse(const char *text, int force_cycles, struct fb_perftest *pt
 
 	if (!hdr)
 		return -ENOENT;
-	pt->is_write = strstr(text, "RDMA_Write") || strstr(text, "Send Latency") ? 1 : 0;
+	pt->is_send = strstr(text, "Send Latency") ? 1 : 0;
+	pt->is_write = strstr(text, "RDMA_Write") || pt->is_send ? 1 : 0;
 	eol = strchr(hdr, '\n');
 	if (!eol)
 		return -ENOENT;

@@ -50,18 +50,32 @@ int fb_base_begin(struct fb_node *n, size_t req, size_t rep, long iters, int is_
 			return -1;
 		}
 		pt = &cmd_pt;
-	} else if (o->pt_read.set || o->pt_write.set) {
-		/* a pull is one READ; a message round trip is two one-way WRITEs */
+	} else if (o->pt_read.set || o->pt_write.set || o->pt_send.set || o->pt_events.set) {
+		/*
+		 * a pull is one READ; a message round trip is two one-way
+		 * messages: SENDs (as Ferry's frames) when measured, else WRITEs;
+		 * the blocking rows' floor sleeps on CQ events as they do
+		 */
 		if (is_pull)
-			pt = o->pt_read.set ? &o->pt_read : &o->pt_write;
+			pt = o->pt_read.set ? &o->pt_read : NULL;
+		else if (!o->busy_poll && o->pt_events.set)
+			pt = &o->pt_events;
 		else
-			pt = o->pt_write.set ? &o->pt_write : &o->pt_read;
+			pt = o->pt_send.set ? &o->pt_send : o->pt_write.set ? &o->pt_write : NULL;
+		if (!pt) /* only the other kind was given */
+			pt = o->pt_read.set  ? &o->pt_read :
+			     o->pt_send.set  ? &o->pt_send :
+			     o->pt_write.set ? &o->pt_write :
+					       &o->pt_events;
 	}
 	if (pt) {
 		double k = pt->is_write ? 2 : 1;
 
-		snprintf(m->b.name, sizeof(m->b.name), "%sib_%s_lat/%u", pt->is_write ? "2x" : "",
-			 pt->is_write ? "write" : "read", pt->bytes);
+		snprintf(m->b.name, sizeof(m->b.name), "%sib_%s_lat%s/%u", pt->is_write ? "2x" : "",
+			 pt->is_send  ? "send" :
+			 pt->is_write ? "write" :
+					"read",
+			 pt->events ? "-e" : "", pt->bytes);
 		m->b.p50_us = pt->p50_us * k;
 		m->b.p99_us = pt->p99_us * k;
 		return 0;
@@ -284,7 +298,8 @@ static int remote_window(struct fb_node *n, struct ferry_table *t, uint32_t byte
 	res.ops_per_s = (double)count * 1e9 / (double)(t1 - t0);
 	res.mb_per_s = res.ops_per_s * bytes / 1e6;
 	snprintf(res.baseline, sizeof(res.baseline), "tcp-stream");
-	if (o->given_us > 0 || o->baseline_cmd || o->pt_read.set || o->pt_write.set) {
+	if (o->given_us > 0 || o->baseline_cmd || o->pt_read.set || o->pt_write.set ||
+	    o->pt_send.set || o->pt_events.set) {
 		snprintf(res.baseline, sizeof(res.baseline), "none");
 	} else {
 		size_t req = f->req < 8 ? 8 : f->req, rep = f->rep < bytes ? bytes : f->rep;

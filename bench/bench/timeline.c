@@ -92,6 +92,7 @@ enum {
 	TLP_LOC_RTT = 1,
 	TLP_LOC_TOTAL = 4,
 	TLP_HOME = 5,
+	TLP_WRITE = 8,
 	TLP_OWNER = 10,
 	TLP_HOME_OWNER = 11,
 	TLP_PUSH_RTT = 13,
@@ -236,7 +237,48 @@ static double tl_get(const struct fb_shared *sh, int world, size_t p, int *rank_
 	return *rank_p < 0 ? 0 : sh->tl[*rank_p].p50_us[p];
 }
 
-static void tl_print(struct fb_node *n, enum fb_tl_kind kind, const char *title)
+/* --hw-oneway's figure for a message of @bytes: the first size >= it, else the largest */
+static double tl_hw_us(const struct fb_opts *o, uint32_t bytes)
+{
+	for (int i = 0; i < o->nhw; i++)
+		if (o->hw_bytes[i] >= bytes)
+			return o->hw_us[i];
+	return o->hw_us[o->nhw - 1];
+}
+
+/*
+ * The projection of the same operation on hardware: the steps that are the
+ * wire (the derived one-way trips, and the hand-over WRITE's post to
+ * completion) replaced by --hw-oneway's figures, every other step (the CPU's)
+ * as measured here. The frame that carries the value (a push's OP; over tcp
+ * a relocation's notice) is at the value's size, every other at the smallest
+ * size given; a WRITE's completion is its bytes one way and an ack back.
+ */
+static void tl_project(const struct fb_node *n, enum fb_tl_kind kind, uint32_t bytes, double total,
+		       double one_way, int legs)
+{
+	const struct fb_opts *o = n->o;
+	double wire_here = one_way * legs, wire_hw, small = o->hw_us[0], big = tl_hw_us(o, bytes);
+	double write = 0;
+	int r_w = -1;
+
+	if (kind == FB_TL_PUSH) {
+		wire_hw = big + small * (legs - 1);
+	} else {
+		write = tl_get(n->sh, n->world, TLP_WRITE, &r_w);
+		/* without a WRITE (tcp) the value rides on the last leg, the notice */
+		wire_hw = r_w >= 0 ? small * legs + big + small : small * (legs - 1) + big;
+		wire_here += write;
+	}
+	printf("#   projection (NOT a measurement): CPU steps as measured here %.1f us + wire at "
+	       "--hw-oneway's figures %.1f us (%d one-way trip%s%s) = %.1f us; the wire here was "
+	       "%.1f us\n",
+	       total - wire_here, wire_hw, legs, legs > 1 ? "s" : "",
+	       r_w >= 0 ? " and the WRITE's round trip" : "", total - wire_here + wire_hw,
+	       wire_here);
+}
+
+static void tl_print(struct fb_node *n, enum fb_tl_kind kind, const char *title, uint32_t bytes)
 {
 	const struct fb_shared *sh = n->sh;
 	double total, rtt, inside = 0;
@@ -292,6 +334,8 @@ static void tl_print(struct fb_node *n, enum fb_tl_kind kind, const char *title)
 		printf("#   derived: round trip %.1f - inside the remote node(s) %.1f = %d one-way "
 		       "trips (wire + both transports) %.1f us, %.1f us each; total %.1f us\n",
 		       rtt, inside, legs, rtt - inside, (rtt - inside) / legs, total);
+	if (r_rtt >= 0 && r_total >= 0 && n->o->nhw)
+		tl_project(n, kind, bytes, total, (rtt - inside) / legs, legs);
 	for (r = 0; r < n->world && r < FB_TL_MAX_NODES; r++)
 		if (sh->tl[r].dropped)
 			printf("#   rank %d: %llu stamps dropped (buffer full): the medians miss "
@@ -299,7 +343,7 @@ static void tl_print(struct fb_node *n, enum fb_tl_kind kind, const char *title)
 			       r, sh->tl[r].dropped);
 }
 
-int fb_tl_end(struct fb_node *n, enum fb_tl_kind kind, const char *title)
+int fb_tl_end(struct fb_node *n, enum fb_tl_kind kind, const char *title, uint32_t bytes)
 {
 	int64_t cpu1 = tl_cpu_ns(), wall1 = fb_now_ns();
 	int bad = 0;
@@ -313,7 +357,7 @@ int fb_tl_end(struct fb_node *n, enum fb_tl_kind kind, const char *title)
 		       "in their own processes)\n",
 		       title);
 	if (n->rank == 0) {
-		tl_print(n, kind, title);
+		tl_print(n, kind, title, bytes);
 		tl_print_cpu(n, cpu1, wall1);
 	}
 	if (n->rank == 0)

@@ -16,7 +16,9 @@
  * - a connection cut loose is destroyed on the reaper, not on the thread
  *   that cut it (the progress thread), with its cm_id naming it no more;
  *   stopping the reaper destroys every one queued; past RDMA_REAP_MAX
- *   waiting, the caller destroys it itself (reap.c). rdma_destroy_id() and
+ *   waiting, the caller destroys it itself (reap.c);
+ * - the rdma settings read from the environment fall back to their default
+ *   when out of range (progress.c). rdma_destroy_id() and
  *   rdma_destroy_qp() are replaced below by slow fakes that need no device.
  */
 #include <criterion/criterion.h>
@@ -287,6 +289,36 @@ Test(rdma_chunk, the_reaper_queue_is_bounded)
 	cr_expect_eq(fake_ids, RDMA_REAP_MAX + EXTRA);
 	cr_expect_eq(fake_named, 0);
 	fake_tp_free(t);
+}
+
+/*
+ * The settings FERRY_RDMA_INLINE, FERRY_RDMA_CORK, FERRY_RDMA_SPIN_US and
+ * FERRY_RDMA_RX_SPIN_US are read through ferry__rdma_env_int: unset or empty
+ * gives the default, a number in range is taken, anything else (out of
+ * range, trailing text, overflow) gives the default.
+ */
+Test(rdma_chunk, a_setting_out_of_range_falls_back_to_its_default)
+{
+	static const struct {
+		const char *val; /* NULL: unset */
+		long want;
+	} cases[] = {
+		{ NULL, 7 },	  { "", 7 },
+		{ "0", 0 },	  { "256", 256 },
+		{ "4096", 4096 }, { "4097", 7 },
+		{ "-1", 7 },	  { "12x", 7 },
+		{ "x", 7 },	  { "99999999999999999999", 7 },
+	};
+
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		if (cases[i].val)
+			setenv("FERRY_TEST_RDMA_KNOB", cases[i].val, 1);
+		else
+			unsetenv("FERRY_TEST_RDMA_KNOB");
+		cr_expect_eq(ferry__rdma_env_int("FERRY_TEST_RDMA_KNOB", 0, 4096, 7), cases[i].want,
+			     "'%s'", cases[i].val ? cases[i].val : "(unset)");
+	}
+	unsetenv("FERRY_TEST_RDMA_KNOB");
 }
 
 #else

@@ -457,7 +457,7 @@ int ferry__rdma_scq_drain(struct rdma_tp *t, int worker)
 int ferry__rdma_poll_cqs(struct rdma_tp *t)
 {
 	struct ibv_wc wc[RDMA_POLL_BATCH];
-	int n, total;
+	int n, total, rx = 0;
 
 	pthread_mutex_lock(&t->cq_lock);
 	total = ferry__rdma_scq_drain(t, 0);
@@ -467,9 +467,19 @@ int ferry__rdma_poll_cqs(struct rdma_tp *t)
 		for (int i = 0; i < n; i++)
 			rdma_recv_done(t, &wc[i]);
 		total += n > 0 ? n : 0;
+		rx += n > 0 ? n : 0;
 	} while (n == RDMA_POLL_BATCH);
 	if (n < 0)
 		ferry_err("rdma: rank %u: ibv_poll_cq failed", t->base.cfg.rank);
+	if (rx && t->rx_spin_ns) {
+		/* a spin under way caught this one: spin longer next time */
+		if (t->rx_spin_until) {
+			t->rx_spin_cur *= 2;
+			if (t->rx_spin_cur > t->rx_spin_ns)
+				t->rx_spin_cur = t->rx_spin_ns;
+		}
+		t->rx_spin_until = rdma_now_ns() + t->rx_spin_cur;
+	}
 	ferry__rdma_flush_dirty(t);
 	return total;
 }
@@ -510,7 +520,7 @@ void ferry__rdma_cq_input(struct rdma_tp *t)
 		if (cq == t->scq && rdma_workers_poll(t)) {
 			__atomic_store_n(&t->scq_off, 1, __ATOMIC_RELAXED);
 			t->scq_check_ms = rdma_now_ms() + RDMA_SCQ_CHECK_MS;
-		} else if (t->spin_ns) {
+		} else if (t->spin_ns || t->rx_spin_ns) {
 			/* armed again when the spin ends (ferry__rdma_cq_arm) */
 			*(cq == t->scq ? &t->scq_unarmed : &t->rcq_unarmed) = 1;
 		} else {

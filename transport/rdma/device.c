@@ -514,6 +514,11 @@ int ferry__rdma_query(struct rdma_tp *t)
 	if ((uint32_t)da.max_qp_init_rd_atom < t->max_rd)
 		t->max_rd = (uint32_t)da.max_qp_init_rd_atom;
 	t->max_msg = pa.max_msg_sz ? pa.max_msg_sz : UINT32_MAX;
+	/* FERRY_RDMA_INLINE: bytes of inline data asked (0: none); FERRY_RDMA_CORK_US: the
+	 * gap under which a small frame may wait behind sends in flight (0: never; docs/rdma.md) */
+	t->inline_want =
+		(uint32_t)ferry__rdma_env_int("FERRY_RDMA_INLINE", 0, 4096, RDMA_INLINE_WANT);
+	t->cork_ns = ferry__rdma_env_int("FERRY_RDMA_CORK_US", 0, 1000000, RDMA_CORK_US) * 1000;
 	ferry_dbg("rdma: rank %u: %s port %u (active MTU %d bytes), GID index %d, send queue %u, "
 		  "%u READs in flight",
 		  me, t->dev_name, t->port_num, 128 << pa.active_mtu, t->gid_index, t->sq_depth,

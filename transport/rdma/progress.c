@@ -37,7 +37,8 @@
 
 #include "transport/rdma/rdma.h"
 
-#define RDMA_SPIN_US 100 /* the spin after activity (FERRY_RDMA_SPIN_US) */
+#define RDMA_SPIN_US 100  /* the spin after activity (FERRY_RDMA_SPIN_US) */
+#define RDMA_RX_SPIN_US 0 /* the adaptive spin after a receive (FERRY_RDMA_RX_SPIN_US) */
 
 /* Context: any thread. Wakes the progress thread out of epoll_wait(). */
 void ferry__rdma_wake(struct rdma_tp *t)
@@ -347,9 +348,22 @@ static void *rdma_progress(void *arg)
 			if (!did && n <= 0)
 				sched_yield();
 		}
-		if (!busy && t->spin_ns) {
+		if (!busy && (t->spin_ns || t->rx_spin_ns)) {
+			int64_t ns = rdma_now_ns();
+
 			spinning = __atomic_load_n(&t->spin_ops, __ATOMIC_RELAXED) > 0 &&
-				   rdma_now_ns() < t->spin_until;
+				   ns < t->spin_until;
+			if (__atomic_exchange_n(&t->rx_spin_req, 0, __ATOMIC_ACQ_REL) &&
+			    !t->rx_spin_until)
+				t->rx_spin_until = ns + t->rx_spin_cur;
+			if (t->rx_spin_until && ns >= t->rx_spin_until) {
+				/* the receive spin ended with nothing: shorter next time */
+				t->rx_spin_until = 0;
+				t->rx_spin_cur /= 2;
+				if (t->rx_spin_cur < RDMA_RX_SPIN_MIN_NS)
+					t->rx_spin_cur = RDMA_RX_SPIN_MIN_NS;
+			}
+			spinning |= t->rx_spin_until != 0;
 			/* about to sleep: arm; what the poll after it finds is
 			 * handled in the next round, without a wait */
 			if (!spinning && ferry__rdma_cq_arm(t))
@@ -377,23 +391,23 @@ static void *rdma_progress(void *arg)
 	return NULL;
 }
 
-/* FERRY_RDMA_SPIN_US: 0 to 100000, else RDMA_SPIN_US (said once) */
-static int rdma_spin_us(void)
+long ferry__rdma_env_int(const char *name, long min, long max, long def)
 {
-	const char *s = getenv("FERRY_RDMA_SPIN_US");
+	const char *s = getenv(name);
 	char *end;
 	long v;
 
 	if (!s || !*s)
-		return RDMA_SPIN_US;
+		return def;
+	errno = 0;
 	v = strtol(s, &end, 10);
-	if (*end || v < 0 || v > 100000) {
-		ferry_warn("rdma: FERRY_RDMA_SPIN_US='%s' is not 0 to 100000 microseconds; using "
-			   "%d",
-			   s, RDMA_SPIN_US);
-		return RDMA_SPIN_US;
+	if (*end || errno || v < min || v > max) {
+		ferry_warn("rdma: %s='%s' is not %ld to %ld; using %ld (unset it or give a number "
+			   "in that range)",
+			   name, s, min, max, def);
+		return def;
 	}
-	return (int)v;
+	return v;
 }
 
 int ferry__rdma_start_thread(struct rdma_tp *t)
@@ -404,7 +418,11 @@ int ferry__rdma_start_thread(struct rdma_tp *t)
 	/* the progress thread takes no process signals */
 	sigfillset(&all);
 	pthread_sigmask(SIG_SETMASK, &all, &old);
-	t->spin_ns = (int64_t)rdma_spin_us() * 1000;
+	t->spin_ns = ferry__rdma_env_int("FERRY_RDMA_SPIN_US", 0, 100000, RDMA_SPIN_US) * 1000;
+	t->rx_spin_ns =
+		ferry__rdma_env_int("FERRY_RDMA_RX_SPIN_US", 0, 100000, RDMA_RX_SPIN_US) * 1000;
+	t->rx_spin_cur = t->rx_spin_ns;
+	t->rx_spin_until = 0;
 	ret = -pthread_create(&t->thread, NULL, rdma_progress, t);
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
 	if (ret) {

@@ -121,7 +121,9 @@ int ferry__rdma_post_data(struct rdma_tp *t, struct rdma_peer *p, uint64_t seq, 
 		.sg_list = &sge,
 		.num_sge = 1,
 		.opcode = IBV_WR_SEND_WITH_IMM,
-		.send_flags = sig ? IBV_SEND_SIGNALED : 0,
+		/* inline: the provider copies the bytes at the post, no fetch later */
+		.send_flags = (sig ? IBV_SEND_SIGNALED : 0) |
+			      (n <= p->max_inline ? IBV_SEND_INLINE : 0),
 		.imm_data = htonl(rdma_imm_data(seq, p->owed)),
 	};
 	struct ibv_send_wr *bad;
@@ -325,20 +327,32 @@ int ferry__rdma_conn_attach(struct rdma_tp *t, struct rdma_conn *c, uint32_t r)
 			.max_recv_wr = RDMA_RECVS,
 			.max_send_sge = 1,
 			.max_recv_sge = 1,
+			.max_inline_data = t->inline_want,
 		},
 	};
-	int ret;
+	int ret, made;
 
 	if (p->conn && p->conn != c)
 		ferry__rdma_conn_destroy(t, p->conn);
 	c->rank = r;
-	if (RDMA_TIMED(t, r, "rdma_create_qp", rdma_create_qp(c->id, t->pd, &qa))) {
+	made = !RDMA_TIMED(t, r, "rdma_create_qp", rdma_create_qp(c->id, t->pd, &qa));
+	if (!made && t->inline_want) {
+		/* a device that takes less inline data: none (sends then fetch) */
+		ferry_dbg("rdma: rank %u: no queue pair with %u bytes of inline data (%s); "
+			  "trying without",
+			  t->base.cfg.rank, t->inline_want, strerror(errno));
+		qa.cap.max_inline_data = 0;
+		made = !RDMA_TIMED(t, r, "rdma_create_qp", rdma_create_qp(c->id, t->pd, &qa));
+	}
+	if (!made) {
 		ret = -errno;
 		ferry_err("rdma: rank %u: cannot create a queue pair for rank %u: %s",
 			  t->base.cfg.rank, r, strerror(errno));
 		return ret;
 	}
 	pthread_mutex_lock(&p->lock);
+	/* what the device granted (rdma_create_qp writes the caps back into qa) */
+	p->max_inline = t->inline_want ? qa.cap.max_inline_data : 0;
 	p->qp = c->id->qp;
 	p->gen++;
 	/*

@@ -255,7 +255,8 @@ static int rdma_send(struct ferry_tp *tp, uint32_t dst, const struct iovec *iov,
 	struct rdma_cursor cur = { .iov = iov, .cnt = iovcnt };
 	struct rdma_peer *p;
 	size_t total, rem;
-	int ret = 0, wake = 0;
+	int ret = 0, wake = 0, burst;
+	int64_t now;
 
 	if (dst >= tp->cfg.world || iovcnt <= 0 || iovcnt > IOV_MAX)
 		return -EINVAL;
@@ -278,11 +279,19 @@ static int rdma_send(struct ferry_tp *tp, uint32_t dst, const struct iovec *iov,
 			goto out_unlock;
 	}
 	/*
-	 * corked: a small frame waits for the sends in flight and leaves with
-	 * others, once a signaled completion (sig_n) comes to flush the queue
+	 * corked: a small frame in a burst (less than cork_ns after the last
+	 * one to this peer) waits for the sends in flight and leaves with
+	 * others, once a signaled completion (sig_n) comes to flush the queue.
+	 * A frame after a pause never waits: in a request-reply exchange the
+	 * completion may come only with the progress thread's next wake-up,
+	 * which would be the frame's latency (docs/benchmarks.md)
 	 */
+	now = t->cork_ns ? rdma_now_ns() : 0;
+	burst = now && now - p->last_send_ns < t->cork_ns;
+	p->last_send_ns = now;
 	if (p->state == RDMA_PEER_UP && !p->q_head &&
-	    (total > RDMA_CORK_MAX || !p->sig_n || p->s_posted - p->s_done < RDMA_CORK_INFLIGHT)) {
+	    (!burst || total > RDMA_CORK_MAX || !p->sig_n ||
+	     p->s_posted - p->s_done < RDMA_CORK_INFLIGHT)) {
 		while (rem && rdma_can_post_data(t, p)) {
 			size_t n = rem < RDMA_CHUNK ? rem : RDMA_CHUNK;
 
@@ -311,6 +320,11 @@ static int rdma_send(struct ferry_tp *tp, uint32_t dst, const struct iovec *iov,
 	}
 out_unlock:
 	pthread_mutex_unlock(&p->lock);
+	/* FERRY_RDMA_RX_SPIN_US: a worker's frame may bring a reply; the
+	 * progress thread waits for it spinning, woken now, off its path */
+	if (!ret && t->rx_spin_ns && !pthread_equal(pthread_self(), t->thread) &&
+	    !__atomic_exchange_n(&t->rx_spin_req, 1, __ATOMIC_ACQ_REL))
+		wake = 1;
 	if (wake)
 		ferry__rdma_wake(t);
 	return ret;

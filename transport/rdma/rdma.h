@@ -79,9 +79,10 @@
  *   send() (any thread) copies the frame straight into send buffers and posts
  *   it while credits, send buffers and send-queue slots last; the rest goes to
  *   the peer's out queue, flushed by the progress thread when credits or
- *   completions come back. It never waits for the network. A small frame
- *   also waits in the out queue while RDMA_CORK_INFLIGHT sends and a
- *   signaled work request are in flight (its completion flushes the queue):
+ *   completions come back. It never waits for the network. A small frame of
+ *   a burst (less than cork_ns, FERRY_RDMA_CORK_US, after the last one to
+ *   that peer) also waits in the out queue while RDMA_CORK_INFLIGHT sends and
+ *   a signaled work request are in flight (its completion flushes the queue):
  *   under load many frames then leave in one chunk, one work request,
  *   instead of one each. Only every RDMA_SIGNAL_EVERY-th send is signaled,
  *   so a request does not wake its sender's progress thread for its own
@@ -153,7 +154,10 @@
 #define RDMA_ASM_MIN (64u << 10)  /* least capacity of a reassembly buffer */
 #define RDMA_ASM_KEEP (4u << 20)  /* a reassembly buffer above this is freed after use */
 #define RDMA_CORK_INFLIGHT 2u	  /* sends in flight from which small frames wait and batch */
+#define RDMA_INLINE_WANT 256u	  /* max_inline_data asked of a queue pair (FERRY_RDMA_INLINE) */
+#define RDMA_RX_SPIN_MIN_NS 2000  /* least adaptive receive spin, once it shrank */
 #define RDMA_CORK_MAX (16u << 10) /* frames up to this size may wait */
+#define RDMA_CORK_US 50		  /* ... when they follow the last by less (FERRY_RDMA_CORK_US) */
 #define RDMA_QCHUNK (64u << 10)	  /* least capacity of an out queue entry */
 #define RDMA_DRAIN_MS 1000	  /* fini: bound on flushing the out queues */
 #define RDMA_RETRY_MIN_MS 10	  /* backoff between dials of a refusing rank */
@@ -345,6 +349,8 @@ struct rdma_peer {
 	uint32_t credits;	   /* data chunks we may still send */
 	uint32_t owed;		   /* credits we owe the peer (buffers reposted) */
 	uint64_t s_posted, s_done; /* sends (send buffers) */
+	uint32_t max_inline;	   /* the queue pair's max_inline_data: smaller chunks go inline */
+	int64_t last_send_ns; /* when send() last took a frame for this peer (the cork's gap) */
 	uint64_t sq_posted, sq_done; /* work requests on the send queue */
 	struct rdma_sig *sig;	     /* ring of sq_depth records */
 	uint32_t sig_head, sig_n;
@@ -470,6 +476,8 @@ struct rdma_tp {
 	uint32_t sq_depth;
 	uint32_t max_rd;
 	uint32_t max_msg;
+	uint32_t inline_want; /* max_inline_data asked of every queue pair (FERRY_RDMA_INLINE) */
+	int64_t cork_ns;      /* a small frame this soon after the last to its peer may wait */
 
 	int epfd;
 	int wake_fd;
@@ -522,6 +530,18 @@ struct rdma_tp {
 	int64_t spin_ns;
 	int64_t spin_until; /* CLOCK_MONOTONIC ns */
 	int spin_ops;
+	/*
+	 * the spin after a frame came (FERRY_RDMA_RX_SPIN_US, progress.c): the
+	 * thread polls for up to rx_spin_cur ns after a receive completion
+	 * before it sleeps, and after a worker sent a frame (rx_spin_req: the
+	 * reply's wait starts at once, off the reply's path); a spin that
+	 * catches the next receive doubles
+	 * rx_spin_cur (up to rx_spin_ns), one that ends empty halves it (down
+	 * to RDMA_RX_SPIN_MIN_NS). rx_spin_ns 0: off
+	 */
+	int64_t rx_spin_ns, rx_spin_cur;
+	int64_t rx_spin_until; /* CLOCK_MONOTONIC ns; 0: no spin under way */
+	int rx_spin_req;       /* atomic: a worker sent a frame, a reply may come: spin */
 	uint8_t scq_unarmed, rcq_unarmed;
 	enum rdma_phase seen_phase;
 	struct rdma_conn *conns; /* every cm_id but the listener */
@@ -749,6 +769,11 @@ int ferry__rdma_cq_arm(struct rdma_tp *t);
 void ferry__rdma_wake(struct rdma_tp *t);
 void ferry__rdma_self_push(struct rdma_tp *t, struct rdma_selfmsg *m);
 int ferry__rdma_self_send(struct rdma_tp *t, const struct iovec *iov, int iovcnt, size_t total);
+/*
+ * ferry__rdma_env_int - the integer in environment variable @name, @min to
+ * @max; @def when unset or (said once per call, with the fix) out of range
+ */
+long ferry__rdma_env_int(const char *name, long min, long max, long def);
 int ferry__rdma_start_thread(struct rdma_tp *t);
 
 /* session.c: progress thread (ferry__rdma_session_init: init) */
