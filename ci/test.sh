@@ -302,6 +302,10 @@ else
 	# operations per worker: the whole suite with 400 took 177 s under TCG)
 	vm_args+=(--bin build/tests/test_hot
 		--cmd "FERRY_TRANSPORT=rdma FERRY_BIND_ADDR=10.77.0.1 FERRY_TEST_HOT_ITERS=200 test_hot --jobs 1 --filter 'hot/sums_are_exact_after_flush_and_barrier'")
+	# hot keys chosen from the accesses (hot_auto) over rdma: the chosen sets and exact sums,
+	# as threads (sequential and eventual) and as processes (19 s in one boot)
+	vm_args+=(--bin build/tests/test_hotauto
+		--cmd "FERRY_TRANSPORT=rdma FERRY_BIND_ADDR=10.77.0.1 FERRY_TEST_HOTAUTO_ITERS=200 test_hotauto --jobs 1 --filter 'hotauto/the_*'")
 	# ferry-info reads the GID table through verbs: it must list rxe0's RoCE v2 GID
 	vm_args+=(--cmd 'ferry-info >/tmp/fi.txt; rc=$?; grep "gid\[" /tmp/fi.txt; [ $rc -eq 0 ] && grep -q "::ffff:10.77.0.1 RoCE v2" /tmp/fi.txt')
 	stage vm 1000 bash ci/softroce-vm.sh "${vm_args[@]}" || true
