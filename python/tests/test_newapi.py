@@ -588,6 +588,7 @@ def test_hot_auto_chooses_the_keys_used_most_and_keeps_every_push(cluster2):
         t.hot_update()
         chosen = t.hot_keys()
         v = t.pull(keys)
+        n.barrier()  # read before the other node pushes again
         t.push(busy, np.ones((3, 2), np.float32))  # now to the replicas
         t.flush()
         n.barrier()
