@@ -72,11 +72,21 @@ struct ferry_keymap {
 };
 
 /* the directory's maps' shared pieces (keymap.c; slotmap.c uses them too): a
- * zeroed array of @bytes, written when made; buckets for @n live keys, 3/8
- * full (1/4 under FERRY_MAP_FINE buckets), a multiple of 8, @min at least
- * (a large map that grows at 1/2 grows by 4/3, a small one doubles) */
+ * zeroed array of @bytes, written when made, and its free (given the same
+ * @bytes); buckets for @n live keys, 3/8 full (1/4 under FERRY_MAP_FINE
+ * buckets), a multiple of 8, @min at least (a large map that grows at 1/2
+ * grows by 4/3, a small one doubles).
+ *
+ * An array of FERRY_MAP_MMAP_MIN bytes or more is a mapping of its own, not
+ * malloc's: a map that grows leaves each older, smaller array behind, and
+ * malloc kept those it had served from its heap as free memory that the
+ * next, larger array did not fit (1.5 MB and more on each node of
+ * ferry-bench -s memory after the moves, docs/benchmarks.md); an unmapped
+ * array is the kernel's again at once. */
 #define FERRY_MAP_FINE 65536u
+#define FERRY_MAP_MMAP_MIN (64u << 10)
 void *ferry__map_arr_new(size_t bytes);
+void ferry__map_arr_free(void *arr, size_t bytes);
 uint64_t ferry__map_buckets_for(uint64_t n, uint64_t min);
 
 /*
