@@ -5,10 +5,16 @@
  * once a burst is over, so that what a node holds for its connections
  * follows what is in flight, not the largest burst it ever saw.
  *
- * Both come from mmap, not malloc: a buffer of 64 KiB or more that malloc
- * served from its heap and got back was kept there as free memory (1.5-1.8
- * MB per malloc arena after a node's batches, docs/benchmarks.md, "Memory
- * per node"), and a mapping given back is the kernel's again at once.
+ * A receive buffer is a mapping of its own (mmap, grown with mremap), so
+ * that a trim can drop its pages in place. Log chunks come from malloc: as
+ * mappings of their own, ferry-bench's remote push-batch100 of 4 KiB values
+ * took 2.5x as long (p50 515-770 us against 184-251). The core builds
+ * each frame in a buffer it mallocs and frees; the run made 1826 brk calls
+ * against 47 (strace -c, the trim off), so malloc gave its heap's top back
+ * and faulted it in again around the frames: with no large chunk of ours
+ * freed, glibc's dynamic mmap and trim thresholds stay at their floor (our
+ * reading). What a trim frees of the chunks goes back to the kernel
+ * through malloc_trim (below).
  *
  * Policy and bound, per connection (B = the largest frame in flight):
  *
@@ -22,10 +28,11 @@
  *              pool together never hold more than the most that was in
  *              flight within the last TCP_TRIM_MS, or TCP_SPARE_MAX.
  *   receive    TCP_RBUF_SIZE, or the largest frame being received +
- *              TCP_RBUF_SIZE (recv.c). A trim that finds it empty drops its
- *              pages (MADV_DONTNEED: resident 0, the next bytes fault fresh
- *              zero pages in), and unmaps a grown one when no frame above
- *              TCP_RBUF_SIZE / 2 came since the trim before.
+ *              TCP_RBUF_SIZE (recv.c). A trim that finds it empty, with no
+ *              frame above TCP_RBUF_SIZE / 2 since the trim before, unmaps
+ *              a grown one and drops the pages of one of TCP_RBUF_SIZE
+ *              (MADV_DONTNEED: resident 0, the next bytes fault fresh zero
+ *              pages in); while large frames come it is left whole.
  *
  *   The trim runs on the progress thread, TCP_TRIM_MS after something was
  *   left to trim (a chunk went to the pool, bytes came in) and then every
@@ -40,10 +47,11 @@
  *   log+pool up  trim: pool <= peak   trim: pool <= the quiet window's
  *   to the burst of the burst window  peak - log (0 with no traffic)
  *
- * When a trim gives back TCP_TRIM_HEAP bytes or more (a burst ended), it
+ * When a trim frees TCP_TRIM_HEAP bytes or more of pool chunks and grown
+ * receive buffers (a burst ended; in steady traffic it frees none), it
  * also asks glibc's malloc to return the free memory the burst left in its
- * heap (malloc_trim): the core's frames and per-key records of the burst
- * were malloc'd and freed, and malloc would keep them.
+ * heap (malloc_trim): the log's chunks, the core's frames and per-key
+ * records of the burst were malloc'd and freed, and malloc would keep them.
  *
  * ferry__tcp_mem_held() adds it up (the log's and pool's chunks at their
  * capacity, the receive buffer's pages written since they were last
@@ -83,8 +91,8 @@ struct tcp_chunk *ferry__tcp_chunk_new(size_t total)
 	size_t len = sizeof(struct tcp_chunk) + ferry__tcp_chunk_cap(total);
 	struct tcp_chunk *ch;
 
-	ch = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	if (ch == MAP_FAILED)
+	ch = malloc(len);
+	if (!ch)
 		return NULL;
 	ch->cap = len - sizeof(*ch);
 	return ch;
@@ -92,7 +100,7 @@ struct tcp_chunk *ferry__tcp_chunk_new(size_t total)
 
 void ferry__tcp_chunk_free(struct tcp_chunk *ch)
 {
-	munmap(ch, sizeof(*ch) + ch->cap);
+	free(ch);
 }
 
 int ferry__tcp_rbuf_resize(struct tcp_conn *c, size_t want)
@@ -159,8 +167,8 @@ static int tcp_trim_log(struct tcp_conn *c, size_t *freed_p)
 	return held;
 }
 
-/* an empty receive buffer gives its pages back (@freed_p += their bytes);
- * Return: 1 while it holds some */
+/* an empty receive buffer gives its pages back (@freed_p += the bytes of a
+ * grown one, unmapped); Return: 1 while it holds some */
 static int tcp_trim_rbuf(struct tcp_conn *c, size_t *freed_p)
 {
 	size_t pg = tcp_page(), touched = c->rtouched;
@@ -169,10 +177,10 @@ static int tcp_trim_rbuf(struct tcp_conn *c, size_t *freed_p)
 	c->rbig = 0;
 	if (!c->rbuf || !touched)
 		return 0;
-	if (c->rhead != c->rtail)
-		return 1; /* a frame is coming in: it holds what it needs */
+	if (c->rhead != c->rtail || big)
+		return 1; /* a frame is coming in, or large ones still come: in use */
 	touched = (touched + pg - 1) / pg * pg;
-	if (c->rcap > TCP_RBUF_SIZE && !big) {
+	if (c->rcap > TCP_RBUF_SIZE) {
 		ferry__tcp_rbuf_free(c); /* the next input maps TCP_RBUF_SIZE afresh */
 		*freed_p += touched;
 		return 0;
@@ -181,7 +189,6 @@ static int tcp_trim_rbuf(struct tcp_conn *c, size_t *freed_p)
 	if (madvise(c->rbuf, touched, MADV_DONTNEED))
 		return 1; /* cannot fail on a private anonymous mapping; try again later */
 	__atomic_store_n(&c->rtouched, 0, __ATOMIC_RELAXED);
-	*freed_p += touched;
 	return 0;
 }
 

@@ -87,7 +87,7 @@ static int tcp_log_room(struct tcp_conn *c, size_t total)
 		*best = fresh->next;
 		c->spare_bytes -= fresh->cap;
 	} else {
-		fresh = ferry__tcp_chunk_new(total); /* mem.c: its own mapping */
+		fresh = ferry__tcp_chunk_new(total); /* mem.c */
 		if (!fresh)
 			return -ENOMEM;
 	}

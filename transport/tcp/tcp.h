@@ -17,9 +17,9 @@
  *               resume; acks; fault injection
  *   progress.c  the epoll loop, its start, its wake-up  progress thread;
  *                                                       ferry__tcp_wake any thread
- *   mem.c       the buffers' memory: log chunks and     where their users run;
- *               receive buffers from mmap, the trim     the trim on the
- *               that returns them after a burst         progress thread
+ *   mem.c       the buffers' memory: log chunks,        where their users run;
+ *               receive buffers, the trim that          the trim on the
+ *               returns them after a burst              progress thread
  *
  * The functions declared below are the ones another file of the transport
  * calls; everything else stays static in its own file. The library is built
@@ -98,8 +98,8 @@ enum tcp_conn_state {
 
 /*
  * A piece of the send log: whole frames back to back in data[0, len) (a
- * frame never spans chunks). Its own mapping of sizeof(struct tcp_chunk) +
- * cap bytes, a multiple of TCP_CHUNK_SIZE (mem.c). seq0 is the number the first sequenced frame
+ * frame never spans chunks). One malloc of sizeof(struct tcp_chunk) + cap
+ * bytes, a multiple of TCP_CHUNK_SIZE (mem.c). seq0 is the number the first sequenced frame
  * appended to it got (or would have got), seq_end the number of its last
  * one (seq0 - 1 when it holds none, only ACKs).
  */
