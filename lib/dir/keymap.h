@@ -162,6 +162,20 @@ static inline uint64_t ferry__keymap_get(const struct ferry_keymap *m, uint64_t 
 }
 
 /*
+ * ferry__keymap_prefetch - start loading the bucket where @key's probe
+ * begins, for writing (a handler looks a record up, then sets it), so that
+ * a batch's lookups overlap their cache misses. No bucket is read and a
+ * prefetch never faults: a rebuild meanwhile costs only the wasted load.
+ * Context: as ferry__keymap_get().
+ */
+static inline void ferry__keymap_prefetch(const struct ferry_keymap *m, uint64_t key)
+{
+	const struct ferry_keymap_arr *a = __atomic_load_n(&m->arr, __ATOMIC_ACQUIRE);
+
+	__builtin_prefetch(&a->e[ferry__map_first(ferry__keymap_hash(key), a->nb)], 1);
+}
+
+/*
  * ferry__keymap_put - map @key to @val (nonzero, not FERRY_KEYMAP_TOMB),
  * replacing what it had. Return: 0, or -ENOMEM (a rebuild could not get
  * memory while the array is full; the map is as it was). Context: the
