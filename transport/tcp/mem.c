@@ -69,13 +69,10 @@
 
 #include "transport/tcp/tcp.h"
 
+/* called at most once per trim, resize or mem_held: no need to cache it */
 static size_t tcp_page(void)
 {
-	static size_t pg;
-
-	if (!pg)
-		pg = (size_t)sysconf(_SC_PAGESIZE);
-	return pg;
+	return (size_t)sysconf(_SC_PAGESIZE);
 }
 
 size_t ferry__tcp_chunk_cap(size_t total)
