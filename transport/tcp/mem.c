@@ -25,8 +25,8 @@
  *              then faults no fresh pages): never more than TCP_SPARE_MAX,
  *              and after each trim no more than the log's peak since the
  *              trim before, less what the log holds now. So the log and the
- *              pool together never hold more than the most that was in
- *              flight within the last TCP_TRIM_MS, or TCP_SPARE_MAX.
+ *              pool together hold no more than the log's peak over the
+ *              last two trim windows (the pool capped at TCP_SPARE_MAX).
  *   receive    TCP_RBUF_SIZE, or the largest frame being received +
  *              TCP_RBUF_SIZE (recv.c). A trim that finds it empty, with no
  *              frame above TCP_RBUF_SIZE / 2 since the trim before, unmaps
@@ -48,10 +48,11 @@
  *   to the burst of the burst window  peak - log (0 with no traffic)
  *
  * When a trim frees TCP_TRIM_HEAP bytes or more of pool chunks and grown
- * receive buffers (a burst ended; in steady traffic it frees none), it
- * also asks glibc's malloc to return the free memory the burst left in its
- * heap (malloc_trim): the log's chunks, the core's frames and per-key
- * records of the burst were malloc'd and freed, and malloc would keep them.
+ * receive buffers (a burst ended; steady traffic keeps its pool and frees
+ * little), it also asks glibc's malloc to return the free memory the burst
+ * left in its heap (malloc_trim, 0.05-1 ms measured; at most once per
+ * TCP_TRIM_MS): the log's chunks, the core's frames and per-key records of
+ * the burst were malloc'd and freed, and malloc would keep them.
  *
  * ferry__tcp_mem_held() adds it up (the log's and pool's chunks at their
  * capacity, the receive buffer's pages written since they were last
@@ -135,7 +136,7 @@ void ferry__tcp_trim_arm(struct tcp_tp *t)
 }
 
 /* the pool down to what the last window needed; @freed_p += the bytes
- * unmapped. Return: 1 while anything is held */
+ * freed. Return: 1 while anything is held */
 static int tcp_trim_log(struct tcp_conn *c, size_t *freed_p)
 {
 	struct tcp_chunk *drop = NULL, *ch;
@@ -155,7 +156,7 @@ static int tcp_trim_log(struct tcp_conn *c, size_t *freed_p)
 	c->held_peak = c->oq_held;
 	held = c->spare_bytes || c->oq_held;
 	pthread_mutex_unlock(&c->lock);
-	/* unmapped outside the lock: senders need not wait for munmap() */
+	/* freed outside the lock: senders need not wait for free() */
 	for (; drop; drop = ch) {
 		ch = drop->next;
 		*freed_p += drop->cap;
