@@ -5,8 +5,12 @@
  * once a burst is over, so that what a node holds for its connections
  * follows what is in flight, not the largest burst it ever saw.
  *
- * A receive buffer is a mapping of its own (mmap, grown with mremap), so
- * that a trim can drop its pages in place. Log chunks come from malloc: as
+ * A receive buffer is a mapping of its own (mmap), so that a trim can drop
+ * its pages in place (MADV_DONTNEED). It grows by a new mapping and a copy
+ * of what is unread, not by mremap: TSan does not intercept mremap, and
+ * reported a race on the first bytes of a buffer that mremap had moved to
+ * where another node's thread once wrote (recv() writes it unseen by TSan,
+ * so the stale history stood). Log chunks come from malloc: as
  * mappings of their own, ferry-bench's remote push-batch100 of 4 KiB values
  * took 2.5x as long (p50 515-770 us against 184-251). The core builds
  * each frame in a buffer it mallocs and frees; the run made 1826 brk calls
@@ -29,7 +33,7 @@
  *              last two trim windows (the pool capped at TCP_SPARE_MAX).
  *   receive    TCP_RBUF_SIZE, or the largest frame being received +
  *              TCP_RBUF_SIZE (recv.c). A trim that finds it empty, with no
- *              frame above TCP_RBUF_SIZE / 2 since the trim before, unmaps
+ *              frame above TCP_RBUF_SIZE / 2 since the trim before, frees
  *              a grown one and drops the pages of one of TCP_RBUF_SIZE
  *              (MADV_DONTNEED: resident 0, the next bytes fault fresh zero
  *              pages in); while large frames come it is left whole.
@@ -58,13 +62,14 @@
  * capacity, the receive buffer's pages written since they were last
  * dropped): what ferry_stats() reports as tp_buffer_bytes.
  */
-#define _GNU_SOURCE /* mremap */
+#define _GNU_SOURCE /* like every file of the transport (tcp.h) */
 #include <errno.h>
 #ifdef __GLIBC__
 #include <malloc.h>
 #endif
 #include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -107,14 +112,20 @@ int ferry__tcp_rbuf_resize(struct tcp_conn *c, size_t want)
 	void *p;
 
 	want = (want + pg - 1) / pg * pg;
-	if (!c->rbuf)
-		p = mmap(NULL, want, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	else
-		p = mremap(c->rbuf, c->rcap, want, MREMAP_MAYMOVE); /* pages move, no copy */
+	/* growth is rare (a frame larger than the buffer) and copies only
+	 * what is unread: not mremap, which TSan does not intercept (below) */
+	p = mmap(NULL, want, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (p == MAP_FAILED)
 		return -ENOMEM;
+	if (c->rbuf) {
+		memcpy(p, c->rbuf + c->rhead, c->rtail - c->rhead);
+		c->rtail -= c->rhead;
+		c->rhead = 0;
+		munmap(c->rbuf, c->rcap);
+	}
 	c->rbuf = p;
 	c->rcap = want;
+	__atomic_store_n(&c->rtouched, c->rtail, __ATOMIC_RELAXED);
 	return 0;
 }
 
@@ -166,7 +177,7 @@ static int tcp_trim_log(struct tcp_conn *c, size_t *freed_p)
 }
 
 /* an empty receive buffer gives its pages back (@freed_p += the bytes of a
- * grown one, unmapped); Return: 1 while it holds some */
+ * grown one, freed); Return: 1 while it holds some */
 static int tcp_trim_rbuf(struct tcp_conn *c, size_t *freed_p)
 {
 	size_t pg = tcp_page(), touched = c->rtouched;
@@ -185,7 +196,7 @@ static int tcp_trim_rbuf(struct tcp_conn *c, size_t *freed_p)
 	}
 	c->rhead = c->rtail = 0;
 	if (madvise(c->rbuf, touched, MADV_DONTNEED))
-		return 1; /* cannot fail on a private anonymous mapping; try again later */
+		return 1; /* cannot fail on our own private memory; try again later */
 	__atomic_store_n(&c->rtouched, 0, __ATOMIC_RELAXED);
 	return 0;
 }

@@ -13,10 +13,10 @@
  *
  *   One recv() takes as much as fits (several frames per syscall under
  *   load); every complete frame is checked (ferry__proto_check_hdr(), src ==
- *   the connection's rank) and handed to on_msg() in place. rbuf is a
- *   mapping of its own (mem.c) and every frame length is a multiple of
+ *   the connection's rank) and handed to on_msg() in place. rbuf is
+ *   page-aligned (mem.c) and every frame length is a multiple of
  *   FERRY_MSG_ALIGN, so each frame starts 8-byte aligned. The buffer grows
- *   to hold a frame of up to FERRY_MSG_MAX bytes and is unmapped once it is
+ *   to hold a frame of up to FERRY_MSG_MAX bytes and is freed once it is
  *   empty and above TCP_RBUF_KEEP; below, the trim (mem.c) gives its pages
  *   back once it is empty, and a grown one back to TCP_RBUF_SIZE.
  *

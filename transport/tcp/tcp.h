@@ -290,7 +290,7 @@ void ferry__tcp_chunk_free(struct tcp_chunk *ch);
 /* grow @c's receive buffer to @want bytes (rounded up to pages), keeping its
  * bytes. Progress thread. Return: 0 or -ENOMEM. */
 int ferry__tcp_rbuf_resize(struct tcp_conn *c, size_t want);
-/* unmap @c's receive buffer. Progress thread, or once no other thread runs. */
+/* free @c's receive buffer. Progress thread, or once no other thread runs. */
 void ferry__tcp_rbuf_free(struct tcp_conn *c);
 /* something may be trimmed: make sure a trim runs within TCP_TRIM_MS. Progress thread. */
 void ferry__tcp_trim_arm(struct tcp_tp *t);
