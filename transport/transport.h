@@ -213,6 +213,10 @@ struct ferry_tp_ops {
 	 * everything; the core frees the object. Peers are told with a
 	 * FERRY_MSG_BYE frame first, so they log a departure, not a failure */
 	void (*fini)(struct ferry_tp *tp);
+	/* optional: the bytes the transport's message buffers hold now (send
+	 * queues, receive buffers, their reuse pools), for ferry_stats(). Any
+	 * thread, between connect() and fini(). */
+	size_t (*mem_held)(struct ferry_tp *tp);
 };
 
 /* the base every transport object embeds first */

@@ -15,8 +15,9 @@
  *      fixed location cache may hold anything for them).
  * Each row is one node's: keys owned, the bytes of their slots, resident
  * growth since the base beyond those slots per owned key ("over/key"), the
- * directory's bytes, and registered (pinned, on rdma) bytes over the owned
- * slots' bytes (the ratio column). The goals (docs/benchmarks.md): at most
+ * directory's bytes, the transport's buffers (ferry_stats' tp_buffer_bytes),
+ * and registered (pinned, on rdma) bytes over the owned slots' bytes (the
+ * ratio column). The goals (docs/benchmarks.md): at most
  * 48 bytes of overhead per owned key, registered at most 1.25x the owned
  * slots plus one chunk, no growth for keys a node neither owns nor caches.
  */
@@ -64,11 +65,12 @@ static void mem_row(struct fb_node *n, struct ferry_table *t, const char *what, 
 		    uint64_t keys_total)
 {
 	struct ferry_table_stats st;
+	struct ferry_stats ns;
 	struct fb_result r = { .value_bytes = 64, .threads = 1 };
 	long kb = mem_rss_kb();
 	double slots_b, grow_b;
 
-	if (ferry_table_stats(t, &st) || kb < 0) {
+	if (ferry_table_stats(t, &st) || ferry_stats(n->fy, &ns) || kb < 0) {
 		fb_fail(n, "memory: stats", -EIO);
 		return;
 	}
@@ -84,10 +86,10 @@ static void mem_row(struct fb_node *n, struct ferry_table *t, const char *what, 
 	r.extra = st.keys_owned ? (grow_b - slots_b) / (double)st.keys_owned : 0;
 	snprintf(r.extra_name, sizeof(r.extra_name), "over/key[B]");
 	snprintf(r.note, sizeof(r.note),
-		 "over %.0f B/key; rss+%.1f slots %.1f dir %.1f free %.1f reg %.1f MB", r.extra,
-		 grow_b / 1e6, slots_b / 1e6, (double)st.dir_bytes / 1e6,
+		 "over %.0f B/key; rss+%.1f slots %.1f dir %.1f free %.1f reg %.1f tp %.2f MB",
+		 r.extra, grow_b / 1e6, slots_b / 1e6, (double)st.dir_bytes / 1e6,
 		 (double)st.slots_free * (double)st.slot_bytes / 1e6,
-		 (double)st.registered_bytes / 1e6);
+		 (double)st.registered_bytes / 1e6, (double)ns.tp_buffer_bytes / 1e6);
 	(void)keys_total;
 	fb_result_add(n->sh, &r);
 }
@@ -184,6 +186,9 @@ static int mem_node(struct fb_node *n)
 		ferry_table_stats(t, &s1);
 		if (fb_barrier(n))
 			bad = 1;
+		/* as for the other rows: the pulls' frames are gone, and the
+		 * transport's buffers back to what is in flight (none) */
+		usleep(MEM_SETTLE_US);
 		if (!bad) {
 			struct fb_result r = { .value_bytes = 64, .threads = 1 };
 

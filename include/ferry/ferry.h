@@ -719,6 +719,12 @@ struct ferry_stats {
 	 * refused (its own deltas in flight or newer, an older value, a
 	 * subscription it dropped or renewed since) */
 	uint64_t essp_subscribed, essp_pushed, essp_taken, essp_refused;
+	/* bytes the transport's message buffers hold now (tcp: the send logs'
+	 * chunks, their reuse pools, the receive buffers' written pages; 0
+	 * for a transport that does not say, and once the node is closed).
+	 * They follow what is in flight: tcp gives a burst's back within 2 x
+	 * 100 ms of its end (docs/transport-tcp.md, "Memory") */
+	uint64_t tp_buffer_bytes;
 };
 
 /**

@@ -399,5 +399,10 @@ int ferry_stats(struct ferry *fy, struct ferry_stats *s)
 	s->essp_pushed = atomic_load(&fy->essp_pushed);
 	s->essp_taken = atomic_load(&fy->essp_taken);
 	s->essp_refused = atomic_load(&fy->essp_refused);
+	/* the pollers' Dekker pair with ferry__node_close keeps the transport */
+	atomic_fetch_add(&fy->pollers, 1);
+	if (!atomic_load(&fy->closed) && fy->tp && fy->tp->ops->mem_held)
+		s->tp_buffer_bytes = fy->tp->ops->mem_held(fy->tp);
+	atomic_fetch_sub(&fy->pollers, 1);
 	return 0;
 }

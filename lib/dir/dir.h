@@ -145,6 +145,12 @@ static inline uint32_t ferry__dir_owner(const struct ferry_dir *d, uint64_t key)
 	return v ? (uint32_t)(v - 1) : d->self;
 }
 
+/* start loading @key's owner record (a batch's handler, keys ahead) */
+static inline void ferry__dir_owner_prefetch(const struct ferry_dir *d, uint64_t key)
+{
+	ferry__keymap_prefetch(&d->owners, key);
+}
+
 /*
  * ferry__dir_owner_set - record @owner for @key, which is homed here (the
  * home itself: the record goes). Return: 0 or -ENOMEM (the record is as

@@ -6,19 +6,38 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "lib/dir/keymap.h"
 
 void *ferry__map_arr_new(size_t bytes)
 {
-	void *a = malloc(bytes);
+	void *a;
 
-	/* written, not calloc'd: a fresh page that is read first maps the zero
-	 * page, and the first write then copies it and shoots down every CPU's
-	 * TLB entry (an IPI per page); a probe reads before it writes */
+	/* written when made, never only zero-filled: a fresh page that is read
+	 * first maps the zero page, and the first write then copies it and
+	 * shoots down every CPU's TLB entry (an IPI per page); a probe reads
+	 * before it writes. MAP_POPULATE faults a writable private mapping in
+	 * for writing, in the kernel, without a trap per page. */
+	if (bytes >= FERRY_MAP_MMAP_MIN) {
+		a = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
+			 MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+		return a == MAP_FAILED ? NULL : a;
+	}
+	a = malloc(bytes);
 	if (a)
 		memset(a, 0, bytes);
 	return a;
+}
+
+void ferry__map_arr_free(void *arr, size_t bytes)
+{
+	if (!arr)
+		return;
+	if (bytes >= FERRY_MAP_MMAP_MIN)
+		munmap(arr, bytes);
+	else
+		free(arr);
 }
 
 uint64_t ferry__map_buckets_for(uint64_t n, uint64_t min)
@@ -61,14 +80,17 @@ int ferry__keymap_init(struct ferry_keymap *m)
 
 void ferry__keymap_fini(struct ferry_keymap *m)
 {
-	free(m->arr);
+	if (m->arr)
+		ferry__map_arr_free(m->arr, keymap_arr_bytes(m->arr));
 	m->arr = NULL;
 }
 
 /* the old array, replaced already: freed after an RCU grace period */
 static void keymap_arr_free_rcu(struct rcu_head *head)
 {
-	free(caa_container_of(head, struct ferry_keymap_arr, rcu));
+	struct ferry_keymap_arr *a = caa_container_of(head, struct ferry_keymap_arr, rcu);
+
+	ferry__map_arr_free(a, keymap_arr_bytes(a));
 }
 
 /* into an unpublished array: no reader yet, plain stores */

@@ -72,11 +72,21 @@ struct ferry_keymap {
 };
 
 /* the directory's maps' shared pieces (keymap.c; slotmap.c uses them too): a
- * zeroed array of @bytes, written when made; buckets for @n live keys, 3/8
- * full (1/4 under FERRY_MAP_FINE buckets), a multiple of 8, @min at least
- * (a large map that grows at 1/2 grows by 4/3, a small one doubles) */
+ * zeroed array of @bytes, written when made, and its free (given the same
+ * @bytes); buckets for @n live keys, 3/8 full (1/4 under FERRY_MAP_FINE
+ * buckets), a multiple of 8, @min at least (a large map that grows at 1/2
+ * grows by 4/3, a small one doubles).
+ *
+ * An array of FERRY_MAP_MMAP_MIN bytes or more is a mapping of its own, not
+ * malloc's: a map that grows leaves each older, smaller array behind, and
+ * malloc kept those it had served from its heap as free memory that the
+ * next, larger array did not fit (1.5 MB and more on each node of
+ * ferry-bench -s memory after the moves, docs/benchmarks.md); an unmapped
+ * array is the kernel's again at once. */
 #define FERRY_MAP_FINE 65536u
+#define FERRY_MAP_MMAP_MIN (64u << 10)
 void *ferry__map_arr_new(size_t bytes);
+void ferry__map_arr_free(void *arr, size_t bytes);
 uint64_t ferry__map_buckets_for(uint64_t n, uint64_t min);
 
 /*
@@ -149,6 +159,20 @@ static inline uint64_t ferry__keymap_get(const struct ferry_keymap *m, uint64_t 
 			return v == FERRY_KEYMAP_TOMB ? 0 : v;
 		i = ferry__map_next(i, a->nb);
 	}
+}
+
+/*
+ * ferry__keymap_prefetch - start loading the bucket where @key's probe
+ * begins, for writing (a handler looks a record up, then sets it), so that
+ * a batch's lookups overlap their cache misses. No bucket is read and a
+ * prefetch never faults: a rebuild meanwhile costs only the wasted load.
+ * Context: as ferry__keymap_get().
+ */
+static inline void ferry__keymap_prefetch(const struct ferry_keymap *m, uint64_t key)
+{
+	const struct ferry_keymap_arr *a = __atomic_load_n(&m->arr, __ATOMIC_ACQUIRE);
+
+	__builtin_prefetch(&a->e[ferry__map_first(ferry__keymap_hash(key), a->nb)], 1);
 }
 
 /*

@@ -44,7 +44,8 @@ void ferry__slotmap_arena(struct ferry_slotmap *m, const void *base, uint64_t st
 
 void ferry__slotmap_fini(struct ferry_slotmap *m)
 {
-	free(m->arr);
+	if (m->arr)
+		ferry__map_arr_free(m->arr, slotmap_arr_bytes(m->arr));
 	m->arr = NULL;
 }
 
@@ -61,7 +62,7 @@ static void slotmap_arr_free_rcu(struct rcu_head *head)
 
 	if (a->fast)
 		ferry__fastrd_wait(a->fast, a->retired);
-	free(a);
+	ferry__map_arr_free(a, slotmap_arr_bytes(a));
 }
 
 static uint64_t slotmap_key(const struct ferry_slotmap *m, uint64_t w)

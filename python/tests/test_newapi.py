@@ -571,7 +571,8 @@ def test_hot_keys_sum_exactly_after_flush_and_barrier(cluster2, model):
     for own, v, s in run_nodes(cluster2, body):
         assert (own >= 3.0).all()
         np.testing.assert_array_equal(v, np.full((16, 2), 6.0, np.float32))
-        assert set(["essp_subscribed", "essp_pushed", "essp_taken", "essp_refused"]) <= set(s)
+        assert set(["essp_subscribed", "essp_pushed", "essp_taken", "essp_refused",
+                    "tp_buffer_bytes"]) <= set(s)
 
 
 def test_hot_auto_chooses_the_keys_used_most_and_keeps_every_push(cluster2):

@@ -852,6 +852,95 @@ TP_TEST(flooding_both_ways_completes)
 	cluster_down(nodes, 2);
 }
 
+/*
+ * The buffers follow the traffic (transport/tcp/mem.c, docs/architecture.md
+ * "Memory"): a burst of 1 MiB frames fills the send log, its reuse pool and
+ * the receive buffer; once it is over, a trickle of small frames holds no
+ * more than the few chunks it has in flight, and an idle pair holds
+ * nothing. Before the trim, the pool kept up to 4 MiB and the receive
+ * buffer 1.25 MiB per connection for good.
+ */
+#define MEM_TRICKLE_MAX (256u << 10) /* 4 chunks of 64 KiB: log, pool, rbuf pages */
+
+/* the most one of the @world nodes holds in its buffers now */
+static size_t mem_held_max(struct tnode *nodes, int world)
+{
+	size_t most = 0;
+
+	for (int r = 0; r < world; r++) {
+		size_t h = nodes[r].ops->mem_held(nodes[r].tp);
+
+		if (h > most)
+			most = h;
+	}
+	return most;
+}
+
+/* wait until both nodes hold at most @bound; Return: what they held last */
+static size_t mem_wait_below(struct tnode *nodes, size_t bound, int ms)
+{
+	int64_t end = tn_now_ms() + ms;
+	size_t held;
+
+	while ((held = mem_held_max(nodes, 2)) > bound && tn_now_ms() < end)
+		usleep(5000);
+	return held;
+}
+
+TP_TEST(buffers_follow_the_traffic)
+{
+	const struct ferry_tp_ops *ops = tp_get(*tpi);
+	enum {
+		COUNT = 24,
+		LEN = 1 << 20,
+		TRICKLE = 100 /* frames, one every 5 ms */
+	};
+	struct tn_flood burst;
+	struct tnode nodes[2];
+	size_t peak = 0, held;
+	int64_t t0;
+	uint32_t seq;
+
+	if (!ops->mem_held)
+		cr_skip_test("the %s transport does not report its buffers", ops->name);
+	cluster_up(nodes, ops, 2, 0);
+	nodes[1].echo = 1;
+	t0 = tn_now_ms();
+	burst = (struct tn_flood){ .n = &nodes[0], .dst = 1, .count = COUNT, .len = LEN };
+	cr_assert_eq(pthread_create(&burst.thread, NULL, tn_flood_main, &burst), 0);
+	while (!WAIT_FOR(&nodes[0], nodes[0].acks[1] == COUNT, 1)) {
+		held = mem_held_max(nodes, 2);
+		if (held > peak)
+			peak = held;
+		cr_assert_lt(tn_now_ms() - t0, WAIT_MS, "the burst is stuck: %llu of %d acks",
+			     (unsigned long long)LOCKED(&nodes[0], nodes[0].acks[1]), COUNT);
+	}
+	pthread_join(burst.thread, NULL);
+	cr_assert_eq(burst.errors, 0);
+	cr_assert_geq(peak, (size_t)LEN, "the burst's buffers were never seen: %zu bytes at most",
+		      peak);
+
+	/* a trickle: what is in flight is a frame or two */
+	seq = LOCKED(&nodes[1], nodes[1].next_seq[0][3]);
+	for (int i = 0; i < TRICKLE; i++) {
+		cr_assert_eq(send_frame(&nodes[0], 1, 3, seq + (uint32_t)i, 64), 0);
+		usleep(5000);
+	}
+	held = mem_held_max(nodes, 2);
+	cr_expect(held <= MEM_TRICKLE_MAX,
+		  "%s: %zu bytes held %d ms into a trickle of 64-byte frames, after a burst "
+		  "that peaked at %zu",
+		  ops->name, held, TRICKLE * 5, peak);
+
+	/* idle: nothing */
+	held = mem_wait_below(nodes, 0, 3000);
+	cr_expect_eq(held, 0, "%s: %zu bytes held 3 s after the traffic stopped", ops->name, held);
+	cr_assert(WAIT_FOR(&nodes[1], nodes[1].frames[0] == COUNT + TRICKLE, WAIT_MS));
+	for (int r = 0; r < 2; r++)
+		assert_clean(&nodes[r]);
+	cluster_down(nodes, 2);
+}
+
 /* the receiver's progress thread is stuck in a handler: the sender must not be */
 TP_TEST(send_does_not_block_on_a_stalled_peer)
 {

@@ -222,6 +222,11 @@ static void loop_drop(struct ferry_tp *tp, uint32_t dst)
 	ferry__tcp_ops.drop(to_loop(tp)->tcp, dst);
 }
 
+static size_t loop_mem_held(struct ferry_tp *tp)
+{
+	return ferry__tcp_ops.mem_held(to_loop(tp)->tcp);
+}
+
 static inline struct loop_mr *to_loop_mr(struct ferry_tp_mr *mr)
 {
 	return (struct loop_mr *)mr;
@@ -545,4 +550,5 @@ const struct ferry_tp_ops ferry__loop_ops = {
 	.read_v = loop_read_v,
 	.write = loop_write,
 	.fini = loop_fini,
+	.mem_held = loop_mem_held,
 };

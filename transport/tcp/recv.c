@@ -13,10 +13,12 @@
  *
  *   One recv() takes as much as fits (several frames per syscall under
  *   load); every complete frame is checked (ferry__proto_check_hdr(), src ==
- *   the connection's rank) and handed to on_msg() in place. rbuf comes from
- *   malloc and every frame length is a multiple of FERRY_MSG_ALIGN, so each
- *   frame starts 8-byte aligned. The buffer grows to hold a frame of up to
- *   FERRY_MSG_MAX bytes and is freed once it is empty and above TCP_RBUF_KEEP.
+ *   the connection's rank) and handed to on_msg() in place. rbuf is
+ *   page-aligned (mem.c) and every frame length is a multiple of
+ *   FERRY_MSG_ALIGN, so each frame starts 8-byte aligned. The buffer grows
+ *   to hold a frame of up to FERRY_MSG_MAX bytes and is freed once it is
+ *   empty and above TCP_RBUF_KEEP; below, the trim (mem.c) gives its pages
+ *   back once it is empty, and a grown one back to TCP_RBUF_SIZE.
  *
  * Sessions: every frame but the transport's own (HELLO, RESUME, ACK) counts
  * in rx_seq when it is handed to on_msg(); an ACK of that count goes back
@@ -72,9 +74,7 @@ void ferry__tcp_conn_fail(struct tcp_tp *t, struct tcp_conn *c, int err)
 		c->link.fd = -1;
 	}
 	c->ack_due = 0;
-	free(c->rbuf);
-	c->rbuf = NULL;
-	c->rcap = c->rhead = c->rtail = c->rneed = 0;
+	ferry__tcp_rbuf_free(c);
 
 	if (!c->reported) {
 		c->reported = 1;
@@ -119,7 +119,6 @@ void ferry__tcp_fail_broken(struct tcp_tp *t)
 static int tcp_rbuf_make_room(struct tcp_conn *c)
 {
 	size_t want = c->rneed > TCP_HDR_LEN ? c->rneed : TCP_HDR_LEN;
-	unsigned char *buf;
 
 	if (c->rhead && (c->rcap - c->rtail < TCP_READ_MIN || c->rhead + want > c->rcap)) {
 		memmove(c->rbuf, c->rbuf + c->rhead, c->rtail - c->rhead);
@@ -130,12 +129,7 @@ static int tcp_rbuf_make_room(struct tcp_conn *c)
 		return 0;
 	/* room for the whole frame and for the frames that follow it */
 	want = want < TCP_RBUF_SIZE ? TCP_RBUF_SIZE : want + TCP_RBUF_SIZE;
-	buf = realloc(c->rbuf, want);
-	if (!buf)
-		return -ENOMEM;
-	c->rbuf = buf;
-	c->rcap = want;
-	return 0;
+	return ferry__tcp_rbuf_resize(c, want); /* mem.c */
 }
 
 /*
@@ -158,8 +152,10 @@ static int tcp_conn_control(struct tcp_tp *t, struct tcp_conn *c, const unsigned
 		if (!bad)
 			ferry__tcp_log_ack(c, ack.delivered);
 		pthread_mutex_unlock(&c->lock);
-		if (!bad)
+		if (!bad) {
+			ferry__tcp_trim_arm(t); /* the chunks it freed went to the pool */
 			return 0;
+		}
 		ferry_warn("tcp: rank %u acknowledged %llu frames to rank %u, which sent it %llu; "
 			   "dropping its connection and marking it failed",
 			   c->rank, (unsigned long long)ack.delivered, t->base.cfg.rank,
@@ -208,9 +204,11 @@ static int tcp_conn_deliver(struct tcp_tp *t, struct tcp_conn *c)
 			c->rneed = hdr.len;
 			break;
 		}
-		/* rbuf is malloc-aligned and every len a multiple of FERRY_MSG_ALIGN */
+		/* rbuf is page-aligned and every len a multiple of FERRY_MSG_ALIGN */
 		c->rhead += hdr.len;
 		c->rneed = 0;
+		if (hdr.len > c->rbig)
+			c->rbig = hdr.len;
 		if (!ferry__proto_sequenced(hdr.type)) {
 			if (tcp_conn_control(t, c, frame, &hdr))
 				return -1;
@@ -234,11 +232,8 @@ static int tcp_conn_deliver(struct tcp_tp *t, struct tcp_conn *c)
 	}
 	if (c->rhead == c->rtail) {
 		c->rhead = c->rtail = 0;
-		if (c->rcap > TCP_RBUF_KEEP) {
-			free(c->rbuf);
-			c->rbuf = NULL;
-			c->rcap = 0;
-		}
+		if (c->rcap > TCP_RBUF_KEEP)
+			ferry__tcp_rbuf_free(c);
 	}
 	return 0;
 }
@@ -288,6 +283,12 @@ void ferry__tcp_conn_input(struct tcp_tp *t, struct tcp_conn *c)
 		n = recv(c->fd, c->rbuf + c->rtail, room, 0);
 		if (n > 0) {
 			c->rtail += n;
+			if (c->rtail > c->rtouched) {
+				if (!c->rtouched)
+					ferry__tcp_trim_arm(
+						t); /* its pages go back when it empties */
+				__atomic_store_n(&c->rtouched, c->rtail, __ATOMIC_RELAXED);
+			}
 			if (tcp_conn_deliver(t, c))
 				return;
 			if ((size_t)n < room)

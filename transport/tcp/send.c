@@ -50,14 +50,15 @@ void ferry__tcp_oq_free(struct tcp_conn *c)
 
 	for (; ch; ch = next) {
 		next = ch->next;
-		free(ch);
+		ferry__tcp_chunk_free(ch);
 	}
 	for (ch = c->spare; ch; ch = next) {
 		next = ch->next;
-		free(ch);
+		ferry__tcp_chunk_free(ch);
 	}
 	c->spare = NULL;
 	c->spare_bytes = 0;
+	c->oq_held = c->held_peak = 0;
 	c->oq_head = c->oq_tail = c->snd = NULL;
 	c->snd_off = 0;
 	c->oq_bytes = 0;
@@ -67,29 +68,34 @@ void ferry__tcp_oq_free(struct tcp_conn *c)
 /* make room at the log's end for a frame of @total bytes. c->lock held. */
 static int tcp_log_room(struct tcp_conn *c, size_t total)
 {
-	struct tcp_chunk *tail = c->oq_tail, *fresh, **pp;
-	/* whole TCP_CHUNK_SIZEs: frames of one size range reuse each other's */
-	size_t cap = (total + TCP_CHUNK_SIZE - 1) / TCP_CHUNK_SIZE * TCP_CHUNK_SIZE;
+	struct tcp_chunk *tail = c->oq_tail, *fresh, **pp, **best = NULL;
+	size_t most = 2 * ferry__tcp_chunk_cap(total);
 
 	if (tail && tail->cap - tail->len >= total)
 		return 0;
-	/* reuse a chunk an acknowledgement freed: no malloc, no page faults
-	 * of fresh memory (a stream of large frames faulted in every chunk),
-	 * and its lines are likely still cached */
-	for (pp = &c->spare; *pp && (*pp)->cap < total; pp = &(*pp)->next)
-		;
-	if (*pp) {
-		fresh = *pp;
-		*pp = fresh->next;
+	/* reuse a chunk an acknowledgement freed: no page faults of fresh
+	 * memory (a stream of large frames faulted in every chunk), and its
+	 * lines are likely still cached. The smallest that fits, and none
+	 * more than twice the size needed: small frames that kept a burst's
+	 * large chunk cycling through the log would keep it from the trim */
+	for (pp = &c->spare; *pp; pp = &(*pp)->next)
+		if ((*pp)->cap >= total && (*pp)->cap <= most &&
+		    (!best || (*pp)->cap < (*best)->cap))
+			best = pp;
+	if (best) {
+		fresh = *best;
+		*best = fresh->next;
 		c->spare_bytes -= fresh->cap;
 	} else {
-		fresh = malloc(sizeof(*fresh) + cap);
+		fresh = ferry__tcp_chunk_new(total); /* mem.c */
 		if (!fresh)
 			return -ENOMEM;
 	}
 	fresh->next = NULL;
 	fresh->len = 0;
-	fresh->cap = cap;
+	c->oq_held += fresh->cap;
+	if (c->oq_held > c->held_peak)
+		c->held_peak = c->oq_held;
 	fresh->seq0 = c->tx_seq + 1;
 	fresh->seq_end = c->tx_seq;
 	if (tail)
@@ -142,16 +148,24 @@ static void tcp_log_trim(struct tcp_conn *c, int written_only)
 		if (!c->oq_head)
 			c->oq_tail = NULL;
 		c->oq_bytes -= ch->len;
+		c->oq_held -= ch->cap;
+		/* kept for the next frames; the trim (mem.c) returns what the
+		 * traffic stops needing */
 		if (c->spare_bytes + ch->cap <= TCP_SPARE_MAX) {
 			ch->next = c->spare;
 			c->spare = ch;
 			c->spare_bytes += ch->cap;
 		} else {
-			free(ch);
+			ferry__tcp_chunk_free(ch);
 		}
 	}
 	if (c->oq_bytes < FERRY_TP_SENDQ_MAX / 2)
 		pthread_cond_broadcast(&c->oq_drained);
+}
+
+void ferry__tcp_log_forget(struct tcp_conn *c)
+{
+	tcp_log_trim(c, 1);
 }
 
 void ferry__tcp_log_ack(struct tcp_conn *c, uint64_t n)

@@ -288,6 +288,7 @@ static void session_resume(struct tcp_tp *t, struct tcp_conn *c, int fd,
 	c->rx_acked = c->rx_seq;
 	c->rx_unacked = 0;
 	t->resumed++;
+	ferry__tcp_trim_arm(t); /* the rewind put acknowledged chunks in the pool */
 	ferry_info("tcp: rank %u: resumed the session with rank %u after %lld ms; %llu frames "
 		   "sent again (it had delivered %llu of our %llu)",
 		   t->base.cfg.rank, c->rank, (long long)(tcp_now_ms() - c->down_since),
@@ -833,6 +834,16 @@ int64_t ferry__tcp_timers(struct tcp_tp *t, int64_t now)
 			continue;
 		}
 		TCP_NEXT(a->until);
+	}
+	if (t->trim_ms) {
+		if (now >= t->trim_ms) {
+			t->trim_ms = 0;
+			/* again while something is left to trim (mem.c) */
+			if (ferry__tcp_trim(t))
+				t->trim_ms = now + TCP_TRIM_MS;
+		}
+		if (t->trim_ms)
+			TCP_NEXT(t->trim_ms);
 	}
 	if (t->fault_ms && !__atomic_load_n(&t->closing, __ATOMIC_ACQUIRE)) {
 		if (!t->fault_next)

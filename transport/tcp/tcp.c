@@ -41,7 +41,7 @@ static void tcp_conns_fini(struct tcp_tp *t, uint32_t n)
 			close(c->fd);
 		}
 		ferry__tcp_oq_free(c);
-		free(c->rbuf);
+		ferry__tcp_rbuf_free(c);
 		pthread_cond_destroy(&c->oq_drained);
 		pthread_mutex_destroy(&c->lock);
 	}
@@ -221,4 +221,5 @@ const struct ferry_tp_ops ferry__tcp_ops = {
 	.drop = ferry__tcp_drop,
 	.poll = ferry__tcp_poll,
 	.fini = tcp_fini,
+	.mem_held = ferry__tcp_mem_held,
 };

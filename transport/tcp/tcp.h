@@ -17,6 +17,9 @@
  *               resume; acks; fault injection
  *   progress.c  the epoll loop, its start, its wake-up  progress thread;
  *                                                       ferry__tcp_wake any thread
+ *   mem.c       the buffers' memory: log chunks,        where their users run;
+ *               receive buffers, the trim that          the trim on the
+ *               returns them after a burst              progress thread
  *
  * The functions declared below are the ones another file of the transport
  * calls; everything else stays static in its own file. The library is built
@@ -50,6 +53,8 @@
 #define TCP_ACK_LEN (sizeof(struct ferry_msg_hdr) + sizeof(struct ferry_msg_ack))
 #define TCP_RBUF_SIZE (256u << 10) /* receive buffer of a connection */
 #define TCP_RBUF_KEEP (4u << 20)   /* an emptied buffer above this is freed */
+#define TCP_TRIM_MS 100		   /* the buffers' trim window (mem.c) */
+#define TCP_TRIM_HEAP (256u << 10) /* a trim that frees this much trims malloc's heap */
 #define TCP_READ_MIN (16u << 10)   /* compact when less room is left */
 #define TCP_READS_PER_EVENT 16	   /* then let the other connections in */
 #define TCP_CHUNK_SIZE (64u << 10) /* least capacity of a send log chunk */
@@ -93,7 +98,8 @@ enum tcp_conn_state {
 
 /*
  * A piece of the send log: whole frames back to back in data[0, len) (a
- * frame never spans chunks). seq0 is the number the first sequenced frame
+ * frame never spans chunks). One malloc of sizeof(struct tcp_chunk) + cap
+ * bytes, a multiple of TCP_CHUNK_SIZE (mem.c). seq0 is the number the first sequenced frame
  * appended to it got (or would have got), seq_end the number of its last
  * one (seq0 - 1 when it holds none, only ACKs).
  */
@@ -149,6 +155,8 @@ struct tcp_conn {
 	size_t oq_bytes;	   /* in the log: unwritten and unacknowledged */
 	struct tcp_chunk *spare;   /* acknowledged chunks kept for reuse, */
 	size_t spare_bytes;	   /* of capacities <= TCP_SPARE_MAX in all */
+	size_t oq_held;		   /* capacities of the log's chunks */
+	size_t held_peak;	   /* the most oq_held since the last trim (mem.c) */
 	uint64_t tx_seq;	   /* sequenced frames appended: the last one's number */
 	uint64_t tx_acked;	   /* of them, acknowledged by the peer */
 	pthread_cond_t oq_drained; /* oq_bytes fell below FERRY_TP_SENDQ_MAX / 2 */
@@ -160,13 +168,16 @@ struct tcp_conn {
 	uint64_t peer_inc;     /* the incarnation the peer began the session with */
 
 	/* progress thread only */
-	int reported; /* on_peer_failed() was called */
-	int bye;      /* the peer said FERRY_MSG_BYE: its close is a departure */
-	unsigned char *rbuf;
+	int reported;	     /* on_peer_failed() was called */
+	int bye;	     /* the peer said FERRY_MSG_BYE: its close is a departure */
+	unsigned char *rbuf; /* a mapping of rcap bytes (mem.c) */
 	size_t rcap;
 	size_t rhead;
 	size_t rtail;
 	size_t rneed;	      /* length of the frame at rhead once its header is in; 0 before */
+	size_t rtouched;      /* rbuf's bytes written since its pages were last dropped
+			       * (atomic: ferry__tcp_mem_held reads it) */
+	size_t rbig;	      /* the largest frame received since the last trim */
 	uint64_t rx_seq;      /* sequenced frames of the peer delivered to on_msg() */
 	uint64_t rx_acked;    /* the count our last ACK or RESUME told the peer */
 	size_t rx_unacked;    /* bytes delivered since */
@@ -239,6 +250,7 @@ struct tcp_tp {
 	struct tcp_acc acc[TCP_MAX_HANDSHAKES]; /* bound: TCP_MAX_HANDSHAKES, each TCP_HS_MS */
 	int acc_full_logged;
 	int64_t timer_ms;   /* the earliest timer (acks, redials, deadlines); 0: none */
+	int64_t trim_ms;    /* the next trim of the buffers (mem.c); 0: none armed */
 	int64_t fault_next; /* the next injected reset */
 	uint64_t fault_rand;
 	unsigned long resumed; /* sessions resumed (the log says each) */
@@ -268,6 +280,25 @@ int ferry__tcp_poll(struct ferry_tp *tp, unsigned flags);
 /* the calling thread holds @t's engine (it must not wait for room) */
 int ferry__tcp_engine_held(const struct tcp_tp *t);
 
+/* ---- mem.c -------------------------------------------------------------- */
+
+/* a send log chunk with room for @total bytes, or NULL (no memory); the
+ * capacity it gets. Any thread. */
+struct tcp_chunk *ferry__tcp_chunk_new(size_t total);
+size_t ferry__tcp_chunk_cap(size_t total);
+void ferry__tcp_chunk_free(struct tcp_chunk *ch);
+/* grow @c's receive buffer to @want bytes (rounded up to pages), keeping its
+ * bytes. Progress thread. Return: 0 or -ENOMEM. */
+int ferry__tcp_rbuf_resize(struct tcp_conn *c, size_t want);
+/* free @c's receive buffer. Progress thread, or once no other thread runs. */
+void ferry__tcp_rbuf_free(struct tcp_conn *c);
+/* something may be trimmed: make sure a trim runs within TCP_TRIM_MS. Progress thread. */
+void ferry__tcp_trim_arm(struct tcp_tp *t);
+/* the timer: trim every connection. Return: 1 while something is left to trim. */
+int ferry__tcp_trim(struct tcp_tp *t);
+/* ops->mem_held: bytes the buffers of every connection hold now. Any thread. */
+size_t ferry__tcp_mem_held(struct ferry_tp *tp);
+
 /* ---- conn.c ------------------------------------------------------------- */
 
 /* open the listening socket on t->bind and set t->addr. Context: init(). */
@@ -285,6 +316,9 @@ void ferry__tcp_sockaddr_str(const struct sockaddr_in *sa, char *buf, size_t len
 void ferry__tcp_oq_free(struct tcp_conn *c);
 /* Context: progress thread; takes c->lock. Return: 0 or a socket error. */
 int ferry__tcp_conn_flush(struct tcp_tp *t, struct tcp_conn *c);
+/* drop the chunks the peer has acknowledged and that are written (an ACK
+ * went into the tail after the last ACK came); c->lock held */
+void ferry__tcp_log_forget(struct tcp_conn *c);
 /* the peer has delivered @n frames: forget them (n <= tx_seq). c->lock held. */
 void ferry__tcp_log_ack(struct tcp_conn *c, uint64_t n);
 /* resume after the peer's @n delivered frames: the next write is frame n + 1;
