@@ -4,6 +4,7 @@
 #define FERRY_TEST_CLUSTER_H
 
 #include <pthread.h>
+#include <stdlib.h>
 #include <sys/types.h>
 
 #include "ferry/ferry.h"
@@ -23,6 +24,16 @@ static inline uint64_t tc_rand(uint64_t *s)
 	*s ^= *s >> 7;
 	*s ^= *s << 17;
 	return *s;
+}
+
+/* a positive count from the environment variable @name, else @def (a suite's
+ * operations per worker: the SoftRoCE VM, which emulates its CPUs, runs fewer) */
+static inline int tc_env_count(const char *name, int def)
+{
+	const char *e = getenv(name);
+	int n = e ? atoi(e) : 0;
+
+	return n > 0 ? n : def;
 }
 
 /* open n in-process nodes and create one table on each (collectively) */

@@ -40,10 +40,7 @@
  * SoftRoCE VM, which emulates its CPUs, runs fewer) */
 static int iters(void)
 {
-	const char *e = getenv("FERRY_TEST_HOT_ITERS");
-	int n = e ? atoi(e) : 0;
-
-	return n > 0 ? n : 2000;
+	return tc_env_count("FERRY_TEST_HOT_ITERS", 2000);
 }
 
 static const uint64_t hot_keys[NHOT] = { 60, 3, 17, 9, 33, 41, 0, 50 };

@@ -37,10 +37,7 @@
  * count (the SoftRoCE VM, which emulates its CPUs, runs fewer) */
 static int iters(void)
 {
-	const char *e = getenv("FERRY_TEST_HOTAUTO_ITERS");
-	int n = e ? atoi(e) : 0;
-
-	return n > 0 ? n : 1500;
+	return tc_env_count("FERRY_TEST_HOTAUTO_ITERS", 1500);
 }
 
 /* sorted: what ferry_hot_keys() gives back */
