@@ -248,6 +248,22 @@ int fb_perftest_cmd(const char *cmd, uint32_t bytes, int cycles, struct fb_perft
 
 const char *fb_transport_name(enum ferry_transport_kind k);
 
+/* report.c: the run's context, taken at the start (load0) and the end (load1) */
+struct fb_context {
+	char commit[64];
+	char kernel[224];
+	char cpu[128];
+	long cores;
+	char load0[64], load1[64];
+	char date[32];
+};
+void fb_context_get(struct fb_context *c);
+/* the load averages now, into @buf */
+void fb_context_load(char *buf, size_t len);
+/* rank 0, once every scenario ran: the table, goals, floors, and the JSON
+ * file when asked. Return: 0, or nonzero when the JSON was not written */
+int fb_report(const struct fb_opts *o, const struct fb_context *ctx, struct fb_shared *sh);
+
 /* ---- stats.c ------------------------------------------------------------ */
 
 int64_t fb_now_ns(void);
