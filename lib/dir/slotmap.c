@@ -79,24 +79,76 @@ static uint64_t slotmap_word(const struct ferry_slotmap *m, uint64_t key, uint64
 	return (uint64_t)ferry__slotmap_tag(h, key) << 32 | (idx + 1);
 }
 
+/*
+ * A rebuild reads every live key from its slot, a cache miss each in a big
+ * map (a batch localize into a map of 150,000 keys spent 12 ms in one
+ * rebuild, 72% of it on that load), and writes a random bucket of the new
+ * array, another. So it runs as a pipeline: a live bucket's slot is
+ * prefetched, REBUILD_AHEAD buckets later its key is read and its new
+ * bucket prefetched, and REBUILD_AHEAD after that it is placed. Any order
+ * of placing gives a valid map. Bound: 2 x REBUILD_AHEAD words on the
+ * stack.
+ */
+#define REBUILD_AHEAD 16
+
+struct rebuild_pipe {
+	uint64_t w[REBUILD_AHEAD];   /* stage 1: slot prefetched */
+	uint64_t w2[REBUILD_AHEAD];  /* stage 2: new bucket prefetched */
+	uint64_t at2[REBUILD_AHEAD]; /* stage 2: its first bucket */
+	unsigned n1, n2, h1, h2;     /* counts and heads of both rings */
+};
+
+static void rebuild_place(struct ferry_slotmap_arr *a, uint64_t w, uint64_t j)
+{
+	for (; a->e[j]; j = ferry__map_next(j, a->nb))
+		;
+	a->e[j] = w; /* the tag came from the same hash */
+}
+
+/* move stage 1's oldest entry to stage 2 (placing stage 2's oldest when full) */
+static void rebuild_step2(const struct ferry_slotmap *m, struct ferry_slotmap_arr *a,
+			  struct rebuild_pipe *p)
+{
+	uint64_t w = p->w[p->h1], j;
+
+	p->h1 = (p->h1 + 1) % REBUILD_AHEAD;
+	p->n1--;
+	j = ferry__map_first(ferry__keymap_hash(slotmap_key(m, w)), a->nb);
+	__builtin_prefetch(&a->e[j], 1);
+	if (p->n2 == REBUILD_AHEAD) {
+		rebuild_place(a, p->w2[p->h2], p->at2[p->h2]);
+		p->h2 = (p->h2 + 1) % REBUILD_AHEAD;
+		p->n2--;
+	}
+	p->w2[(p->h2 + p->n2) % REBUILD_AHEAD] = w;
+	p->at2[(p->h2 + p->n2) % REBUILD_AHEAD] = j;
+	p->n2++;
+}
+
 /* a new array for the live keys, each rehashed from its slot's key.
  * Return: 0 or -ENOMEM (nothing changed) */
 static int slotmap_rebuild(struct ferry_slotmap *m, uint64_t buckets)
 {
 	struct ferry_slotmap_arr *old = m->arr, *a = slotmap_arr_new(buckets);
+	struct rebuild_pipe p = { .n1 = 0 };
 
 	if (!a)
 		return -ENOMEM;
 	for (uint64_t i = 0; i < old->nb; i++) {
-		uint64_t w = old->e[i], h, j;
+		uint64_t w = old->e[i];
 
 		if (!(uint32_t)w)
 			continue; /* empty or tombstone */
-		h = ferry__keymap_hash(slotmap_key(m, w));
-		for (j = ferry__map_first(h, a->nb); a->e[j]; j = ferry__map_next(j, a->nb))
-			;
-		a->e[j] = w; /* the tag came from the same hash */
+		__builtin_prefetch(ferry__slotmap_slot(m, w) + m->key_off);
+		if (p.n1 == REBUILD_AHEAD)
+			rebuild_step2(m, a, &p);
+		p.w[(p.h1 + p.n1) % REBUILD_AHEAD] = w;
+		p.n1++;
 	}
+	while (p.n1)
+		rebuild_step2(m, a, &p);
+	for (; p.n2; p.n2--, p.h2 = (p.h2 + 1) % REBUILD_AHEAD)
+		rebuild_place(a, p.w2[p.h2], p.at2[p.h2]);
 	__atomic_store_n(&m->arr, a, __ATOMIC_RELEASE); /* rcu_assign_pointer */
 	__atomic_store_n(&m->bytes, slotmap_arr_bytes(a), __ATOMIC_RELAXED);
 	m->used = m->n;
