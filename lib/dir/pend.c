@@ -24,17 +24,44 @@ int ferry__pend_init(struct ferry_pend_table *pt)
 	if (!pt->ht)
 		return -ENOMEM;
 	pthread_mutex_init(&pt->lock, NULL);
+	pthread_mutex_init(&pt->retire_lock, NULL);
 	pt->n = 0;
+	pt->retired = NULL;
+	pt->nretired = 0;
 	return 0;
 }
 
+/* a batch of freed entries, chained by retired_next from the one whose
+ * rcu head was queued */
 static void pend_free_rcu(struct rcu_head *head)
 {
-	free(caa_container_of(head, struct ferry_pend, rcu));
+	struct ferry_pend *e = caa_container_of(head, struct ferry_pend, rcu);
+
+	while (e) {
+		struct ferry_pend *next = e->retired_next;
+
+		free(e);
+		e = next;
+	}
 }
 
-void ferry__pend_free(struct ferry_pend *e)
+static void pend_retire_all(struct ferry_pend_table *pt)
 {
+	struct ferry_pend *batch;
+
+	pthread_mutex_lock(&pt->retire_lock);
+	batch = pt->retired;
+	pt->retired = NULL;
+	pt->nretired = 0;
+	pthread_mutex_unlock(&pt->retire_lock);
+	if (batch)
+		urcu_memb_call_rcu(&batch->rcu, pend_free_rcu);
+}
+
+void ferry__pend_free(struct ferry_pend_table *pt, struct ferry_pend *e)
+{
+	struct ferry_pend *batch = NULL;
+
 	while (e->head) {
 		struct ferry_pend_item *it = e->head;
 
@@ -48,7 +75,19 @@ void ferry__pend_free(struct ferry_pend *e)
 		e->waiters = wt->next;
 		free(wt);
 	}
-	urcu_memb_call_rcu(&e->rcu, pend_free_rcu);
+	/* a lookup may still traverse it (and cds_lfht's resize): after a
+	 * grace period, with the batch it completes */
+	pthread_mutex_lock(&pt->retire_lock);
+	e->retired_next = pt->retired;
+	pt->retired = e;
+	if (++pt->nretired == FERRY_PEND_RETIRE_BATCH) {
+		batch = pt->retired;
+		pt->retired = NULL;
+		pt->nretired = 0;
+	}
+	pthread_mutex_unlock(&pt->retire_lock);
+	if (batch)
+		urcu_memb_call_rcu(&batch->rcu, pend_free_rcu);
 }
 
 void ferry__pend_fini(struct ferry_pend_table *pt, void (*each)(void *arg, struct ferry_pend *e),
@@ -70,12 +109,14 @@ void ferry__pend_fini(struct ferry_pend_table *pt, void (*each)(void *arg, struc
 		pt->n--;
 		if (each)
 			each(arg, e);
-		ferry__pend_free(e);
+		ferry__pend_free(pt, e);
 	}
 	urcu_memb_read_unlock();
+	pend_retire_all(pt);
 	cds_lfht_destroy(pt->ht, NULL);
 	pt->ht = NULL;
 	pthread_mutex_destroy(&pt->lock);
+	pthread_mutex_destroy(&pt->retire_lock);
 }
 
 void ferry__pend_for_each(struct ferry_pend_table *pt, void (*fn)(void *arg, struct ferry_pend *e),

@@ -260,7 +260,7 @@ static void reloc_unstart(struct ferry *fy, struct ferry_table *t, uint64_t key,
 		if (it->kind == FERRY_PEND_OP)
 			ferry__ops_send_reply(fy, t, &it->op, status, &it->key.idx, 1, NULL, 0);
 	reloc_wake(fy, e, status);
-	ferry__pend_free(e);
+	ferry__pend_free(&t->pend, e);
 }
 
 /* ---- home: record the new owner, ask the old one ------------------------ */
@@ -756,7 +756,7 @@ static int reloc_move_fill(struct ferry_table *t, uint64_t key, const float *val
 	e->landing = FERRY_LANDING_NONE;
 	pthread_mutex_unlock(&t->pend.lock);
 	reloc_wake(fy, e, 0);
-	ferry__pend_free(e);
+	ferry__pend_free(&t->pend, e);
 	return 0;
 }
 
@@ -804,7 +804,7 @@ static void reloc_on_handover(struct ferry *fy, struct ferry_table *t, uint32_t 
 				  "installed it here from the backup; value dropped",
 				  src, (unsigned long long)mv->key);
 			ferry__arena_free(&t->arena, e->slot);
-			ferry__pend_free(e);
+			ferry__pend_free(&t->pend, e);
 			val += mv->len;
 			continue;
 		}
@@ -818,7 +818,7 @@ static void reloc_on_handover(struct ferry *fy, struct ferry_table *t, uint32_t 
 		pthread_mutex_unlock(&t->pend.lock);
 		ferry__tl_stamp(fy, FERRY_TL_LOC_WAKE, mv->key);
 		reloc_wake(fy, e, 0);
-		ferry__pend_free(e);
+		ferry__pend_free(&t->pend, e);
 		val += mv->len;
 	}
 }
@@ -857,7 +857,7 @@ static void reloc_on_ack(struct ferry *fy, struct ferry_table *t, uint32_t src,
 				reloc_install(fy, t, e, NULL, ferry__value_len(t, mv->key));
 				pthread_mutex_unlock(&t->pend.lock);
 				reloc_wake(fy, e, 0);
-				ferry__pend_free(e);
+				ferry__pend_free(&t->pend, e);
 				continue;
 			}
 		} else {
@@ -869,7 +869,7 @@ static void reloc_on_ack(struct ferry *fy, struct ferry_table *t, uint32_t src,
 		/* the home says it is ours already: the reserved slot was never used */
 		ferry__arena_free(&t->arena, e->slot);
 		reloc_wake(fy, e, 0);
-		ferry__pend_free(e);
+		ferry__pend_free(&t->pend, e);
 	}
 }
 

@@ -222,7 +222,7 @@ static void reloc_drop_end(struct ferry_table *t, struct ferry_pend *e)
 	ferry__arena_free(&t->arena, e->slot); /* never published */
 	ferry__inbox_put(t, e->landing);
 	e->landing = FERRY_LANDING_NONE;
-	ferry__pend_free(e);
+	ferry__pend_free(&t->pend, e);
 }
 
 static void reloc_expire_one(void *arg, struct ferry_pend *e)
