@@ -725,6 +725,10 @@ struct ferry_stats {
 	 * They follow what is in flight: tcp gives a burst's back within 2 x
 	 * 100 ms of its end (docs/transport-tcp.md, "Memory") */
 	uint64_t tp_buffer_bytes;
+	/* ranks this node holds failed, declared here (transport, heartbeat,
+	 * membership manager) or learned from a peer; a failed rank stays
+	 * failed for the node's life (docs/faults.md) */
+	uint64_t peers_failed;
 };
 
 /**

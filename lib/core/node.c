@@ -399,6 +399,8 @@ int ferry_stats(struct ferry *fy, struct ferry_stats *s)
 	s->essp_pushed = atomic_load(&fy->essp_pushed);
 	s->essp_taken = atomic_load(&fy->essp_taken);
 	s->essp_refused = atomic_load(&fy->essp_refused);
+	for (uint32_t r = 0; fy->failed && r < fy->world; r++)
+		s->peers_failed += atomic_load_explicit(&fy->failed[r], memory_order_relaxed);
 	/* the pollers' Dekker pair with ferry__node_close keeps the transport */
 	atomic_fetch_add(&fy->pollers, 1);
 	if (!atomic_load(&fy->closed) && fy->tp && fy->tp->ops->mem_held)

@@ -269,6 +269,7 @@ static PyObject *node_stats(NodeObject *n, PyObject *unused)
 	STAT(d, s, essp_taken);
 	STAT(d, s, essp_refused);
 	STAT(d, s, tp_buffer_bytes);
+	STAT(d, s, peers_failed);
 	{
 		PyObject *l = PyList_New(FERRY_STALENESS_BUCKETS);
 

@@ -59,6 +59,11 @@ struct storm {
 	 * after it resumed, and those of them that returned 0 (fencing: none) */
 	volatile int64_t cont_ns;
 	volatile long resumed_pushes, resumed_acks, resumed_other;
+	/* mode 2: the survivors that hold the stopped node failed (bit per
+	 * rank): it resumes only once they all do, else fencing is not what
+	 * the case tests (a starved detector gives a silent peer a fresh
+	 * start: docs/faults.md, "Failure detection") */
+	volatile int saw_failed;
 	/* with etcd as the manager: each survivor's membership epoch at the
 	 * start, and after the kill (its lease ran out: the epoch grew) */
 	volatile uint64_t epoch0[NODES], epoch1[NODES];
@@ -122,8 +127,10 @@ static int storm_child(int rank, struct ferry_params *p, struct storm *st, int b
 		 * (fencing: about the heartbeat timeout, 1 s in the kill cases);
 		 * a stopped node resumes after 4 heartbeat timeouts (2 s) and
 		 * needs about one more to learn it is fenced: 3 s on after that */
-		if (st->kill_ns && !end)
-			end = st->kill_ns + (st->mode == 2 ? 5000000000ll : 4000000000ll);
+		if (st->kill_ns && !end && st->mode != 2)
+			end = st->kill_ns + 4000000000ll;
+		else if (st->cont_ns && !end)
+			end = st->cont_ns + 3000000000ll;
 		if (rank != DEAD && end && t0 > end)
 			break;
 		if (rank == DEAD && st->cont_ns)
@@ -167,6 +174,12 @@ static int storm_child(int rank, struct ferry_params *p, struct storm *st, int b
 				usleep(1000); /* fenced: no need to spin on the 2 cores */
 			continue;
 		}
+		if (st->mode == 2 && st->kill_ns && !(st->saw_failed & (1 << rank))) {
+			struct ferry_stats fs;
+
+			if (!ferry_stats(fy, &fs) && fs.peers_failed)
+				__atomic_fetch_or(&st->saw_failed, 1 << rank, __ATOMIC_SEQ_CST);
+		}
 		if (rc == -FERRY_E_PEER) {
 			__atomic_fetch_add(&st->peer_fails, 1, __ATOMIC_RELAXED);
 			continue;
@@ -195,19 +208,26 @@ static int storm_child(int rank, struct ferry_params *p, struct storm *st, int b
 		usleep(1000);
 	for (uint64_t key = 0; key < KEYS; key++) {
 		int64_t until = now_ns() + 5000000000ll;
+		/* a stopped node that resumed unfailed still pushes: its pushes
+		 * acknowledged before the pull are in the value (lo), those after
+		 * it may be (hi; unknown read first: a push moves from unknown to
+		 * acked) */
+		long lo = st->acked[key], hi;
 
 		while ((rc = ferry_pull(w, t, &key, 1, v)) == -FERRY_E_PEER && now_ns() < until)
 			usleep(10000);
 		if (rc)
 			return storm_fail(st, rank, "final pull", key, rc);
+		hi = st->unknown[key];
+		hi += st->acked[key];
 		for (uint32_t j = 0; j < VLEN; j++)
-			if (v[j] != v[0] || v[j] != (float)(long)v[j] ||
-			    v[j] < (float)st->acked[key] ||
-			    v[j] > (float)(st->acked[key] + st->unknown[key])) {
+			if (v[j] != v[0] || v[j] != (float)(long)v[j] || v[j] < (float)lo ||
+			    v[j] > (float)hi) {
 				snprintf(st->why, sizeof(st->why),
 					 "rank %d: key %llu float %u is %g after %ld acknowledged "
-					 "pushes and %ld of unknown fate",
-					 rank, (unsigned long long)key, j, (double)v[j],
+					 "pushes (%ld by the end of the pull) and %ld of unknown "
+					 "fate",
+					 rank, (unsigned long long)key, j, (double)v[j], lo,
 					 st->acked[key], st->unknown[key]);
 				st->failures++;
 				return 1;
@@ -272,6 +292,10 @@ static void run_storm(int mode, int batch, const char *etcd)
 		 * over after the lease (about 1 more);
 		 * then it runs again, with its pushes queued and in flight */
 		usleep(4 * HB_MS * 1000);
+		/* and until every survivor failed it (at most 10 s) */
+		for (int64_t until = st->kill_ns + 10000000000ll;
+		     st->saw_failed != ((1 << NODES) - 1 - (1 << DEAD)) && now_ns() < until;)
+			usleep(1000);
 		st->cont_ns = now_ns();
 		kill(pids[DEAD], SIGCONT);
 	}
@@ -306,6 +330,10 @@ static void run_storm(int mode, int batch, const char *etcd)
 		cr_log_info("the resumed node started %ld pushes: %ld acknowledged, %ld failed "
 			    "otherwise than -FERRY_E_PEER",
 			    st->resumed_pushes, st->resumed_acks, st->resumed_other);
+		cr_assert_eq(st->saw_failed, (1 << NODES) - 1 - (1 << DEAD),
+			     "rank %d was stopped for 10 s and survivors 0x%x of 0x%x failed it "
+			     "(a detector whose own node is starved gives peers a fresh start)",
+			     DEAD, st->saw_failed, (1 << NODES) - 1 - (1 << DEAD));
 		cr_assert_gt(st->resumed_pushes, 0,
 			     "the stopped node pushed nothing after it resumed");
 		cr_assert_eq(st->resumed_acks, 0,
