@@ -45,14 +45,23 @@ static void pend_free_rcu(struct rcu_head *head)
 	}
 }
 
-static void pend_retire_all(struct ferry_pend_table *pt)
+/* queue @e (NULL: none) for freeing after a grace period; the batch goes
+ * to call_rcu when it is full, or at once when @e is NULL (teardown) */
+static void pend_retire(struct ferry_pend_table *pt, struct ferry_pend *e)
 {
-	struct ferry_pend *batch;
+	struct ferry_pend *batch = NULL;
 
 	pthread_mutex_lock(&pt->retire_lock);
-	batch = pt->retired;
-	pt->retired = NULL;
-	pt->nretired = 0;
+	if (e) {
+		e->retired_next = pt->retired;
+		pt->retired = e;
+		pt->nretired++;
+	}
+	if (!e || pt->nretired == FERRY_PEND_RETIRE_BATCH) {
+		batch = pt->retired;
+		pt->retired = NULL;
+		pt->nretired = 0;
+	}
 	pthread_mutex_unlock(&pt->retire_lock);
 	if (batch)
 		urcu_memb_call_rcu(&batch->rcu, pend_free_rcu);
@@ -60,8 +69,6 @@ static void pend_retire_all(struct ferry_pend_table *pt)
 
 void ferry__pend_free(struct ferry_pend_table *pt, struct ferry_pend *e)
 {
-	struct ferry_pend *batch = NULL;
-
 	while (e->head) {
 		struct ferry_pend_item *it = e->head;
 
@@ -77,17 +84,7 @@ void ferry__pend_free(struct ferry_pend_table *pt, struct ferry_pend *e)
 	}
 	/* a lookup may still traverse it (and cds_lfht's resize): after a
 	 * grace period, with the batch it completes */
-	pthread_mutex_lock(&pt->retire_lock);
-	e->retired_next = pt->retired;
-	pt->retired = e;
-	if (++pt->nretired == FERRY_PEND_RETIRE_BATCH) {
-		batch = pt->retired;
-		pt->retired = NULL;
-		pt->nretired = 0;
-	}
-	pthread_mutex_unlock(&pt->retire_lock);
-	if (batch)
-		urcu_memb_call_rcu(&batch->rcu, pend_free_rcu);
+	pend_retire(pt, e);
 }
 
 void ferry__pend_fini(struct ferry_pend_table *pt, void (*each)(void *arg, struct ferry_pend *e),
@@ -112,7 +109,7 @@ void ferry__pend_fini(struct ferry_pend_table *pt, void (*each)(void *arg, struc
 		ferry__pend_free(pt, e);
 	}
 	urcu_memb_read_unlock();
-	pend_retire_all(pt);
+	pend_retire(pt, NULL);
 	cds_lfht_destroy(pt->ht, NULL);
 	pt->ht = NULL;
 	pthread_mutex_destroy(&pt->lock);
