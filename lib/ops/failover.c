@@ -22,19 +22,27 @@ struct repl_walk {
 	int rc;
 };
 
-/* a key owned here: a copy to its backup when the failure changed it */
+/*
+ * A key owned here: a copy (ADOPT) to each new backup the failure gave it,
+ * and to its new home (which records this node as the owner). A backup that
+ * stays (r >= 2) holds the value already, and a home that stays has the
+ * record: an ADOPT there could put back a record a move under way changed.
+ */
 static void repl_walk_owned(struct repl_walk *w, uint64_t key, const struct ferry_slot *s)
 {
 	struct ferry_table *t = w->t;
 	uint32_t self = w->fy->rank, ho, hn = ferry__home(t, key);
-	uint32_t bo = ferry__repl_backup_as(t, key, self, w->dead, &ho);
-	uint32_t bn = ferry__repl_backup(t, key, self);
+	uint32_t bo[FERRY_REPL_MAX], bn[FERRY_REPL_MAX];
+	uint32_t no = ferry__repl_backups_as(t, key, self, w->dead, bo, &ho);
+	uint32_t nn = ferry__repl_backups(t, key, self, bn);
 
-	if (w->rc || bn >= w->fy->world || (bo == bn && ho == hn))
-		return;
-	w->rc = ferry__repl_out_copy(w->fy, t, &w->o, bn, key, self, FERRY_COPY_ADOPT, s, NULL,
-				     NULL);
-	w->n++;
+	for (uint32_t i = 0; i < nn && !w->rc; i++) {
+		if (ferry__repl_in(bo, no, bn[i]) && !(bn[i] == hn && ho != hn))
+			continue;
+		w->rc = ferry__repl_out_copy(w->fy, t, &w->o, bn[i], key, self, FERRY_COPY_ADOPT, s,
+					     NULL, NULL);
+		w->n++;
+	}
 }
 
 /* a move to here waits: the key's home learns it (WANT), to end it if the
@@ -147,7 +155,6 @@ static void repl_fill(struct ferry *fy, struct ferry_table *t, struct repl_out *
 static uint32_t repl_end_here(struct ferry *fy, struct ferry_table *t, struct repl_out *mv,
 			      uint64_t key, struct repl_copy *c)
 {
-	uint32_t bn;
 	struct ferry_slot *s;
 
 	if (repl_install(t, key, c)) {
@@ -158,10 +165,9 @@ static uint32_t repl_end_here(struct ferry *fy, struct ferry_table *t, struct re
 	}
 	s = ferry__own(t, key);
 	ferry__repl_copy_del(t, key);
-	bn = ferry__repl_backup(t, key, fy->rank);
-	if (bn < fy->world && s)
-		(void)ferry__repl_out_copy(fy, t, mv, bn, key, fy->rank, FERRY_COPY_VALUE, s, NULL,
-					   NULL);
+	if (s)
+		(void)ferry__repl_out_backups(fy, t, mv, key, fy->rank, FERRY_COPY_VALUE, s, NULL,
+					      fy->world, NULL, NULL);
 	return 1;
 }
 
@@ -289,6 +295,11 @@ static uint32_t repl_end_moves(struct ferry *fy, struct ferry_table *t, uint32_t
 	} else if (!ferry__dir_owner_set(&t->dir, key, win)) {
 		c->owner = win; /* the requester's backup, here */
 		c->from = fy->rank;
+		c->adopt = 0;
+		/* r >= 2: its other backups get the value too (ahead of the
+		 * winner's own copies on every link but theirs) */
+		(void)ferry__repl_out_backups(fy, t, mv, key, win, FERRY_COPY_VALUE, NULL, c->v,
+					      win, NULL, NULL);
 	}
 	return 1;
 }
@@ -439,7 +450,7 @@ static void repl_take_over(struct ferry *fy, struct ferry_table *t, uint32_t dea
 	for (size_t i = 0; i < tk.n; i++) {
 		uint64_t key = tk.keys[i];
 		struct repl_copy *c = (void *)(uintptr_t)ferry__keymap_get(&t->repl->copies, key);
-		uint32_t rec = ferry__owner(t, key), bn;
+		uint32_t rec = ferry__owner(t, key);
 		struct ferry_slot *s;
 		bool owner_dead, rec_live;
 
@@ -467,10 +478,9 @@ static void repl_take_over(struct ferry *fy, struct ferry_table *t, uint32_t dea
 		s = ferry__own(t, key);
 		ferry__repl_copy_del(t, key);
 		taken++;
-		bn = ferry__repl_backup(t, key, fy->rank);
-		if (bn < fy->world && s)
-			(void)ferry__repl_out_copy(fy, t, &o, bn, key, fy->rank, FERRY_COPY_VALUE,
-						   s, NULL, NULL);
+		if (s)
+			(void)ferry__repl_out_backups(fy, t, &o, key, fy->rank, FERRY_COPY_VALUE, s,
+						      NULL, fy->world, NULL, NULL);
 	}
 	for (uint32_t r = 0; r < fy->world; r++) {
 		(void)ferry__repl_out_send(fy, t, &o, r);
@@ -626,9 +636,12 @@ static void repl_rec_from_copy(void *arg, uint64_t key, uint64_t val)
 	const struct repl_copy *c = (const void *)(uintptr_t)val;
 	uint32_t self = t->fy->rank;
 
+	/* (r = 1: only an ADOPT's copy here comes from its live owner; r >= 2:
+	 * the updates' copies too, which a move may have overtaken since) */
 	if (ferry__home_as(t, key, r->dead) == r->dead && ferry__home(t, key) == self &&
 	    c->owner != self && c->from == c->owner && !repl_failed(t->fy, c->owner) &&
-	    ferry__owner(t, key) == self && !ferry__own(t, key))
+	    (t->params.replicas < 2 || c->adopt) && ferry__owner(t, key) == self &&
+	    !ferry__own(t, key))
 		(void)ferry__dir_owner_set(&t->dir, key, c->owner);
 }
 
@@ -826,7 +839,8 @@ void ferry__repl_on_repl(struct ferry *fy, struct ferry_table *t, uint32_t src,
 		    ferry__dir_owner_set(&t->dir, c->key, c->owner))
 			rc = -ENOMEM;
 		if (!rc)
-			rc = ferry__repl_copy_put(t, c->key, c->owner, src, val, c->len);
+			rc = ferry__repl_copy_put(t, c->key, c->owner, src, val, c->len,
+						  c->kind == FERRY_COPY_ADOPT);
 		if (rc)
 			break;
 	}
