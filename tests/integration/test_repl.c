@@ -522,3 +522,10 @@ Test(repl, replicas_above_two_at_or_above_the_world_or_with_sparse_are_refused, 
 	tc_close(&c);
 	ferry_log_set(FERRY_LOG_WARN, NULL, NULL);
 }
+
+/* r = 2: the first kill inside a batch of 16 moves of rank 3 (and the
+ * survivors' batches), then rank 4 once every survivor ended that takeover */
+Test(repl, r2_two_nodes_killed_during_relocations_lose_no_acknowledged_push, .timeout = 120)
+{
+	run_storm_r(0, 16, NULL, 4);
+}
