@@ -506,20 +506,17 @@ static void repl_take_over(struct ferry *fy, struct ferry_table *t, uint32_t dea
 #define REPL_ECHO_GOT 2u  /* rank's ECHO arrived: it handled everything we sent before */
 #define REPL_ECHO_SENT 4u /* we answered rank's SYNC */
 
-static void repl_try_take_over(struct ferry *fy, struct ferry_table *t, uint32_t dead)
+/* every live node echoed the failure of @dead, and its lease ran out */
+static bool repl_ready(struct ferry *fy, struct ferry_table *t, uint32_t dead)
 {
 	struct ferry_repl *rp = t->repl;
-
 	struct timespec ts;
 	int64_t now, wait = (int64_t)ferry__lease_takeover_ms(fy) * 1000000;
 
-	if (rp->done[dead] || !atomic_load_explicit(&fy->failed[dead], memory_order_relaxed) ||
-	    !rp->synced[dead] || atomic_load_explicit(&fy->fenced, memory_order_relaxed))
-		return;
 	for (uint32_t r = 0; r < fy->world; r++)
 		if (r != fy->rank && !(rp->synced[dead][r] & REPL_ECHO_GOT) &&
 		    !atomic_load_explicit(&fy->failed[r], memory_order_relaxed))
-			return;
+			return false;
 	/*
 	 * Fencing: every live node has failed @dead, so none echoes its beats
 	 * any more, and the live nodes are a quorum (else this node is fenced,
@@ -534,11 +531,47 @@ static void repl_try_take_over(struct ferry *fy, struct ferry_table *t, uint32_t
 	now = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 	if (!rp->ready_ns[dead])
 		rp->ready_ns[dead] = now;
-	if (now - rp->ready_ns[dead] < wait)
+	return now - rp->ready_ns[dead] >= wait;
+}
+
+static bool repl_pending(struct ferry *fy, struct ferry_table *t, uint32_t dead)
+{
+	return !t->repl->done[dead] && t->repl->synced[dead] &&
+	       atomic_load_explicit(&fy->failed[dead], memory_order_relaxed);
+}
+
+static void repl_try_take_over(struct ferry *fy, struct ferry_table *t, uint32_t dead)
+{
+	struct ferry_repl *rp = t->repl;
+
+	if (!repl_pending(fy, t, dead) || atomic_load_explicit(&fy->fenced, memory_order_relaxed))
 		return;
-	rp->done[dead] = true;
-	repl_take_over(fy, t, dead);
-	atomic_fetch_add_explicit(&rp->takeovers, 1, memory_order_release);
+	if (!repl_ready(fy, t, dead))
+		return;
+	if (t->params.replicas < 2) {
+		rp->done[dead] = true;
+		repl_take_over(fy, t, dead);
+		atomic_fetch_add_explicit(&rp->takeovers, 1, memory_order_release);
+		return;
+	}
+	/*
+	 * r >= 2: a second failure within this one's takeover is taken over
+	 * with it, once its own round is over too. A node that echoed @dead
+	 * before it knew of the second failure may still owe this node the
+	 * ADOPTs of that one (a key homed at the second node that it owns, and
+	 * whose copy here names @dead: without its record this home would
+	 * install the key beside its live owner); its ECHO of the second comes
+	 * after them.
+	 */
+	for (uint32_t d = 0; d < fy->world; d++)
+		if (d != dead && repl_pending(fy, t, d) && !repl_ready(fy, t, d))
+			return;
+	for (uint32_t d = 0; d < fy->world; d++)
+		if (repl_pending(fy, t, d)) {
+			rp->done[d] = true;
+			repl_take_over(fy, t, d);
+			atomic_fetch_add_explicit(&rp->takeovers, 1, memory_order_release);
+		}
 }
 
 static uint8_t *repl_synced(struct ferry *fy, struct ferry_table *t, uint32_t dead)

@@ -1,16 +1,18 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * repl.c - replicas (a table's `replicas` = 1): a backup copy of every key on
- * one other node, updates acknowledged only once the backup holds them, and
- * failover when a node fails. Progress thread only: every function here runs
- * in a handler or a peer-failure listener, so the state needs no lock.
+ * repl.c - replicas (a table's `replicas` r = 1 or 2): a backup copy of every
+ * key on r other nodes, updates acknowledged only once every backup holds
+ * them, and failover when a node fails. Progress thread only: every function
+ * here runs in a handler or a peer-failure listener, so the state needs no
+ * lock.
  *
- * Where a key's backup lives: at its home, or, while the key lives at its
- * home, at the next live rank after the home (its successor). The home keeps
- * the owner records of its keys already, so with the backups there one node
- * knows both who owns a key and what its value was; and when a home fails,
- * its keys pass to its successor (ferry__home), which holds the backups of
- * every key the dead home held itself.
+ * Where a key's backups live: the first r live ranks of [home, succ(home),
+ * succ^2(home), ...] that are not its owner (ferry__repl_backups_as); with
+ * r = 1, at its home, or, while the key lives at its home, at the home's
+ * successor. The home keeps the owner records of its keys already, so with
+ * a backup there one node knows both who owns a key and what its value was;
+ * and when a home fails, its keys pass to its successor (ferry__home), which
+ * holds a backup of every key the dead home held itself.
  *
  *   origin            owner O                      backup B (= home, or
  *                                                  the home's successor)
@@ -40,14 +42,19 @@
  * record and no slot: the home was D), and ends the moves the failure
  * stopped (MOVE copies). docs/faults.md has the rules.
  *
- * Survived: one failure at a time (a second after the first's ECHOs), with
- * r = 1. Not survived: a key's owner and its backup failing together (both
- * copies gone): its operations keep failing with -FERRY_E_PEER.
+ * Survived: r failures one after the other (each after every survivor ended
+ * the previous one's takeover: its ADOPTs gave every key r backups again).
+ * Not survived with r = 1: a key's owner and its backup failing together
+ * (both copies gone): its operations keep failing with -FERRY_E_PEER.
+ * docs/faults.md says what two failures within one takeover do with r = 2.
  *
- * Memory: one copy (a small header and the value) per key backed up here:
- * the keys of which this node is home and that live elsewhere, and, as the
- * successor, the keys its predecessor holds at home; plus a held reply per
- * update frame in flight to a backup, and per failed rank a byte per rank.
+ * Memory: one copy (a 16 B header and the value) per key backed up here: with
+ * r = 1 the keys of which this node is home and that live elsewhere, and, as
+ * the successor, the keys its predecessor holds at home; with r = 2 also
+ * those of which it is the second backup (about 2 copies per key it homes);
+ * plus copies left behind by moves (at most one per key homed here or at
+ * its r predecessors), a held reply per update frame in flight to a backup,
+ * and per failed rank a byte per rank.
  */
 #include <errno.h>
 #include <stdlib.h>

@@ -250,7 +250,7 @@ static int storm_child(int rank, struct ferry_params *p, struct storm *st, int b
 
 /* @dead2 >= 0 (r = 2, NODES_MAX nodes, kill mode): killed too, once every
  * survivor ended its takeover of DEAD */
-static void run_storm_r(int mode, int batch, const char *etcd, int dead2)
+static void run_storm_r(int mode, int batch, const char *etcd, int dead2, bool together)
 {
 	struct storm *st =
 		mmap(NULL, sizeof(*st), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
@@ -294,7 +294,12 @@ static void run_storm_r(int mode, int batch, const char *etcd, int dead2)
 	st->kill_ns = st->last_kill_ns = now_ns();
 	if (mode == 0)
 		kill(pids[DEAD], SIGKILL);
-	if (dead2 >= 0) {
+	if (dead2 >= 0 && together) {
+		/* both within one takeover: the second before any survivor can
+		 * have heard of the first */
+		kill(pids[dead2], SIGKILL);
+		st->kills = 2;
+	} else if (dead2 >= 0) {
 		/* the second failure after the first's takeover on every survivor
 		 * (and the storm's moves and pushes on for a while after it) */
 		bool all = false;
@@ -390,7 +395,7 @@ static void run_storm_r(int mode, int batch, const char *etcd, int dead2)
 
 static void run_storm(int mode, int batch, const char *etcd)
 {
-	run_storm_r(mode, batch, etcd, -1);
+	run_storm_r(mode, batch, etcd, -1, false);
 }
 
 /* the kill lands in single-key moves (a fifth of the storm's operations).
@@ -448,14 +453,14 @@ Test(repl, a_node_killed_with_etcd_as_the_manager_loses_no_acknowledged_push, .t
  * and every key's final pull succeeds */
 Test(repl, r2_two_nodes_killed_one_after_the_other_lose_no_acknowledged_push, .timeout = 120)
 {
-	run_storm_r(0, 0, NULL, 4);
+	run_storm_r(0, 0, NULL, 4, false);
 }
 
 /* r = 2 with the second kill the first victim's predecessor (rank 2): the
  * keys homed at rank 2 lose their home after rank 3's keys passed to rank 4 */
 Test(repl, r2_a_node_and_its_predecessor_killed_one_after_the_other_lose_nothing, .timeout = 120)
 {
-	run_storm_r(0, 0, NULL, 2);
+	run_storm_r(0, 0, NULL, 2, false);
 }
 
 static char bad_log[512];
@@ -527,5 +532,12 @@ Test(repl, replicas_above_two_at_or_above_the_world_or_with_sparse_are_refused, 
  * survivors' batches), then rank 4 once every survivor ended that takeover */
 Test(repl, r2_two_nodes_killed_during_relocations_lose_no_acknowledged_push, .timeout = 120)
 {
-	run_storm_r(0, 16, NULL, 4);
+	run_storm_r(0, 16, NULL, 4, false);
+}
+
+/* r = 2: rank 3 and its successor rank 4 killed together, within one
+ * takeover (docs/faults.md, "Two failures within one takeover") */
+Test(repl, r2_two_nodes_killed_together_lose_no_acknowledged_push, .timeout = 120)
+{
+	run_storm_r(0, 0, NULL, 4, true);
 }
