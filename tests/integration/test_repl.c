@@ -260,6 +260,9 @@ static void run_storm_r(int mode, int batch, const char *etcd, int dead2, bool t
 	int rc, nodes;
 
 	cr_assert_neq(st, MAP_FAILED);
+	if (dead2 >= 0 && getenv("FERRY_TEST_REPL_DEAD2")) /* by hand: another second victim */
+		dead2 = atoi(getenv("FERRY_TEST_REPL_DEAD2"));
+	cr_assert(dead2 < NODES_MAX && dead2 != DEAD, "FERRY_TEST_REPL_DEAD2 %d", dead2);
 	st->mode = mode;
 	st->nodes = nodes = dead2 >= 0 ? NODES_MAX : NODES;
 	st->replicas = dead2 >= 0 ? 2 : 1;
@@ -540,4 +543,12 @@ Test(repl, r2_two_nodes_killed_during_relocations_lose_no_acknowledged_push, .ti
 Test(repl, r2_two_nodes_killed_together_lose_no_acknowledged_push, .timeout = 120)
 {
 	run_storm_r(0, 0, NULL, 4, true);
+}
+
+/* r = 2: ranks 3 and 4 killed together while rank 3 is inside a batch of 16
+ * moves (and the survivors inside theirs) */
+Test(repl, r2_two_nodes_killed_together_during_relocations_lose_no_acknowledged_push,
+     .timeout = 120)
+{
+	run_storm_r(0, 16, NULL, 4, true);
 }
