@@ -220,14 +220,29 @@ static bool repl_failed(struct ferry *fy, uint32_t rank)
  * along it would leave the record behind the key).
  * Return: the moves ended with a value.
  */
-static uint32_t repl_end_moves(struct ferry *fy, struct ferry_table *t, uint32_t dead,
-			       struct repl_out *mv, const struct repl_want *w, size_t n)
+/*
+ * The home of @key died with the failures ended now (t->repl->gone): its
+ * home as it was while they were alive is one of them (ferry__home_as, for
+ * several ranks at once)
+ */
+static bool repl_home_died(struct ferry *fy, struct ferry_table *t, uint64_t key)
+{
+	uint32_t h = ferry__home_orig(t, key);
+	const uint8_t *gone = t->repl->gone;
+
+	for (uint32_t i = 0; i < fy->world && h != fy->rank && !gone[h] && repl_failed(fy, h); i++)
+		h = (h + 1) % fy->world;
+	return gone[h];
+}
+
+static uint32_t repl_end_moves(struct ferry *fy, struct ferry_table *t, struct repl_out *mv,
+			       const struct repl_want *w, size_t n)
 {
 	uint64_t key = w[0].key;
 	uint32_t rec = ferry__owner(t, key), win = UINT32_MAX, head = UINT32_MAX, head_seq = 0;
 	uint32_t live = UINT32_MAX, nlive = 0;
 	struct repl_copy *c = (void *)(uintptr_t)ferry__keymap_get(&t->repl->copies, key);
-	bool home_died = ferry__home_as(t, key, dead) == dead, drop = false, rec_asked = false;
+	bool home_died = repl_home_died(fy, t, key), drop = false, rec_asked = false;
 	bool here = false;
 
 	if (ferry__home(t, key) != fy->rank)
@@ -304,8 +319,7 @@ static uint32_t repl_end_moves(struct ferry *fy, struct ferry_table *t, uint32_t
 	return 1;
 }
 
-static uint32_t repl_take_wanted(struct ferry *fy, struct ferry_table *t, uint32_t dead,
-				 struct repl_out *mv)
+static uint32_t repl_take_wanted(struct ferry *fy, struct ferry_table *t, struct repl_out *mv)
 {
 	struct ferry_repl *rp = t->repl;
 	struct repl_want *w = rp->wants;
@@ -319,7 +333,7 @@ static uint32_t repl_take_wanted(struct ferry *fy, struct ferry_table *t, uint32
 	for (size_t i = 0, j; i < n; i = j) {
 		for (j = i + 1; j < n && w[j].key == w[i].key;)
 			j++;
-		ended += repl_end_moves(fy, t, dead, mv, w + i, j - i);
+		ended += repl_end_moves(fy, t, mv, w + i, j - i);
 	}
 	free(w);
 	return ended;
@@ -359,11 +373,15 @@ static int repl_want(struct ferry_table *t, uint64_t key, uint32_t requester, bo
 	if (ferry__repl_out_init(&mv, fy->world))
 		return -ENOMEM;
 	c = (void *)(uintptr_t)ferry__keymap_get(&t->repl->copies, key);
-	if (c && repl_failed(fy, c->owner))
-		ended = repl_end_moves(fy, t, c->owner, &mv, &w, 1);
-	else if (c && c->owner == requester && repl_failed(fy, c->from))
-		ended = repl_end_moves(fy, t, c->from, &mv, &w, 1); /* its hand-over died */
-	else if (c && c->owner == requester)
+	if (c && repl_failed(fy, c->owner)) {
+		t->repl->gone[c->owner] = 1;
+		ended = repl_end_moves(fy, t, &mv, &w, 1);
+		t->repl->gone[c->owner] = 0;
+	} else if (c && c->owner == requester && repl_failed(fy, c->from)) {
+		t->repl->gone[c->from] = 1; /* its hand-over died */
+		ended = repl_end_moves(fy, t, &mv, &w, 1);
+		t->repl->gone[c->from] = 0;
+	} else if (c && c->owner == requester)
 		ended = 1; /* its value is on its way (a live node hands it over, or this
 			    * home ended the move with the backup) */
 	if (!ended) {
@@ -445,7 +463,7 @@ static void repl_take_over(struct ferry *fy, struct ferry_table *t, uint32_t dea
 		ferry__repl_out_fini(&o, fy->world);
 		return;
 	}
-	moved = repl_take_wanted(fy, t, dead, &mv);
+	moved = repl_take_wanted(fy, t, &mv);
 	ferry__keymap_each(&t->repl->copies, repl_take_collect, &tk);
 	for (size_t i = 0; i < tk.n; i++) {
 		uint64_t key = tk.keys[i];
@@ -550,7 +568,9 @@ static void repl_try_take_over(struct ferry *fy, struct ferry_table *t, uint32_t
 		return;
 	if (t->params.replicas < 2) {
 		rp->done[dead] = true;
+		rp->gone[dead] = 1;
 		repl_take_over(fy, t, dead);
+		rp->gone[dead] = 0;
 		atomic_fetch_add_explicit(&rp->takeovers, 1, memory_order_release);
 		return;
 	}
@@ -567,11 +587,16 @@ static void repl_try_take_over(struct ferry *fy, struct ferry_table *t, uint32_t
 		if (d != dead && repl_pending(fy, t, d) && !repl_ready(fy, t, d))
 			return;
 	for (uint32_t d = 0; d < fy->world; d++)
-		if (repl_pending(fy, t, d)) {
+		rp->gone[d] = repl_pending(fy, t, d);
+	/* the first takeover ends every move that waits (the homes that died
+	 * are those of rp->gone), the others what their copies name */
+	for (uint32_t d = 0; d < fy->world; d++)
+		if (rp->gone[d]) {
 			rp->done[d] = true;
 			repl_take_over(fy, t, d);
 			atomic_fetch_add_explicit(&rp->takeovers, 1, memory_order_release);
 		}
+	memset(rp->gone, 0, fy->world);
 }
 
 static uint8_t *repl_synced(struct ferry *fy, struct ferry_table *t, uint32_t dead)

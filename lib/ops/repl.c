@@ -566,10 +566,13 @@ int ferry__repl_table_init(struct ferry_table *t)
 	rp->synced = calloc(t->fy->world, sizeof(*rp->synced));
 	rp->done = calloc(t->fy->world, sizeof(*rp->done));
 	rp->ready_ns = calloc(t->fy->world, sizeof(*rp->ready_ns));
-	if (!rp->synced || !rp->done || !rp->ready_ns || ferry__keymap_init(&rp->copies)) {
+	rp->gone = calloc(t->fy->world, 1);
+	if (!rp->synced || !rp->done || !rp->ready_ns || !rp->gone ||
+	    ferry__keymap_init(&rp->copies)) {
 		free(rp->synced);
 		free(rp->done);
 		free(rp->ready_ns);
+		free(rp->gone);
 		free(rp);
 		return -ENOMEM;
 	}
@@ -604,6 +607,7 @@ void ferry__repl_table_fini(struct ferry_table *t)
 	free(rp->synced);
 	free(rp->done);
 	free(rp->ready_ns);
+	free(rp->gone);
 	free(rp);
 	t->repl = NULL;
 }

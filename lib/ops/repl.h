@@ -49,6 +49,9 @@ struct ferry_repl {
 	uint64_t next_token;
 	uint8_t **synced; /* per failed rank: which ranks sent their SYNC (world bytes) */
 	bool *done;	  /* per failed rank: takeover done */
+	/* per rank: 1 while a takeover (or a decision after one) ends its
+	 * failure; the homes that died with them (failover.c) */
+	uint8_t *gone;
 	/* per failed rank: when every live node had echoed (monotonic ns); the
 	 * takeover waits the lease and a margin after it (fencing) */
 	int64_t *ready_ns;
