@@ -186,6 +186,21 @@ static bool repl_failed(struct ferry *fy, uint32_t rank)
 }
 
 /*
+ * The home of @key died with the failures ended now (t->repl->gone): its
+ * home as it was while they were alive is one of them (ferry__home_as, for
+ * several ranks at once)
+ */
+static bool repl_home_died(struct ferry *fy, struct ferry_table *t, uint64_t key)
+{
+	uint32_t h = ferry__home_orig(t, key);
+	const uint8_t *gone = t->repl->gone;
+
+	for (uint32_t i = 0; i < fy->world && h != fy->rank && !gone[h] && repl_failed(fy, h); i++)
+		h = (h + 1) % fy->world;
+	return gone[h];
+}
+
+/*
  * Moves that wait (WANT, from every node with a move under way when @dead
  * failed, after everything @dead sent it was handled): the home ends those
  * the failure stopped, and only those, one key at a time (@w: the WANTs of
@@ -220,21 +235,6 @@ static bool repl_failed(struct ferry *fy, uint32_t rank)
  * along it would leave the record behind the key).
  * Return: the moves ended with a value.
  */
-/*
- * The home of @key died with the failures ended now (t->repl->gone): its
- * home as it was while they were alive is one of them (ferry__home_as, for
- * several ranks at once)
- */
-static bool repl_home_died(struct ferry *fy, struct ferry_table *t, uint64_t key)
-{
-	uint32_t h = ferry__home_orig(t, key);
-	const uint8_t *gone = t->repl->gone;
-
-	for (uint32_t i = 0; i < fy->world && h != fy->rank && !gone[h] && repl_failed(fy, h); i++)
-		h = (h + 1) % fy->world;
-	return gone[h];
-}
-
 static uint32_t repl_end_moves(struct ferry *fy, struct ferry_table *t, struct repl_out *mv,
 			       const struct repl_want *w, size_t n)
 {

@@ -42,11 +42,12 @@
  * record and no slot: the home was D), and ends the moves the failure
  * stopped (MOVE copies). docs/faults.md has the rules.
  *
- * Survived: r failures one after the other (each after every survivor ended
- * the previous one's takeover: its ADOPTs gave every key r backups again).
- * Not survived with r = 1: a key's owner and its backup failing together
- * (both copies gone): its operations keep failing with -FERRY_E_PEER.
- * docs/faults.md says what two failures within one takeover do with r = 2.
+ * Survived: failures one after the other (each after every survivor ended
+ * the previous one's takeover: its ADOPTs gave every key r backups again),
+ * and with r = 2 two failures within one takeover (taken over together,
+ * failover.c). Not survived with r = 1: a key's owner and its backup failing
+ * together (both copies gone): its operations keep failing with
+ * -FERRY_E_PEER; with r = 2, three of a key's owner and backups.
  *
  * Memory: one copy (a 16 B header and the value) per key backed up here: with
  * r = 1 the keys of which this node is home and that live elsewhere, and, as
