@@ -373,14 +373,19 @@ static int repl_want(struct ferry_table *t, uint64_t key, uint32_t requester, bo
 	if (ferry__repl_out_init(&mv, fy->world))
 		return -ENOMEM;
 	c = (void *)(uintptr_t)ferry__keymap_get(&t->repl->copies, key);
+	/* (the decision may free the copy: the rank is kept apart) */
 	if (c && repl_failed(fy, c->owner)) {
-		t->repl->gone[c->owner] = 1;
+		uint32_t d = c->owner;
+
+		t->repl->gone[d] = 1;
 		ended = repl_end_moves(fy, t, &mv, &w, 1);
-		t->repl->gone[c->owner] = 0;
+		t->repl->gone[d] = 0;
 	} else if (c && c->owner == requester && repl_failed(fy, c->from)) {
-		t->repl->gone[c->from] = 1; /* its hand-over died */
+		uint32_t d = c->from;
+
+		t->repl->gone[d] = 1; /* its hand-over died */
 		ended = repl_end_moves(fy, t, &mv, &w, 1);
-		t->repl->gone[c->from] = 0;
+		t->repl->gone[d] = 0;
 	} else if (c && c->owner == requester)
 		ended = 1; /* its value is on its way (a live node hands it over, or this
 			    * home ended the move with the backup) */

@@ -396,6 +396,15 @@ static void run_storm_r(int mode, int batch, const char *etcd, int dead2, bool t
 	munmap(st, sizeof(*st));
 }
 
+/* the r = 2 cases CI runs are 2 of 5 (the bound on CI's time: each takes
+ * 6-8 s here, and more in the SoftRoCE VM); the others run with
+ * FERRY_TEST_REPL_R2_ALL=1 */
+static void r2_by_hand(void)
+{
+	if (!getenv("FERRY_TEST_REPL_R2_ALL"))
+		cr_skip_test("set FERRY_TEST_REPL_R2_ALL=1 to run this case");
+}
+
 static void run_storm(int mode, int batch, const char *etcd)
 {
 	run_storm_r(mode, batch, etcd, -1, false);
@@ -463,6 +472,7 @@ Test(repl, r2_two_nodes_killed_one_after_the_other_lose_no_acknowledged_push, .t
  * keys homed at rank 2 lose their home after rank 3's keys passed to rank 4 */
 Test(repl, r2_a_node_and_its_predecessor_killed_one_after_the_other_lose_nothing, .timeout = 120)
 {
+	r2_by_hand();
 	run_storm_r(0, 0, NULL, 2, false);
 }
 
@@ -535,6 +545,7 @@ Test(repl, replicas_above_two_at_or_above_the_world_or_with_sparse_are_refused, 
  * survivors' batches), then rank 4 once every survivor ended that takeover */
 Test(repl, r2_two_nodes_killed_during_relocations_lose_no_acknowledged_push, .timeout = 120)
 {
+	r2_by_hand();
 	run_storm_r(0, 16, NULL, 4, false);
 }
 
@@ -542,6 +553,7 @@ Test(repl, r2_two_nodes_killed_during_relocations_lose_no_acknowledged_push, .ti
  * takeover (docs/faults.md, "Two failures within one takeover") */
 Test(repl, r2_two_nodes_killed_together_lose_no_acknowledged_push, .timeout = 120)
 {
+	r2_by_hand();
 	run_storm_r(0, 0, NULL, 4, true);
 }
 
