@@ -512,7 +512,17 @@ void ferry__repl_adopt(struct ferry_table *t, uint64_t key, const struct ferry_s
 	struct ferry *fy = t->fy;
 	struct repl_out o;
 
-	if (!t->repl || ferry__repl_out_init(&o, fy->world))
+	if (!t->repl)
+		return;
+	/*
+	 * Installed at its home (a hand-over that came after the move was
+	 * dropped, or stuck): the record here may still name the live owner an
+	 * ADOPT named before it handed the key on, and a LOCALIZE would be sent
+	 * there, where nothing is left. The home's own key has no record.
+	 */
+	if (ferry__home(t, key) == fy->rank)
+		(void)ferry__dir_owner_set(&t->dir, key, fy->rank);
+	if (ferry__repl_out_init(&o, fy->world))
 		return;
 	/* to every backup: the home records the owner, the others keep a copy */
 	if (!ferry__repl_out_backups(fy, t, &o, key, fy->rank, FERRY_COPY_ADOPT, s, NULL, fy->world,
