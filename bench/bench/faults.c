@@ -2,15 +2,16 @@
 /*
  * faults.c - the price and the payoff of replicas (docs/faults.md):
  *
- *   replicas   push latency and throughput on a table with replicas = 1,
- *              against the same pushes on a table with replicas = 0 in the
- *              same run, on the same nodes, in alternating rounds (so both
- *              see the same moments of a noisy machine); 3 nodes, range
- *              placement: rank 0 pushes keys owned by rank 1 (remote: the
- *              owner copies each update to rank 2 before it answers) and its
- *              own keys (local: with replicas the update goes through rank
- *              0's progress thread and a copy to rank 1; without, the local
- *              fast path applies it in place)
+ *   replicas   push latency and throughput on tables with replicas = 1 and
+ *              replicas = 2, against the same pushes on a table with
+ *              replicas = 0 in the same run, on the same nodes, in rotating
+ *              rounds (so all three see the same moments of a noisy
+ *              machine); 3 nodes, range placement: rank 0 pushes keys owned
+ *              by rank 1 (remote: the owner copies each update to rank 2,
+ *              and with r = 2 to rank 0 too, before it answers) and its own
+ *              keys (local: with replicas the update goes through rank 0's
+ *              progress thread and a copy to rank 1, and rank 2 with r = 2;
+ *              without, the local fast path applies it in place)
  *   failover   the time from a SIGKILL (or a SIGSTOP) of one node of 4 forked
  *              processes to the first successful push, started after it, on
  *              a key the dead node owned, measured on a survivor that is not
@@ -21,6 +22,7 @@
  */
 #include <errno.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,7 +35,8 @@
 /* ---- replicas ----------------------------------------------------------- */
 
 #define REPL_KEYS_PER_NODE 4096
-#define REPL_ROUNDS 20	/* alternating rounds of r = 0 and r = 1 */
+#define REPL_ROUNDS 20	/* rotating rounds of r = 0, 1 and 2 */
+#define REPL_NT 3	/* tables: replicas 0, 1, 2 */
 #define REPL_BATCH 256	/* keys per push of the throughput rows */
 #define REPL_TPUT_S 0.1 /* seconds of batch pushes per round and table */
 
@@ -54,10 +57,10 @@ static int repl_table(struct fb_node *n, uint32_t bytes, uint32_t replicas,
 	int rc = ferry_table_create(n->fy, &tp, t_p);
 
 	if (rc) {
-		fb_fail(n,
-			replicas ? "replicas: table with replicas = 1" :
-				   "replicas: table with replicas = 0",
-			rc);
+		char what[64];
+
+		snprintf(what, sizeof(what), "replicas: table with replicas = %u", replicas);
+		fb_fail(n, what, rc);
 		return -1;
 	}
 	return fb_barrier(n); /* as fb_table_create: used once every node has it */
@@ -102,8 +105,9 @@ static int repl_tput(struct fb_node *n, struct ferry_table *t, const uint64_t *k
 	return 0;
 }
 
+/* @l1: the latencies with r replicas, @l0 with none (the same run) */
 static void repl_row(struct fb_node *n, const char *op, uint32_t bytes, int64_t *l1, int64_t *l0,
-		     long cnt)
+		     long cnt, int r_)
 {
 	struct fb_result r = { .value_bytes = bytes, .threads = 1, .keys = 1 };
 	struct fb_base b;
@@ -114,52 +118,52 @@ static void repl_row(struct fb_node *n, const char *op, uint32_t bytes, int64_t 
 	fb_result_lat(&r, l1, (size_t)cnt);
 	fb_base_from_lat(&b, "same push, r=0", l0, cnt);
 	fb_result_base(&r, &b);
-	snprintf(r.note, sizeof(r.note), "r=1 over r=0, %d alternating rounds", REPL_ROUNDS);
+	snprintf(r.note, sizeof(r.note), "r=%d over r=0, %d rotating rounds", r_, REPL_ROUNDS);
 	fb_result_add(n->sh, &r);
 }
 
 static int repl_node(struct fb_node *n)
 {
 	const struct repl_arg *a = n->arg;
-	struct ferry_table *t[2] = { NULL, NULL }; /* [replicas] */
+	struct ferry_table *t[REPL_NT] = { NULL }; /* [replicas] */
 	long per = n->o->iters / REPL_ROUNDS > 0 ? n->o->iters / REPL_ROUNDS : 1;
 	long cnt = per * REPL_ROUNDS;
-	int64_t *lat[2][2] = { { NULL } }; /* [remote, local][replicas] */
+	int64_t *lat[2][REPL_NT] = { { NULL } }; /* [remote, local][replicas] */
 	uint64_t remote[REPL_BATCH], local[REPL_BATCH];
 	float *v = NULL;
 	int bad = 0;
 
-	if (repl_table(n, a->bytes, 0, &t[0]) || repl_table(n, a->bytes, 1, &t[1])) {
-		bad = 1;
+	for (int r = 0; r < REPL_NT && !bad; r++)
+		bad = repl_table(n, a->bytes, (uint32_t)r, &t[r]);
+	if (bad)
 		goto out;
-	}
 	if (n->rank == 0) {
 		size_t nr = fb_keys_homed(t[0], (uint64_t)REPL_KEYS_PER_NODE * (uint64_t)n->world,
 					  1, 0, remote, REPL_BATCH);
 		size_t nl = fb_keys_homed(t[0], (uint64_t)REPL_KEYS_PER_NODE * (uint64_t)n->world,
 					  0, 0, local, REPL_BATCH);
-		double keys[2] = { 0, 0 }, ns[2] = { 0, 0 };
+		double keys[REPL_NT] = { 0 }, ns[REPL_NT] = { 0 };
+		bool got = true;
 
 		v = calloc(REPL_BATCH, a->bytes);
 		for (int i = 0; i < 2; i++)
-			for (int j = 0; j < 2; j++)
-				lat[i][j] = malloc((size_t)cnt * sizeof(int64_t));
-		if (!v || !lat[0][0] || !lat[0][1] || !lat[1][0] || !lat[1][1] || nr < REPL_BATCH ||
-		    nl < REPL_BATCH) {
+			for (int j = 0; j < REPL_NT; j++)
+				got &= (lat[i][j] = malloc((size_t)cnt * sizeof(int64_t))) != NULL;
+		if (!v || !got || nr < REPL_BATCH || nl < REPL_BATCH) {
 			fb_failf(n->sh, "replicas: out of memory, or too few keys per node");
 			bad = 1;
 			goto done;
 		}
 		for (long i = 0; i < REPL_BATCH; i++)
 			v[i * (a->bytes / 4 ? a->bytes / 4 : 1)] = 1;
-		/* warm up both: connections, caches, the arena's first touch */
-		for (int r = 0; r < 2 && !bad; r++)
+		/* warm up all: connections, caches, the arena's first touch */
+		for (int r = 0; r < REPL_NT && !bad; r++)
 			bad = repl_lat(n, t[r], remote, REPL_BATCH, v, cnt, lat[0][r]) ||
 			      repl_lat(n, t[r], local, REPL_BATCH, v, cnt, lat[1][r]);
 		for (int round = 0; round < REPL_ROUNDS && !bad; round++) {
-			/* r = 0 first in even rounds, r = 1 first in odd ones */
-			for (int k = 0; k < 2 && !bad; k++) {
-				int r = (round + k) % 2;
+			/* round i starts with r = i mod 3: each goes first as often */
+			for (int k = 0; k < REPL_NT && !bad; k++) {
+				int r = (round + k) % REPL_NT;
 
 				bad = repl_lat(n, t[r], remote, REPL_BATCH, v, per,
 					       lat[0][r] + round * per) ||
@@ -168,17 +172,20 @@ static int repl_node(struct fb_node *n)
 				      repl_tput(n, t[r], remote, v, REPL_TPUT_S, &keys[r], &ns[r]);
 			}
 		}
-		if (!bad) {
+		for (int rr = 1; rr < REPL_NT && !bad; rr++) {
 			struct fb_result r = { .value_bytes = a->bytes,
 					       .threads = 1,
 					       .keys = REPL_BATCH };
+			char op[32];
 
-			repl_row(n, "push remote r=1", a->bytes, lat[0][1], lat[0][0], cnt);
-			repl_row(n, "push local r=1", a->bytes, lat[1][1], lat[1][0], cnt);
+			snprintf(op, sizeof(op), "push remote r=%d", rr);
+			repl_row(n, op, a->bytes, lat[0][rr], lat[0][0], cnt, rr);
+			snprintf(op, sizeof(op), "push local r=%d", rr);
+			repl_row(n, op, a->bytes, lat[1][rr], lat[1][0], cnt, rr);
 			snprintf(r.scenario, sizeof(r.scenario), "replicas");
-			snprintf(r.op, sizeof(r.op), "push-batch r=1");
+			snprintf(r.op, sizeof(r.op), "push-batch r=%d", rr);
 			snprintf(r.baseline, sizeof(r.baseline), "same pushes, r=0");
-			r.ops_per_s = keys[1] / (ns[1] / 1e9);
+			r.ops_per_s = keys[rr] / (ns[rr] / 1e9);
 			r.base_ops_per_s = keys[0] / (ns[0] / 1e9);
 			r.mb_per_s = r.ops_per_s * a->bytes / 1e6;
 			snprintf(r.note, sizeof(r.note), "keys/s, %d-key pushes to rank 1",
@@ -190,11 +197,11 @@ done:
 	if (fb_phase_end(n, 0))
 		bad = 1;
 out:
-	for (int r = 0; r < 2; r++)
+	for (int r = 0; r < REPL_NT; r++)
 		if (t[r])
 			ferry_table_destroy(t[r]);
 	for (int i = 0; i < 2; i++)
-		for (int j = 0; j < 2; j++)
+		for (int j = 0; j < REPL_NT; j++)
 			free(lat[i][j]);
 	free(v);
 	return bad ? -1 : 0;

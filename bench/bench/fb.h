@@ -41,7 +41,7 @@ enum fb_scenario {
 	FB_SCEN_LBATCH = 1u << 3,   /* localize: batches */
 	FB_SCEN_HOT = 1u << 4,	    /* localize: the hot key */
 	FB_SCEN_MEMORY = 1u << 5,   /* bytes per node against bytes held (not in all) */
-	FB_SCEN_REPL = 1u << 6,	    /* push with replicas = 1 against 0 (not in all) */
+	FB_SCEN_REPL = 1u << 6,	    /* push with replicas = 1, 2 against 0 (not in all) */
 	FB_SCEN_FAILOVER = 1u << 7, /* kill to first success, 20 kills (not in all) */
 	FB_SCEN_LOCALIZE = FB_SCEN_MOVE | FB_SCEN_LBATCH | FB_SCEN_HOT,
 	FB_SCEN_ALL = FB_SCEN_LOCAL | FB_SCEN_REMOTE | FB_SCEN_LOCALIZE,

@@ -256,10 +256,11 @@ struct ferry_table_params {
 	uint32_t staleness;
 	uint64_t cons_bytes;
 	/*
-	 * replicas: backup copies of each key on other nodes (0 or 1; 0: none,
-	 * today's speed). With 1, a push or set is acknowledged only once the
-	 * key's backup holds it, and when a node fails its keys fail over to
-	 * their backups (docs/faults.md). Not with sparse. Must agree.
+	 * replicas: backup copies of each key on other nodes (0, 1 or 2; 0:
+	 * none, today's speed; below the number of nodes). With r >= 1, a push
+	 * or set is acknowledged only once every backup of the key holds it,
+	 * and when a node fails its keys fail over to their backups
+	 * (docs/faults.md). Not with sparse. Must agree.
 	 */
 	uint32_t replicas;
 	/*

@@ -22,19 +22,27 @@ struct repl_walk {
 	int rc;
 };
 
-/* a key owned here: a copy to its backup when the failure changed it */
+/*
+ * A key owned here: a copy (ADOPT) to each new backup the failure gave it,
+ * and to its new home (which records this node as the owner). A backup that
+ * stays (r >= 2) holds the value already, and a home that stays has the
+ * record: an ADOPT there could put back a record a move under way changed.
+ */
 static void repl_walk_owned(struct repl_walk *w, uint64_t key, const struct ferry_slot *s)
 {
 	struct ferry_table *t = w->t;
 	uint32_t self = w->fy->rank, ho, hn = ferry__home(t, key);
-	uint32_t bo = ferry__repl_backup_as(t, key, self, w->dead, &ho);
-	uint32_t bn = ferry__repl_backup(t, key, self);
+	uint32_t bo[FERRY_REPL_MAX], bn[FERRY_REPL_MAX];
+	uint32_t no = ferry__repl_backups_as(t, key, self, w->dead, bo, &ho);
+	uint32_t nn = ferry__repl_backups(t, key, self, bn);
 
-	if (w->rc || bn >= w->fy->world || (bo == bn && ho == hn))
-		return;
-	w->rc = ferry__repl_out_copy(w->fy, t, &w->o, bn, key, self, FERRY_COPY_ADOPT, s, NULL,
-				     NULL);
-	w->n++;
+	for (uint32_t i = 0; i < nn && !w->rc; i++) {
+		if (ferry__repl_in(bo, no, bn[i]) && !(bn[i] == hn && ho != hn))
+			continue;
+		w->rc = ferry__repl_out_copy(w->fy, t, &w->o, bn[i], key, self, FERRY_COPY_ADOPT, s,
+					     NULL, NULL);
+		w->n++;
+	}
 }
 
 /* a move to here waits: the key's home learns it (WANT), to end it if the
@@ -147,7 +155,6 @@ static void repl_fill(struct ferry *fy, struct ferry_table *t, struct repl_out *
 static uint32_t repl_end_here(struct ferry *fy, struct ferry_table *t, struct repl_out *mv,
 			      uint64_t key, struct repl_copy *c)
 {
-	uint32_t bn;
 	struct ferry_slot *s;
 
 	if (repl_install(t, key, c)) {
@@ -158,10 +165,9 @@ static uint32_t repl_end_here(struct ferry *fy, struct ferry_table *t, struct re
 	}
 	s = ferry__own(t, key);
 	ferry__repl_copy_del(t, key);
-	bn = ferry__repl_backup(t, key, fy->rank);
-	if (bn < fy->world && s)
-		(void)ferry__repl_out_copy(fy, t, mv, bn, key, fy->rank, FERRY_COPY_VALUE, s, NULL,
-					   NULL);
+	if (s)
+		(void)ferry__repl_out_backups(fy, t, mv, key, fy->rank, FERRY_COPY_VALUE, s, NULL,
+					      fy->world, NULL, NULL);
 	return 1;
 }
 
@@ -177,6 +183,21 @@ static int repl_want_cmp(const void *a, const void *b)
 static bool repl_failed(struct ferry *fy, uint32_t rank)
 {
 	return atomic_load_explicit(&fy->failed[rank], memory_order_relaxed);
+}
+
+/*
+ * The home of @key died with the failures ended now (t->repl->gone): its
+ * home as it was while they were alive is one of them (ferry__home_as, for
+ * several ranks at once)
+ */
+static bool repl_home_died(struct ferry *fy, struct ferry_table *t, uint64_t key)
+{
+	uint32_t h = ferry__home_orig(t, key);
+	const uint8_t *gone = t->repl->gone;
+
+	for (uint32_t i = 0; i < fy->world && h != fy->rank && !gone[h] && repl_failed(fy, h); i++)
+		h = (h + 1) % fy->world;
+	return gone[h];
 }
 
 /*
@@ -214,14 +235,14 @@ static bool repl_failed(struct ferry *fy, uint32_t rank)
  * along it would leave the record behind the key).
  * Return: the moves ended with a value.
  */
-static uint32_t repl_end_moves(struct ferry *fy, struct ferry_table *t, uint32_t dead,
-			       struct repl_out *mv, const struct repl_want *w, size_t n)
+static uint32_t repl_end_moves(struct ferry *fy, struct ferry_table *t, struct repl_out *mv,
+			       const struct repl_want *w, size_t n)
 {
 	uint64_t key = w[0].key;
 	uint32_t rec = ferry__owner(t, key), win = UINT32_MAX, head = UINT32_MAX, head_seq = 0;
 	uint32_t live = UINT32_MAX, nlive = 0;
 	struct repl_copy *c = (void *)(uintptr_t)ferry__keymap_get(&t->repl->copies, key);
-	bool home_died = ferry__home_as(t, key, dead) == dead, drop = false, rec_asked = false;
+	bool home_died = repl_home_died(fy, t, key), drop = false, rec_asked = false;
 	bool here = false;
 
 	if (ferry__home(t, key) != fy->rank)
@@ -289,12 +310,16 @@ static uint32_t repl_end_moves(struct ferry *fy, struct ferry_table *t, uint32_t
 	} else if (!ferry__dir_owner_set(&t->dir, key, win)) {
 		c->owner = win; /* the requester's backup, here */
 		c->from = fy->rank;
+		c->adopt = 0;
+		/* r >= 2: its other backups get the value too (ahead of the
+		 * winner's own copies on every link but theirs) */
+		(void)ferry__repl_out_backups(fy, t, mv, key, win, FERRY_COPY_VALUE, NULL, c->v,
+					      win, NULL, NULL);
 	}
 	return 1;
 }
 
-static uint32_t repl_take_wanted(struct ferry *fy, struct ferry_table *t, uint32_t dead,
-				 struct repl_out *mv)
+static uint32_t repl_take_wanted(struct ferry *fy, struct ferry_table *t, struct repl_out *mv)
 {
 	struct ferry_repl *rp = t->repl;
 	struct repl_want *w = rp->wants;
@@ -308,7 +333,7 @@ static uint32_t repl_take_wanted(struct ferry *fy, struct ferry_table *t, uint32
 	for (size_t i = 0, j; i < n; i = j) {
 		for (j = i + 1; j < n && w[j].key == w[i].key;)
 			j++;
-		ended += repl_end_moves(fy, t, dead, mv, w + i, j - i);
+		ended += repl_end_moves(fy, t, mv, w + i, j - i);
 	}
 	free(w);
 	return ended;
@@ -348,11 +373,20 @@ static int repl_want(struct ferry_table *t, uint64_t key, uint32_t requester, bo
 	if (ferry__repl_out_init(&mv, fy->world))
 		return -ENOMEM;
 	c = (void *)(uintptr_t)ferry__keymap_get(&t->repl->copies, key);
-	if (c && repl_failed(fy, c->owner))
-		ended = repl_end_moves(fy, t, c->owner, &mv, &w, 1);
-	else if (c && c->owner == requester && repl_failed(fy, c->from))
-		ended = repl_end_moves(fy, t, c->from, &mv, &w, 1); /* its hand-over died */
-	else if (c && c->owner == requester)
+	/* (the decision may free the copy: the rank is kept apart) */
+	if (c && repl_failed(fy, c->owner)) {
+		uint32_t d = c->owner;
+
+		t->repl->gone[d] = 1;
+		ended = repl_end_moves(fy, t, &mv, &w, 1);
+		t->repl->gone[d] = 0;
+	} else if (c && c->owner == requester && repl_failed(fy, c->from)) {
+		uint32_t d = c->from;
+
+		t->repl->gone[d] = 1; /* its hand-over died */
+		ended = repl_end_moves(fy, t, &mv, &w, 1);
+		t->repl->gone[d] = 0;
+	} else if (c && c->owner == requester)
 		ended = 1; /* its value is on its way (a live node hands it over, or this
 			    * home ended the move with the backup) */
 	if (!ended) {
@@ -434,12 +468,12 @@ static void repl_take_over(struct ferry *fy, struct ferry_table *t, uint32_t dea
 		ferry__repl_out_fini(&o, fy->world);
 		return;
 	}
-	moved = repl_take_wanted(fy, t, dead, &mv);
+	moved = repl_take_wanted(fy, t, &mv);
 	ferry__keymap_each(&t->repl->copies, repl_take_collect, &tk);
 	for (size_t i = 0; i < tk.n; i++) {
 		uint64_t key = tk.keys[i];
 		struct repl_copy *c = (void *)(uintptr_t)ferry__keymap_get(&t->repl->copies, key);
-		uint32_t rec = ferry__owner(t, key), bn;
+		uint32_t rec = ferry__owner(t, key);
 		struct ferry_slot *s;
 		bool owner_dead, rec_live;
 
@@ -467,10 +501,9 @@ static void repl_take_over(struct ferry *fy, struct ferry_table *t, uint32_t dea
 		s = ferry__own(t, key);
 		ferry__repl_copy_del(t, key);
 		taken++;
-		bn = ferry__repl_backup(t, key, fy->rank);
-		if (bn < fy->world && s)
-			(void)ferry__repl_out_copy(fy, t, &o, bn, key, fy->rank, FERRY_COPY_VALUE,
-						   s, NULL, NULL);
+		if (s)
+			(void)ferry__repl_out_backups(fy, t, &o, key, fy->rank, FERRY_COPY_VALUE, s,
+						      NULL, fy->world, NULL, NULL);
 	}
 	for (uint32_t r = 0; r < fy->world; r++) {
 		(void)ferry__repl_out_send(fy, t, &o, r);
@@ -496,20 +529,17 @@ static void repl_take_over(struct ferry *fy, struct ferry_table *t, uint32_t dea
 #define REPL_ECHO_GOT 2u  /* rank's ECHO arrived: it handled everything we sent before */
 #define REPL_ECHO_SENT 4u /* we answered rank's SYNC */
 
-static void repl_try_take_over(struct ferry *fy, struct ferry_table *t, uint32_t dead)
+/* every live node echoed the failure of @dead, and its lease ran out */
+static bool repl_ready(struct ferry *fy, struct ferry_table *t, uint32_t dead)
 {
 	struct ferry_repl *rp = t->repl;
-
 	struct timespec ts;
 	int64_t now, wait = (int64_t)ferry__lease_takeover_ms(fy) * 1000000;
 
-	if (rp->done[dead] || !atomic_load_explicit(&fy->failed[dead], memory_order_relaxed) ||
-	    !rp->synced[dead] || atomic_load_explicit(&fy->fenced, memory_order_relaxed))
-		return;
 	for (uint32_t r = 0; r < fy->world; r++)
 		if (r != fy->rank && !(rp->synced[dead][r] & REPL_ECHO_GOT) &&
 		    !atomic_load_explicit(&fy->failed[r], memory_order_relaxed))
-			return;
+			return false;
 	/*
 	 * Fencing: every live node has failed @dead, so none echoes its beats
 	 * any more, and the live nodes are a quorum (else this node is fenced,
@@ -524,11 +554,54 @@ static void repl_try_take_over(struct ferry *fy, struct ferry_table *t, uint32_t
 	now = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 	if (!rp->ready_ns[dead])
 		rp->ready_ns[dead] = now;
-	if (now - rp->ready_ns[dead] < wait)
+	return now - rp->ready_ns[dead] >= wait;
+}
+
+static bool repl_pending(struct ferry *fy, struct ferry_table *t, uint32_t dead)
+{
+	return !t->repl->done[dead] && t->repl->synced[dead] &&
+	       atomic_load_explicit(&fy->failed[dead], memory_order_relaxed);
+}
+
+static void repl_try_take_over(struct ferry *fy, struct ferry_table *t, uint32_t dead)
+{
+	struct ferry_repl *rp = t->repl;
+
+	if (!repl_pending(fy, t, dead) || atomic_load_explicit(&fy->fenced, memory_order_relaxed))
 		return;
-	rp->done[dead] = true;
-	repl_take_over(fy, t, dead);
-	atomic_fetch_add_explicit(&rp->takeovers, 1, memory_order_release);
+	if (!repl_ready(fy, t, dead))
+		return;
+	if (t->params.replicas < 2) {
+		rp->done[dead] = true;
+		rp->gone[dead] = 1;
+		repl_take_over(fy, t, dead);
+		rp->gone[dead] = 0;
+		atomic_fetch_add_explicit(&rp->takeovers, 1, memory_order_release);
+		return;
+	}
+	/*
+	 * r >= 2: a second failure within this one's takeover is taken over
+	 * with it, once its own round is over too. A node that echoed @dead
+	 * before it knew of the second failure may still owe this node the
+	 * ADOPTs of that one (a key homed at the second node that it owns, and
+	 * whose copy here names @dead: without its record this home would
+	 * install the key beside its live owner); its ECHO of the second comes
+	 * after them.
+	 */
+	for (uint32_t d = 0; d < fy->world; d++)
+		if (d != dead && repl_pending(fy, t, d) && !repl_ready(fy, t, d))
+			return;
+	for (uint32_t d = 0; d < fy->world; d++)
+		rp->gone[d] = repl_pending(fy, t, d);
+	/* the first takeover ends every move that waits (the homes that died
+	 * are those of rp->gone), the others what their copies name */
+	for (uint32_t d = 0; d < fy->world; d++)
+		if (rp->gone[d]) {
+			rp->done[d] = true;
+			repl_take_over(fy, t, d);
+			atomic_fetch_add_explicit(&rp->takeovers, 1, memory_order_release);
+		}
+	memset(rp->gone, 0, fy->world);
 }
 
 static uint8_t *repl_synced(struct ferry *fy, struct ferry_table *t, uint32_t dead)
@@ -626,9 +699,12 @@ static void repl_rec_from_copy(void *arg, uint64_t key, uint64_t val)
 	const struct repl_copy *c = (const void *)(uintptr_t)val;
 	uint32_t self = t->fy->rank;
 
+	/* (r = 1: only an ADOPT's copy here comes from its live owner; r >= 2:
+	 * the updates' copies too, which a move may have overtaken since) */
 	if (ferry__home_as(t, key, r->dead) == r->dead && ferry__home(t, key) == self &&
 	    c->owner != self && c->from == c->owner && !repl_failed(t->fy, c->owner) &&
-	    ferry__owner(t, key) == self && !ferry__own(t, key))
+	    (t->params.replicas < 2 || c->adopt) && ferry__owner(t, key) == self &&
+	    !ferry__own(t, key))
 		(void)ferry__dir_owner_set(&t->dir, key, c->owner);
 }
 
@@ -826,7 +902,8 @@ void ferry__repl_on_repl(struct ferry *fy, struct ferry_table *t, uint32_t src,
 		    ferry__dir_owner_set(&t->dir, c->key, c->owner))
 			rc = -ENOMEM;
 		if (!rc)
-			rc = ferry__repl_copy_put(t, c->key, c->owner, src, val, c->len);
+			rc = ferry__repl_copy_put(t, c->key, c->owner, src, val, c->len,
+						  c->kind == FERRY_COPY_ADOPT);
 		if (rc)
 			break;
 	}

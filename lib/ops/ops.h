@@ -87,8 +87,12 @@ int ferry__repl_attach(struct ferry *fy);
 int ferry__repl_table_init(struct ferry_table *t);
 int ferry__repl_table_seed(struct ferry_table *t);
 void ferry__repl_table_fini(struct ferry_table *t);
-/* the rank that keeps the backup of @key while @owner owns it, or world */
-uint32_t ferry__repl_backup(const struct ferry_table *t, uint64_t key, uint32_t owner);
+/* backups per key at most (a table's `replicas`, checked at creation) */
+#define FERRY_REPL_MAX 2
+/* the ranks that keep the backups of @key while @owner owns it (repl.c has
+ * the rule); Return: how many, 0 .. FERRY_REPL_MAX */
+uint32_t ferry__repl_backups(const struct ferry_table *t, uint64_t key, uint32_t owner,
+			     uint32_t out[FERRY_REPL_MAX]);
 /* old owner, before a move of @key (its live slot @s) to @requester: the
  * value goes to the requester's backup first */
 void ferry__repl_handoff(struct ferry_table *t, uint64_t key, const struct ferry_slot *s,

@@ -1,16 +1,18 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * repl.c - replicas (a table's `replicas` = 1): a backup copy of every key on
- * one other node, updates acknowledged only once the backup holds them, and
- * failover when a node fails. Progress thread only: every function here runs
- * in a handler or a peer-failure listener, so the state needs no lock.
+ * repl.c - replicas (a table's `replicas` r = 1 or 2): a backup copy of every
+ * key on r other nodes, updates acknowledged only once every backup holds
+ * them, and failover when a node fails. Progress thread only: every function
+ * here runs in a handler or a peer-failure listener, so the state needs no
+ * lock.
  *
- * Where a key's backup lives: at its home, or, while the key lives at its
- * home, at the next live rank after the home (its successor). The home keeps
- * the owner records of its keys already, so with the backups there one node
- * knows both who owns a key and what its value was; and when a home fails,
- * its keys pass to its successor (ferry__home), which holds the backups of
- * every key the dead home held itself.
+ * Where a key's backups live: the first r live ranks of [home, succ(home),
+ * succ^2(home), ...] that are not its owner (ferry__repl_backups_as); with
+ * r = 1, at its home, or, while the key lives at its home, at the home's
+ * successor. The home keeps the owner records of its keys already, so with
+ * a backup there one node knows both who owns a key and what its value was;
+ * and when a home fails, its keys pass to its successor (ferry__home), which
+ * holds a backup of every key the dead home held itself.
  *
  *   origin            owner O                      backup B (= home, or
  *                                                  the home's successor)
@@ -40,14 +42,20 @@
  * record and no slot: the home was D), and ends the moves the failure
  * stopped (MOVE copies). docs/faults.md has the rules.
  *
- * Survived: one failure at a time (a second after the first's ECHOs), with
- * r = 1. Not survived: a key's owner and its backup failing together (both
- * copies gone): its operations keep failing with -FERRY_E_PEER.
+ * Survived: failures one after the other (each after every survivor ended
+ * the previous one's takeover: its ADOPTs gave every key r backups again),
+ * and with r = 2 two failures within one takeover (taken over together,
+ * failover.c). Not survived with r = 1: a key's owner and its backup failing
+ * together (both copies gone): its operations keep failing with
+ * -FERRY_E_PEER; with r = 2, three of a key's owner and backups.
  *
- * Memory: one copy (a small header and the value) per key backed up here:
- * the keys of which this node is home and that live elsewhere, and, as the
- * successor, the keys its predecessor holds at home; plus a held reply per
- * update frame in flight to a backup, and per failed rank a byte per rank.
+ * Memory: one copy (a 16 B header and the value) per key backed up here: with
+ * r = 1 the keys of which this node is home and that live elsewhere, and, as
+ * the successor, the keys its predecessor holds at home; with r = 2 also
+ * those of which it is the second backup (about 2 copies per key it homes);
+ * plus copies left behind by moves (at most one per key homed here or at
+ * its r predecessors), a held reply per update frame in flight to a backup,
+ * and per failed rank a byte per rank.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -56,21 +64,49 @@
 #include "lib/ops/repl.h"
 /* ---- where the backup lives -------------------------------------------- */
 
-uint32_t ferry__repl_backup(const struct ferry_table *t, uint64_t key, uint32_t owner)
+/*
+ * The backups of @key while @owner owns it, as it was while @spare was alive
+ * (world: as now): the first `replicas` live ranks of [home, succ(home),
+ * succ^2(home), ...] that are not @owner. With r = 1: the home, or, while
+ * the key lives at its home, the home's successor. The home is a backup of
+ * every key it does not own, and its successor of every key it does not own
+ * itself, so the node that becomes a key's home when the home fails (the
+ * successor, ferry__home) holds a copy; and after at most r failures among
+ * the owner and the backups, the first live rank of that list (the new home)
+ * is the owner or one of the backups. Return: how many (0 .. FERRY_REPL_MAX)
+ */
+uint32_t ferry__repl_backups_as(const struct ferry_table *t, uint64_t key, uint32_t owner,
+				uint32_t spare, uint32_t out[FERRY_REPL_MAX], uint32_t *home_p)
 {
-	uint32_t h = ferry__home(t, key);
+	struct ferry *fy = t->fy;
+	uint32_t h = ferry__home_as(t, key, spare), r = h, n = 0;
 
-	return h != owner ? h : ferry__node_live_after(t->fy, owner, t->fy->world);
+	if (home_p)
+		*home_p = h;
+	if (h >= fy->world)
+		return 0;
+	for (uint32_t i = 0; i < fy->world && n < t->params.replicas && n < FERRY_REPL_MAX; i++) {
+		if (r != owner)
+			out[n++] = r;
+		r = ferry__node_live_after(fy, r, spare);
+		if (r >= fy->world || r == h)
+			break;
+	}
+	return n;
 }
 
-/* the same, as it was while @spare was alive */
-uint32_t ferry__repl_backup_as(const struct ferry_table *t, uint64_t key, uint32_t owner,
-			       uint32_t spare, uint32_t *home_p)
+uint32_t ferry__repl_backups(const struct ferry_table *t, uint64_t key, uint32_t owner,
+			     uint32_t out[FERRY_REPL_MAX])
 {
-	uint32_t h = ferry__home_as(t, key, spare);
+	return ferry__repl_backups_as(t, key, owner, t->fy->world, out, NULL);
+}
 
-	*home_p = h;
-	return h != owner ? h : ferry__node_live_after(t->fy, owner, spare);
+bool ferry__repl_in(const uint32_t *set, uint32_t n, uint32_t rank)
+{
+	for (uint32_t i = 0; i < n; i++)
+		if (set[i] == rank)
+			return true;
+	return false;
 }
 
 /* ---- frames of copies ---------------------------------------------------- */
@@ -161,6 +197,24 @@ int ferry__repl_out_copy(struct ferry *fy, struct ferry_table *t, struct repl_ou
 	return ferry__slot_read(s, key, v, len);
 }
 
+int ferry__repl_out_backups(struct ferry *fy, struct ferry_table *t, struct repl_out *o,
+			    uint64_t key, uint32_t owner, uint32_t kind, const struct ferry_slot *s,
+			    const float *val, uint32_t skip, uint32_t *sent_p, uint32_t *n_p)
+{
+	uint32_t b[FERRY_REPL_MAX], nb = ferry__repl_backups(t, key, owner, b), n = 0;
+	int rc = 0;
+
+	for (uint32_t i = 0; i < nb && !rc; i++) {
+		if (b[i] == fy->rank || b[i] == skip)
+			continue;
+		rc = ferry__repl_out_copy(fy, t, o, b[i], key, owner, kind, s, val, sent_p);
+		n += !rc;
+	}
+	if (n_p)
+		*n_p = n;
+	return rc;
+}
+
 void ferry__repl_out_fini(struct repl_out *o, uint32_t world)
 {
 	for (uint32_t r = 0; r < world; r++)
@@ -206,19 +260,20 @@ struct ferry_repl_batch *ferry__repl_batch_new(struct ferry_table *t)
 int ferry__repl_batch_add(struct ferry_table *t, struct ferry_repl_batch *b, uint64_t key)
 {
 	struct ferry *fy = t->fy;
-	uint32_t dst = ferry__repl_backup(t, key, fy->rank);
 	const struct ferry_slot *s = ferry__own(t, key);
+	uint32_t n = 0;
 	int rc;
 
-	if (dst >= fy->world || !s)
-		return 0; /* no live node to back it up: one copy, as with r = 0 */
-	rc = ferry__repl_out_copy(fy, t, &b->o, dst, key, fy->rank, FERRY_COPY_VALUE, s, NULL,
-				  b->sent);
+	if (!s)
+		return 0;
+	/* to every backup; none live: one copy, as with r = 0 */
+	rc = ferry__repl_out_backups(fy, t, &b->o, key, fy->rank, FERRY_COPY_VALUE, s, NULL,
+				     fy->world, b->sent, &n);
 	if (rc) {
 		b->broken = true;
 		return rc;
 	}
-	b->any = true;
+	b->any |= n > 0;
 	return 0;
 }
 
@@ -368,7 +423,7 @@ void ferry__repl_copy_del(struct ferry_table *t, uint64_t key)
 }
 
 int ferry__repl_copy_put(struct ferry_table *t, uint64_t key, uint32_t owner, uint32_t from,
-			 const float *val, uint32_t len)
+			 const float *val, uint32_t len, bool adopt)
 {
 	struct repl_copy *c = (void *)(uintptr_t)ferry__keymap_get(&t->repl->copies, key);
 
@@ -386,6 +441,7 @@ int ferry__repl_copy_put(struct ferry_table *t, uint64_t key, uint32_t owner, ui
 	c->owner = owner;
 	c->from = from;
 	c->len = len;
+	c->adopt = adopt;
 	if (val)
 		memcpy(c->v, val, (size_t)len * sizeof(float));
 	else
@@ -399,33 +455,35 @@ void ferry__repl_handoff(struct ferry_table *t, uint64_t key, const struct ferry
 			 uint32_t requester)
 {
 	struct ferry *fy = t->fy;
-	uint32_t dst = ferry__repl_backup(t, key, requester), len = ferry__value_len(t, key);
+	uint32_t bk[FERRY_REPL_MAX], nb, dst, len = ferry__value_len(t, key);
 	struct repl_out o;
-	int rc;
+	int rc = 0;
 
-	if (!t->repl || dst >= fy->world)
+	if (!t->repl)
 		return;
-	if (dst == fy->rank) {
+	nb = ferry__repl_backups(t, key, requester, bk);
+	if (ferry__repl_in(bk, nb, fy->rank)) {
 		float *v = malloc((size_t)len * sizeof(float));
 
 		rc = v ? ferry__slot_read(s, key, v, len) : -ENOMEM;
 		if (!rc)
-			rc = ferry__repl_copy_put(t, key, requester, fy->rank, v, len);
+			rc = ferry__repl_copy_put(t, key, requester, fy->rank, v, len, false);
 		free(v);
-	} else {
+	}
+	if (!rc && (nb > 1 || (nb == 1 && bk[0] != fy->rank))) {
 		rc = ferry__repl_out_init(&o, fy->world);
 		if (!rc) {
-			rc = ferry__repl_out_copy(fy, t, &o, dst, key, requester, FERRY_COPY_VALUE,
-						  s, NULL, NULL);
-			if (!rc)
-				rc = ferry__repl_out_send(fy, t, &o, dst);
+			rc = ferry__repl_out_backups(fy, t, &o, key, requester, FERRY_COPY_VALUE, s,
+						     NULL, fy->world, NULL, NULL);
+			for (uint32_t i = 0; i < nb && !rc; i++)
+				rc = ferry__repl_out_send(fy, t, &o, bk[i]);
 			ferry__repl_out_fini(&o, fy->world);
 		}
 	}
 	if (rc)
-		ferry_err("repl: key %llu of table %u moves to rank %u without its backup on rank "
-			  "%u: %s",
-			  (unsigned long long)key, t->id, requester, dst, ferry_strerror(rc));
+		ferry_err("repl: key %llu of table %u moves to rank %u without all its backups: "
+			  "%s",
+			  (unsigned long long)key, t->id, requester, ferry_strerror(rc));
 	/*
 	 * A key leaves its home: its successor kept the backup while it lived
 	 * here, and that copy must not go on naming this home, which keeps the
@@ -435,11 +493,13 @@ void ferry__repl_handoff(struct ferry_table *t, uint64_t key, const struct ferry
 	 * it or be handing it on. The copy is updated instead: it names the
 	 * requester, sent by this home, so the new home knows the move and,
 	 * if the requester still waits, ends it with this value
-	 * (lib/ops/failover.c: the dead node's hand-over never came).
+	 * (lib/ops/failover.c: the dead node's hand-over never came). With
+	 * r >= 2 the successor is one of the requester's backups (or the
+	 * requester) and has just had that copy above.
 	 */
 	dst = ferry__node_live_after(fy, fy->rank, fy->world);
 	if (ferry__home(t, key) == fy->rank && dst < fy->world && dst != fy->rank &&
-	    !ferry__repl_out_init(&o, fy->world)) {
+	    !ferry__repl_in(bk, nb, dst) && !ferry__repl_out_init(&o, fy->world)) {
 		if (!ferry__repl_out_copy(fy, t, &o, dst, key, requester, FERRY_COPY_VALUE, s, NULL,
 					  NULL))
 			(void)ferry__repl_out_send(fy, t, &o, dst);
@@ -450,13 +510,25 @@ void ferry__repl_handoff(struct ferry_table *t, uint64_t key, const struct ferry
 void ferry__repl_adopt(struct ferry_table *t, uint64_t key, const struct ferry_slot *s)
 {
 	struct ferry *fy = t->fy;
-	uint32_t dst = ferry__repl_backup(t, key, fy->rank);
 	struct repl_out o;
 
-	if (!t->repl || dst >= fy->world || ferry__repl_out_init(&o, fy->world))
+	if (!t->repl)
 		return;
-	if (!ferry__repl_out_copy(fy, t, &o, dst, key, fy->rank, FERRY_COPY_ADOPT, s, NULL, NULL))
-		(void)ferry__repl_out_send(fy, t, &o, dst);
+	/*
+	 * Installed at its home (a hand-over that came after the move was
+	 * dropped, or stuck): the record here may still name the live owner an
+	 * ADOPT named before it handed the key on, and a LOCALIZE would be sent
+	 * there, where nothing is left. The home's own key has no record.
+	 */
+	if (ferry__home(t, key) == fy->rank)
+		(void)ferry__dir_owner_set(&t->dir, key, fy->rank);
+	if (ferry__repl_out_init(&o, fy->world))
+		return;
+	/* to every backup: the home records the owner, the others keep a copy */
+	if (!ferry__repl_out_backups(fy, t, &o, key, fy->rank, FERRY_COPY_ADOPT, s, NULL, fy->world,
+				     NULL, NULL))
+		for (uint32_t r = 0; r < fy->world; r++)
+			(void)ferry__repl_out_send(fy, t, &o, r);
 	ferry__repl_out_fini(&o, fy->world);
 }
 
@@ -476,14 +548,16 @@ int ferry__repl_table_seed(struct ferry_table *t)
 		return 0;
 	ferry__rcu_enter(); /* a keymap that grows frees its old array by call_rcu */
 	for (uint64_t k = 0; k < t->params.num_keys; k++) {
-		uint32_t h = ferry__home(t, k);
+		uint32_t h = ferry__home(t, k), b[FERRY_REPL_MAX];
+		uint32_t nb = ferry__repl_backups(t, k, h, b);
 
-		if (ferry__node_live_after(fy, h, fy->world) == fy->rank &&
-		    ferry__repl_copy_put(t, k, h, h, NULL, ferry__value_len(t, k))) {
+		if (ferry__repl_in(b, nb, fy->rank) &&
+		    ferry__repl_copy_put(t, k, h, h, NULL, ferry__value_len(t, k), false)) {
 			ferry__rcu_leave();
 			ferry_err("table: out of memory for the backups of rank %u's keys on rank "
-				  "%u (replicas = 1 keeps a copy of each key)",
-				  h, fy->rank);
+				  "%u (replicas = %u keeps %u copies of each key); use fewer "
+				  "replicas or more memory",
+				  h, fy->rank, t->params.replicas, t->params.replicas);
 			return -ENOMEM;
 		}
 	}
@@ -503,10 +577,13 @@ int ferry__repl_table_init(struct ferry_table *t)
 	rp->synced = calloc(t->fy->world, sizeof(*rp->synced));
 	rp->done = calloc(t->fy->world, sizeof(*rp->done));
 	rp->ready_ns = calloc(t->fy->world, sizeof(*rp->ready_ns));
-	if (!rp->synced || !rp->done || !rp->ready_ns || ferry__keymap_init(&rp->copies)) {
+	rp->gone = calloc(t->fy->world, 1);
+	if (!rp->synced || !rp->done || !rp->ready_ns || !rp->gone ||
+	    ferry__keymap_init(&rp->copies)) {
 		free(rp->synced);
 		free(rp->done);
 		free(rp->ready_ns);
+		free(rp->gone);
 		free(rp);
 		return -ENOMEM;
 	}
@@ -541,6 +618,7 @@ void ferry__repl_table_fini(struct ferry_table *t)
 	free(rp->synced);
 	free(rp->done);
 	free(rp->ready_ns);
+	free(rp->gone);
 	free(rp);
 	t->repl = NULL;
 }

@@ -12,6 +12,10 @@ struct repl_copy {
 	uint32_t owner; /* the rank whose live key it copies */
 	uint32_t from;	/* the rank that sent it (a hand-over's old owner, or the owner) */
 	uint32_t len;
+	/* the last copy put was an ADOPT (a live owner's, after a failure):
+	 * with r >= 2 only such a copy makes a new home's record (failover.c,
+	 * step 0); the others come from updates a move may have overtaken */
+	uint32_t adopt;
 	float v[];
 };
 
@@ -45,6 +49,9 @@ struct ferry_repl {
 	uint64_t next_token;
 	uint8_t **synced; /* per failed rank: which ranks sent their SYNC (world bytes) */
 	bool *done;	  /* per failed rank: takeover done */
+	/* per rank: 1 while a takeover (or a decision after one) ends its
+	 * failure; the homes that died with them (failover.c) */
+	uint8_t *gone;
 	/* per failed rank: when every live node had echoed (monotonic ns); the
 	 * takeover waits the lease and a margin after it (fencing) */
 	int64_t *ready_ns;
@@ -62,8 +69,16 @@ struct repl_out {
 	uint64_t token;
 };
 
-uint32_t ferry__repl_backup_as(const struct ferry_table *t, uint64_t key, uint32_t owner,
-			       uint32_t spare, uint32_t *home_p);
+uint32_t ferry__repl_backups_as(const struct ferry_table *t, uint64_t key, uint32_t owner,
+				uint32_t spare, uint32_t out[FERRY_REPL_MAX], uint32_t *home_p);
+/* @rank is one of @set's @n ranks */
+bool ferry__repl_in(const uint32_t *set, uint32_t n, uint32_t rank);
+/* a copy of @key (owner @owner; its value @val, or read from @s) to each of
+ * @owner's backups but this node and @skip (world: none); Return: 0 or a
+ * negative errno, and *@n_p (if not NULL): how many went */
+int ferry__repl_out_backups(struct ferry *fy, struct ferry_table *t, struct repl_out *o,
+			    uint64_t key, uint32_t owner, uint32_t kind, const struct ferry_slot *s,
+			    const float *val, uint32_t skip, uint32_t *sent_p, uint32_t *n_p);
 int ferry__repl_out_init(struct repl_out *o, uint32_t world);
 int ferry__repl_out_send(struct ferry *fy, struct ferry_table *t, struct repl_out *o, uint32_t dst);
 /* room for one copy to @dst (the caller fills it); NULL: out of memory */
@@ -80,9 +95,9 @@ void ferry__repl_release(struct ferry *fy, struct ferry_table *t, struct repl_he
  * Return: 0 or -ENOMEM */
 int ferry__repl_want_add(struct ferry_table *t, uint64_t key, uint32_t req, bool head);
 void ferry__repl_copy_del(struct ferry_table *t, uint64_t key);
-/* keep a copy (@val NULL: the key's initial value) */
+/* keep a copy (@val NULL: the key's initial value; @adopt: it is an ADOPT) */
 int ferry__repl_copy_put(struct ferry_table *t, uint64_t key, uint32_t owner, uint32_t from,
-			 const float *val, uint32_t len);
+			 const float *val, uint32_t len, bool adopt);
 /* the REPL and REPL_ACK handlers */
 void ferry__repl_on_repl(struct ferry *fy, struct ferry_table *t, uint32_t src,
 			 const struct ferry_proto_view *v);

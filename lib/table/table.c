@@ -303,8 +303,8 @@ static int table_check_params(const struct ferry_table_params *p)
 		ferry_err("table: staleness %u clocks is above the limit of 2^20", p->staleness);
 		return -EINVAL;
 	}
-	if (p->replicas > 1) {
-		ferry_err("table: replicas %u is not supported yet; use 0 (none) or 1 (one backup "
+	if (p->replicas > 2) {
+		ferry_err("table: replicas %u is not supported yet; use 0 (none), 1 or 2 (backups "
 			  "per key, docs/faults.md)",
 			  p->replicas);
 		return -EINVAL;
@@ -642,6 +642,13 @@ int ferry_table_create(struct ferry *fy, const struct ferry_table_params *p,
 	rc = table_check_params(p);
 	if (rc)
 		return rc;
+	if (p->replicas && p->replicas >= fy->world) {
+		/* a key and its backups on r + 1 different nodes */
+		ferry_err("table: replicas %u needs at least %u nodes and this cluster has %u; use "
+			  "replicas %u or fewer, or more nodes",
+			  p->replicas, p->replicas + 1, fy->world, fy->world ? fy->world - 1 : 0);
+		return -EINVAL;
+	}
 	/* destroyed tables first: their ids must be free here when they are
 	 * free on the other nodes */
 	table_reap(fy, true, false);
