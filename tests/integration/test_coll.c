@@ -256,6 +256,76 @@ Test(coll, every_collective_matches_the_reference_on_the_ring, .timeout = 300)
 	run_matrix(FERRY_COLL_ALGO_RING);
 }
 
+/* ---- puts by WRITE (lib/coll/put.c) ------------------------------------ */
+
+/*
+ * The ring's and the chain's segments go by one-sided WRITE where the
+ * transport can (loop, rdma): with FERRY_COLL_ZCOPY_MIN=0 every size of the
+ * matrix puts (odd counts, counts below the world, one past a segment), on
+ * 1 .. 4 nodes, every type, operator and collective, bit-exact. @mode:
+ * 0 puts (and some segments must have gone so, where the transport can
+ * WRITE; none where it cannot), 1 FERRY_COLL_ZCOPY=0 (none may), 2 loop's
+ * FERRY_LOOP_FAIL_WRITES=3: every third WRITE fails after half its bytes,
+ * and those segments go by message (some must have).
+ */
+static void run_puts(int mode)
+{
+	const char *tp = getenv("FERRY_TRANSPORT");
+	bool loop = tp && !strcmp(tp, "loop");
+
+	if (mode == 2 && !loop)
+		cr_skip_test("write faults are injected by the loop transport only");
+	setenv("FERRY_COLL_ZCOPY_MIN", "0", 1);
+	if (mode == 1)
+		setenv("FERRY_COLL_ZCOPY", "0", 1);
+	if (mode == 2)
+		setenv("FERRY_LOOP_FAIL_WRITES", "3", 1);
+	for (int n = 1; n <= 4; n++) {
+		struct matrix m = { .algo = FERRY_COLL_ALGO_RING, .big = 1 };
+		unsigned long long puts = 0, fails = 0;
+		bool can;
+		struct tc c;
+
+		cr_assert_eq(tc_open(&c, n, NULL, 20000), 0, "open %d nodes", n);
+		can = (c.fy[0]->tp->ops->caps & FERRY_TP_CAP_WRITE) != 0;
+		tc_run(&c, matrix_node, &m);
+		for (int r = 0; r < n; r++) {
+			puts += ferry__coll_puts(c.fy[r]);
+			fails += ferry__coll_put_fails(c.fy[r]);
+		}
+		tc_close(&c);
+		cr_assert_eq(atomic_load(&m.sh.failures), 0, "%d nodes: %s", n, m.sh.why);
+		if (n == 1 || !can || mode == 1) {
+			cr_expect_eq(puts + fails, 0, "%d nodes: %llu segments put, %llu failed", n,
+				     puts, fails);
+			continue;
+		}
+		cr_expect_gt(puts, 0, "%d nodes: no segment was put by WRITE", n);
+		if (mode == 2)
+			cr_expect_gt(fails, 0, "%d nodes: no WRITE failed with faults injected", n);
+		else
+			cr_expect_eq(fails, 0, "%d nodes: %llu WRITEs failed", n, fails);
+	}
+	unsetenv("FERRY_COLL_ZCOPY_MIN");
+	unsetenv("FERRY_COLL_ZCOPY");
+	unsetenv("FERRY_LOOP_FAIL_WRITES");
+}
+
+Test(coll, ring_and_chain_segments_go_by_write_where_the_transport_can, .timeout = 300)
+{
+	run_puts(0);
+}
+
+Test(coll, with_zcopy_off_every_segment_goes_by_message, .timeout = 300)
+{
+	run_puts(1);
+}
+
+Test(coll, a_failed_write_sends_its_segment_by_message, .timeout = 300)
+{
+	run_puts(2);
+}
+
 /* ---- back to back, started many at a time -------------------------------- */
 
 #define BURST 16
