@@ -12,7 +12,7 @@
  * FERRY_COLL_ZCOPY_MIN set past every size (no keys are exchanged: the
  * path of earlier versions), "put" with every size putting. Each is warmed
  * up (2 calls, the first checked bit for bit against a reference) and timed
- * over max(3, min(20, 32 MiB / size)) calls; a row's time is the slowest
+ * over max(3, min(10, 16 MiB / size)) calls, sizes from --min by 4x; a row's time is the slowest
  * node's mean, and the table gives the median over the rounds:
  *
  *   busbw = bytes / time x 2 (n - 1) / n          (GB/s, 10^9; nccl-tests')
@@ -80,9 +80,9 @@ static int cmp_double(const void *a, const void *b)
 
 static int iters_for(size_t bytes)
 {
-	size_t k = (32u << 20) / bytes;
+	size_t k = (16u << 20) / bytes;
 
-	return k < 3 ? 3 : k > 20 ? 20 : (int)k;
+	return k < 3 ? 3 : k > 10 ? 10 : (int)k;
 }
 
 static void fill(float *b, size_t n, int rank)
@@ -101,7 +101,7 @@ static void *node(void *arg)
 		exit(1);
 	}
 	ferry_coll_algo_set(fys[rank], opt.algo);
-	for (size_t bytes = opt.min; bytes <= opt.max; bytes *= 2, si++) {
+	for (size_t bytes = opt.min; bytes <= opt.max; bytes *= 4, si++) {
 		size_t n = bytes / sizeof(float);
 		int iters = iters_for(bytes);
 
@@ -218,7 +218,7 @@ int main(int argc, char **argv)
 	}
 	printf("%10s %6s %12s %12s %10s %10s %8s\n", "bytes", "iters", "msg_us", "put_us",
 	       "msg_busbw", "put_busbw", "put/msg");
-	for (size_t bytes = opt.min; bytes <= opt.max; bytes *= 2, si++) {
+	for (size_t bytes = opt.min; bytes <= opt.max; bytes *= 4, si++) {
 		double t[2], f = 2.0 * (opt.nodes - 1) / opt.nodes;
 
 		for (int k = 0; k < 2; k++) {
