@@ -22,7 +22,8 @@
 
 #include "lib/coll/coll.h"
 
-int ferry__coll_send(struct ferry_coll *c, uint32_t dst, uint32_t step, uint64_t off, uint64_t n)
+int ferry__coll_send_msg(struct ferry_coll *c, uint32_t dst, uint32_t step, uint64_t off,
+			 uint64_t n)
 {
 	static const uint64_t zeros;
 	const uint64_t seg = FERRY_COLL_SEG_BYTES / c->esz;

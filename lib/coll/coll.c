@@ -67,6 +67,9 @@ static int64_t coll_now_ns(void)
 
 static void coll_free(struct ferry_coll *c)
 {
+	/* a WRITE still in flight would land in freed memory: leak instead */
+	if (!ferry__coll_zc_fini(c))
+		return;
 	ferry__coll_early_free(c->early);
 	free(c->next_off);
 	free(c->acked);
@@ -823,6 +826,24 @@ static size_t coll_env_crossover(void)
 	return (size_t)v;
 }
 
+/* a number in the environment, @def when unset or not a number (said once) */
+static size_t coll_env_size(const char *name, size_t def)
+{
+	const char *s = getenv(name);
+	char *end;
+	unsigned long long v;
+
+	if (!s || !*s)
+		return def;
+	errno = 0;
+	v = strtoull(s, &end, 10);
+	if (errno || *end || end == s) {
+		ferry_warn("coll: %s=%s is not a number; using %zu", name, s, def);
+		return def;
+	}
+	return (size_t)v;
+}
+
 unsigned long long ferry__coll_polled(const struct ferry *fy)
 {
 	struct ferry_colls *world = fy->coll;
@@ -846,6 +867,8 @@ int ferry__coll_attach(struct ferry *fy)
 	pthread_mutex_init(&cs->glock, NULL);
 	cs->algo = coll_env_algo();
 	cs->crossover = coll_env_crossover();
+	cs->zcopy = coll_env_size("FERRY_COLL_ZCOPY", 1) != 0;
+	cs->zcopy_min = coll_env_size("FERRY_COLL_ZCOPY_MIN", FERRY_COLL_ZCOPY_MIN_DEFAULT);
 	fy->coll = cs;
 	fy->coll_free = coll_colls_free;
 	rc = ferry__dispatch_register(fy, FERRY_MSG_COLL, FERRY_DISPATCH_NODE, coll_on_msg);
@@ -854,6 +877,12 @@ int ferry__coll_attach(struct ferry *fy)
 					      coll_on_msg);
 	if (!rc)
 		rc = ferry__dispatch_register(fy, FERRY_MSG_COLL_KICK, FERRY_DISPATCH_NODE,
+					      coll_on_msg);
+	if (!rc)
+		rc = ferry__dispatch_register(fy, FERRY_MSG_COLL_KEYS, FERRY_DISPATCH_NODE,
+					      coll_on_msg);
+	if (!rc)
+		rc = ferry__dispatch_register(fy, FERRY_MSG_COLL_PUT, FERRY_DISPATCH_NODE,
 					      coll_on_msg);
 	return rc ? rc : ferry__node_on_peer_failed(fy, coll_on_peer_failed);
 }

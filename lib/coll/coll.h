@@ -47,6 +47,32 @@
 /* largest segment: one frame's data (a whole step is several frames) */
 #define FERRY_COLL_SEG_BYTES (1u << 20)
 
+/* the least bytes of a collective whose ring or chain puts by WRITE
+ * (FERRY_COLL_ZCOPY_MIN overrides it; lib/coll/put.c) */
+#define FERRY_COLL_ZCOPY_MIN_DEFAULT (64u << 10)
+
+struct coll_put;
+
+/*
+ * A collective's puts (put.c): its segments to one member (the ring's right
+ * neighbour, the chain's next node) go by one-sided WRITE into memory that
+ * member offered in a COLL_KEYS frame, each announced by a COLL_PUT frame
+ * once its WRITE completed; a segment whose WRITE failed goes by message.
+ * Under colls->lock once the collective runs; before, its caller's.
+ */
+struct coll_zc {
+	bool on;	   /* keys are exchanged for this collective */
+	bool offer;	   /* this node offered its memory to @src */
+	bool keys;	   /* @dst's keys came */
+	bool finish_ok;	   /* complete once the queue below is empty */
+	uint32_t src, dst; /* members; UINT32_MAX: none */
+	struct ferry_tp_mr *mr_buf, *mr_land;
+	void *land; /* the ring's landing buffer (count elements), owned */
+	uint64_t pbuf, pbuf_rkey, pland, pland_rkey; /* @dst's */
+	struct coll_put *head, *tail;		     /* segments to @dst in send order */
+	unsigned inflight;			     /* WRITEs posted and not completed */
+};
+
 enum ferry_coll_state {
 	FERRY_COLL_STARTING = 1, /* its caller sends the first step: frames wait */
 	FERRY_COLL_RUNNING,	 /* the progress thread runs it */
@@ -85,6 +111,7 @@ struct ferry_coll {
 	uint64_t *next_off; /* per step: the next segment expected (world x 2 + 2) */
 	uint32_t acks;	    /* broadcast root: nodes that have the data */
 	uint8_t *acked;	    /* broadcast root: per rank */
+	struct coll_zc zc;  /* puts by WRITE (put.c) */
 };
 
 /*
@@ -115,7 +142,11 @@ struct ferry_colls {
 	/* a waiter polls the transport (FERRY_TP_CAP_POLL_MSG, FERRY_COLL_POLL
 	 * not 0): it takes its frames itself, the progress thread stands aside */
 	bool poll;
-	atomic_ullong polled; /* frames of @cs handled by a thread waiting on it */
+	atomic_ullong polled;	 /* frames of @cs handled by a thread waiting on it */
+	atomic_ullong puts;	 /* segments this node put by WRITE (COLL_PUT sent) */
+	atomic_ullong put_fails; /* ... whose WRITE failed: sent by message instead */
+	bool zcopy;		 /* FERRY_COLL_ZCOPY not 0: offer memory and write */
+	size_t zcopy_min;	 /* bytes: below, no keys are exchanged */
 
 	/* the whole cluster's only: the node's groups, and frames of groups not
 	 * made here yet (at most FERRY_COLL_WINDOW collectives into each of at
@@ -168,6 +199,10 @@ void ferry__coll_early_free(struct ferry_coll_early *e);
 /* send elements [off, off + n) of @c's working buffer to member @dst as step @step,
  * in segments of at most FERRY_COLL_SEG_BYTES. Any thread; 0 or a negative
  * errno */
+int ferry__coll_send_msg(struct ferry_coll *c, uint32_t dst, uint32_t step, uint64_t off,
+			 uint64_t n);
+/* the same, by WRITE where the collective puts to @dst (put.c): the
+ * caller's thread before the collective runs, else the lock held */
 int ferry__coll_send(struct ferry_coll *c, uint32_t dst, uint32_t step, uint64_t off, uint64_t n);
 /* a frame without data (ACK, KICK) of @c to member @dst */
 int ferry__coll_send_ctl(struct ferry_coll *c, uint32_t dst, uint8_t type);
@@ -210,6 +245,40 @@ extern const struct ferry_coll_algo_ops ferry__coll_rd;	   /* rd.c */
 extern const struct ferry_coll_algo_ops ferry__coll_ring;  /* ring.c */
 extern const struct ferry_coll_algo_ops ferry__coll_tree;  /* tree.c: binomial tree */
 extern const struct ferry_coll_algo_ops ferry__coll_chain; /* tree.c: pipelined chain */
+
+/* ---- put.c ----------------------------------------------------------- */
+
+/* segments of the whole cluster's and every group's collectives this node
+ * put by WRITE (tests, stats) */
+unsigned long long ferry__coll_puts(const struct ferry *fy);
+/* ... and those whose WRITE failed, sent by message instead */
+unsigned long long ferry__coll_put_fails(const struct ferry *fy);
+/* what FERRY_COLL_ZCOPY and FERRY_COLL_ZCOPY_MIN set, for the collectives
+ * started after it (benchmarks: every node alike, between collectives) */
+void ferry__coll_zcopy_set(struct ferry *fy, bool on, size_t min);
+/*
+ * the algorithm's start (caller's thread, no lock): this collective
+ * receives from member @src and sends to member @dst (UINT32_MAX: none);
+ * where the transport can WRITE and the collective is large enough,
+ * register the buffers (@land: and a landing buffer for the reduce-scatter
+ * steps) and send @src the keys. 0 or a negative errno (a send failed)
+ */
+int ferry__coll_zc_start(struct ferry_coll *c, uint32_t src, uint32_t dst, bool land);
+/* COLL_KEYS from member @src (lock held); Return: a protocol error */
+const char *ferry__coll_zc_keys(struct ferry_coll *c, uint32_t src, const void *data);
+/*
+ * COLL_PUT of step @step at [off, off + n) from @src (lock held): where its
+ * elements are: *@in_place_p when in the working buffer already. Return:
+ * NULL with *@why_p on a protocol error
+ */
+const void *ferry__coll_zc_landed(struct ferry_coll *c, uint32_t src,
+				  const struct ferry_msg_coll *m, bool land, bool *in_place_p,
+				  const char **why_p);
+/* finish @c with success once its puts were announced (lock held) */
+void ferry__coll_finish_ok(struct ferry_coll *c);
+/* coll_free: wait (bounded) for the WRITEs in flight, deregister, free.
+ * Return: false when WRITEs are still in flight (the memory must leak) */
+bool ferry__coll_zc_fini(struct ferry_coll *c);
 
 /* ---- group.c --------------------------------------------------------- */
 

@@ -51,6 +51,7 @@ static int ring_start(struct ferry_coll *c)
 	const uint32_t n = c->colls->n, r = c->colls->me;
 	const uint64_t count = c->sig.count;
 	uint64_t lo, hi;
+	int rc;
 
 	c->remaining = 0;
 	for (uint32_t s = 0; s < ring_nsteps(c); s++) {
@@ -61,7 +62,8 @@ static int ring_start(struct ferry_coll *c)
 	}
 	lo = ferry__coll_chunk_lo(count, n, r);
 	hi = ferry__coll_chunk_lo(count, n, r + 1);
-	return ferry__coll_send(c, (r + 1) % n, 0, lo, hi - lo);
+	rc = ferry__coll_zc_start(c, (r + n - 1) % n, (r + 1) % n, true);
+	return rc ? rc : ferry__coll_send(c, (r + 1) % n, 0, lo, hi - lo);
 }
 
 static const char *ring_on_frame(struct ferry_coll *c, uint32_t src, uint8_t type,
@@ -69,9 +71,13 @@ static const char *ring_on_frame(struct ferry_coll *c, uint32_t src, uint8_t typ
 {
 	const uint32_t n = c->colls->n, r = c->colls->me;
 	const uint32_t s = m->step;
+	bool in_place = false;
+	const char *why = NULL;
 	int rc;
 
-	if (type != FERRY_MSG_COLL)
+	if (type == FERRY_MSG_COLL_KEYS)
+		return ferry__coll_zc_keys(c, src, data);
+	if (type != FERRY_MSG_COLL && type != FERRY_MSG_COLL_PUT)
 		return "coll: an acknowledgement in a reduction";
 	if (src != (r + n - 1) % n)
 		return "coll: a ring frame from a rank that is not this node's left neighbour";
@@ -81,9 +87,14 @@ static const char *ring_on_frame(struct ferry_coll *c, uint32_t src, uint8_t typ
 		return "coll: a segment out of order";
 	if (m->off + m->n > ferry__coll_chunk_lo(c->sig.count, n, ring_rchunk(c, s) + 1))
 		return "coll: a segment beyond its chunk";
+	if (type == FERRY_MSG_COLL_PUT) {
+		data = ferry__coll_zc_landed(c, src, m, s < n - 1, &in_place, &why);
+		if (!data)
+			return why;
+	}
 	if (s < n - 1)
 		ferry__coll_reduce(c, (uint8_t *)c->buf + m->off * c->esz, data, m->n, true);
-	else
+	else if (!in_place)
 		memcpy((uint8_t *)c->buf + m->off * c->esz, data, (size_t)m->n * c->esz);
 	c->next_off[s] += m->n;
 	c->remaining -= m->n;
@@ -95,7 +106,7 @@ static const char *ring_on_frame(struct ferry_coll *c, uint32_t src, uint8_t typ
 		}
 	}
 	if (c->remaining == 0)
-		ferry__coll_finish(c, 0);
+		ferry__coll_finish_ok(c);
 	return NULL;
 }
 

@@ -71,6 +71,17 @@ static int tree_forward(struct ferry_coll *c, bool chain, uint64_t off, uint64_t
 
 static int tree_start_any(struct ferry_coll *c, bool chain)
 {
+	const uint32_t w = c->colls->n, v = tree_vrank(c);
+
+	/* the chain puts by WRITE where it can (put.c): straight into the next
+	 * node's buffer */
+	if (chain) {
+		int rc = ferry__coll_zc_start(c, v ? tree_parent(c, true) : UINT32_MAX,
+					      v + 1 < w ? tree_real(c, v + 1) : UINT32_MAX, false);
+
+		if (rc)
+			return rc;
+	}
 	if (c->colls->me != c->sig.root) {
 		c->remaining = c->sig.count;
 		c->next_off[0] = 0;
@@ -87,8 +98,12 @@ static const char *tree_on_frame_any(struct ferry_coll *c, uint32_t src, uint8_t
 				     const struct ferry_msg_coll *m, const void *data, bool chain)
 {
 	const uint32_t root = c->sig.root;
+	const char *why = NULL;
+	bool in_place = false;
 	int rc;
 
+	if (type == FERRY_MSG_COLL_KEYS)
+		return ferry__coll_zc_keys(c, src, data);
 	if (type == FERRY_MSG_COLL_ACK) {
 		if (c->colls->me != root)
 			return "coll: a broadcast acknowledgement to a node that is not its root";
@@ -96,7 +111,7 @@ static const char *tree_on_frame_any(struct ferry_coll *c, uint32_t src, uint8_t
 			return "coll: a second broadcast acknowledgement from one rank";
 		c->acked[src] = 1;
 		if (++c->acks == c->colls->n - 1)
-			ferry__coll_finish(c, 0);
+			ferry__coll_finish_ok(c);
 		return NULL;
 	}
 	if (c->colls->me == root)
@@ -105,14 +120,22 @@ static const char *tree_on_frame_any(struct ferry_coll *c, uint32_t src, uint8_t
 		return "coll: broadcast data from a rank that is not this node's parent";
 	if (m->off != c->next_off[0] || m->n > c->remaining)
 		return "coll: a segment out of order";
-	memcpy((uint8_t *)c->buf + m->off * c->esz, data, (size_t)m->n * c->esz);
+	if (type == FERRY_MSG_COLL_PUT) {
+		data = ferry__coll_zc_landed(c, src, m, false, &in_place, &why);
+		if (!data)
+			return why;
+	}
+	if (!in_place)
+		memcpy((uint8_t *)c->buf + m->off * c->esz, data, (size_t)m->n * c->esz);
 	c->next_off[0] += m->n;
 	c->remaining -= m->n;
 	rc = tree_forward(c, chain, m->off, m->n);
 	if (!rc && c->remaining == 0)
 		rc = ferry__coll_send_ctl(c, root, FERRY_MSG_COLL_ACK);
-	if (rc || c->remaining == 0)
+	if (rc)
 		ferry__coll_finish(c, rc);
+	else if (c->remaining == 0)
+		ferry__coll_finish_ok(c);
 	return NULL;
 }
 

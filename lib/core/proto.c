@@ -117,6 +117,8 @@ static size_t proto_body_size(uint8_t type)
 	case FERRY_MSG_COLL:
 	case FERRY_MSG_COLL_ACK:
 	case FERRY_MSG_COLL_KICK:
+	case FERRY_MSG_COLL_KEYS:
+	case FERRY_MSG_COLL_PUT:
 		return sizeof(struct ferry_msg_coll);
 	case FERRY_MSG_MGR_DEAD:
 		return sizeof(struct ferry_msg_mgr);
@@ -464,6 +466,25 @@ static int proto_parse_coll(uint8_t type, const uint8_t *p, size_t left,
 		PROTO_FAIL("coll: step out of range");
 	if (m->count == 0 || m->count > UINT64_MAX / esz)
 		PROTO_FAIL("coll: element count out of range");
+	if (type == FERRY_MSG_COLL_KEYS) {
+		if (m->n || m->off || m->step)
+			PROTO_FAIL("coll: segment on a frame of keys");
+		if (left != sizeof(struct ferry_msg_coll_keys))
+			PROTO_FAIL("coll: keys of the wrong size");
+		v->coll = m;
+		v->data = p;
+		return 0;
+	}
+	if (type == FERRY_MSG_COLL_PUT) {
+		if (m->n == 0 || m->off > m->count || m->n > m->count - m->off)
+			PROTO_FAIL("coll: put of a segment outside the collective");
+		if (!proto_pad_ok(left, 0))
+			PROTO_FAIL("coll: data after a put");
+		v->coll = m;
+		v->data = NULL;
+		v->count = m->n;
+		return 0;
+	}
 	if (type != FERRY_MSG_COLL) {
 		if (m->n || m->off || m->step)
 			PROTO_FAIL("coll: segment on a frame without data");
@@ -607,6 +628,8 @@ int ferry__proto_parse(const void *buf, size_t len, const struct ferry_proto_lim
 	case FERRY_MSG_COLL:
 	case FERRY_MSG_COLL_ACK:
 	case FERRY_MSG_COLL_KICK:
+	case FERRY_MSG_COLL_KEYS:
+	case FERRY_MSG_COLL_PUT:
 		view->coll = view->body;
 		return proto_parse_coll(hdr->type, p, left, lim, view, why_p);
 	case FERRY_MSG_MGR_DEAD: {

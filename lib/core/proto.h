@@ -155,6 +155,21 @@ struct ferry_msg_coll {
 			 * seq, root and step count within the group */
 };
 
+/*
+ * FERRY_MSG_COLL_KEYS: a struct ferry_msg_coll (off, n, step 0), then this:
+ * where the sender of the frame lets the receiver WRITE the segments of
+ * that collective (lib/coll/put.c). A key of 0: not there (send by message).
+ * FERRY_MSG_COLL_PUT: a struct ferry_msg_coll naming a segment (off, n,
+ * step) whose elements the sender has written into the receiver's memory,
+ * and whose WRITE completed; no data follows.
+ */
+struct ferry_msg_coll_keys {
+	uint64_t buf_addr; /* the working buffer: in-place steps (all-gather, chain) */
+	uint64_t buf_rkey;
+	uint64_t land_addr; /* the landing buffer: reduce-scatter steps of the ring */
+	uint64_t land_rkey;
+};
+
 /* bytes per element of an enum ferry_dtype, 0 for an unknown one */
 static inline uint32_t ferry__dtype_size(uint32_t dtype)
 {

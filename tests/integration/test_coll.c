@@ -152,6 +152,9 @@ static int one_case(struct ferry *fy, struct shared *sh, int rank, int world, in
 
 	fill(src, t, count, rank, salt);
 	memset(dst, 0xa5, bytes + 8);
+	if (getenv("FERRY_TEST_TRACE")) /* where a run stops, in the guest's output */
+		fprintf(stderr, "trace: rank %d world %d: %s of %zu %s %s root %d\n", rank, world,
+			what, count, dnames[t], onames[op], root);
 	if (kind == 0) {
 		rc = ferry_allreduce(fy, src, inplace ? src : dst, count, t, op);
 	} else if (kind == 1) {
@@ -254,6 +257,110 @@ Test(coll, every_collective_matches_the_reference_by_recursive_doubling, .timeou
 Test(coll, every_collective_matches_the_reference_on_the_ring, .timeout = 300)
 {
 	run_matrix(FERRY_COLL_ALGO_RING);
+}
+
+/* ---- puts by WRITE (lib/coll/put.c) ------------------------------------ */
+
+/*
+ * The ring's and the chain's segments go by one-sided WRITE where the
+ * transport can (loop, rdma): with FERRY_COLL_ZCOPY_MIN=0 every size puts
+ * (put_node: odd counts, one below the world, one past a segment), on
+ * 1 .. 4 nodes, every type, operator and collective, bit-exact. @mode:
+ * 0 puts (and some segments must have gone so, where the transport can
+ * WRITE; none where it cannot), 1 FERRY_COLL_ZCOPY=0 (none may), 2 loop's
+ * FERRY_LOOP_FAIL_WRITES=3: every third WRITE fails after half its bytes,
+ * and those segments go by message (some must have).
+ */
+/* every type, operator and collective on a few odd counts (one below the
+ * world of 4, one not divisible, one past a segment): the matrix's shape,
+ * lighter, for the puts' runs (the guest runs them over rdma) */
+static int put_node(struct tc *c, int rank, void *arg)
+{
+	static const size_t pcounts[] = { 3, 1001, (1u << 17) + 3 };
+	struct matrix *m = arg;
+	struct ferry *fy = c->fy[rank];
+	unsigned salt = 500;
+	int rc = ferry_coll_algo_set(fy, m->algo);
+
+	if (rc)
+		return failf(&m->sh, "algo_set: %s", ferry_strerror(rc));
+	for (size_t ci = 0; ci < 3; ci++)
+		for (int di = 0; di < 3; di++) {
+			int root = (int)((ci + di) % (size_t)c->n);
+
+			for (int oi = 0; oi < 3; oi++)
+				if (one_case(fy, &m->sh, rank, c->n, 0, pcounts[ci], dtypes[di],
+					     ops[oi], (int)((ci + oi) % 2), 0, salt++))
+					return 1;
+			if (one_case(fy, &m->sh, rank, c->n, 1, pcounts[ci], dtypes[di],
+				     ops[(ci + di) % 3], (int)(ci % 2), root, salt++) ||
+			    one_case(fy, &m->sh, rank, c->n, 2, pcounts[ci], dtypes[di], FERRY_SUM,
+				     0, (root + 1) % c->n, salt++))
+				return 1;
+		}
+	return 0;
+}
+
+static void run_puts(int mode)
+{
+	const char *tp = getenv("FERRY_TRANSPORT");
+	bool loop = tp && !strcmp(tp, "loop");
+
+	if (mode == 2 && !loop)
+		cr_skip_test("write faults are injected by the loop transport only");
+	setenv("FERRY_COLL_ZCOPY_MIN", "0", 1);
+	if (mode == 1)
+		setenv("FERRY_COLL_ZCOPY", "0", 1);
+	if (mode == 2)
+		setenv("FERRY_LOOP_FAIL_WRITES", "3", 1);
+	/* in the TCG guest the message path's run (the other matrices run it
+	 * too) takes 2 nodes only */
+	bool vm = getenv("FERRY_TEST_IN_VM") != NULL && mode == 1;
+
+	for (int n = vm ? 2 : 1; n <= (vm ? 2 : 4); n++) {
+		struct matrix m = { .algo = FERRY_COLL_ALGO_RING, .big = 1 };
+		unsigned long long puts = 0, fails = 0;
+		bool can;
+		struct tc c;
+
+		cr_assert_eq(tc_open(&c, n, NULL, 20000), 0, "open %d nodes", n);
+		can = (c.fy[0]->tp->ops->caps & FERRY_TP_CAP_WRITE) != 0;
+		tc_run(&c, put_node, &m);
+		for (int r = 0; r < n; r++) {
+			puts += ferry__coll_puts(c.fy[r]);
+			fails += ferry__coll_put_fails(c.fy[r]);
+		}
+		tc_close(&c);
+		cr_assert_eq(atomic_load(&m.sh.failures), 0, "%d nodes: %s", n, m.sh.why);
+		if (n == 1 || !can || mode == 1) {
+			cr_expect_eq(puts + fails, 0, "%d nodes: %llu segments put, %llu failed", n,
+				     puts, fails);
+			continue;
+		}
+		cr_expect_gt(puts, 0, "%d nodes: no segment was put by WRITE", n);
+		if (mode == 2)
+			cr_expect_gt(fails, 0, "%d nodes: no WRITE failed with faults injected", n);
+		else
+			cr_expect_eq(fails, 0, "%d nodes: %llu WRITEs failed", n, fails);
+	}
+	unsetenv("FERRY_COLL_ZCOPY_MIN");
+	unsetenv("FERRY_COLL_ZCOPY");
+	unsetenv("FERRY_LOOP_FAIL_WRITES");
+}
+
+Test(coll, ring_and_chain_segments_go_by_write_where_the_transport_can, .timeout = 300)
+{
+	run_puts(0);
+}
+
+Test(coll, with_zcopy_off_every_segment_goes_by_message, .timeout = 300)
+{
+	run_puts(1);
+}
+
+Test(coll, a_failed_write_sends_its_segment_by_message, .timeout = 300)
+{
+	run_puts(2);
 }
 
 /* ---- back to back, started many at a time -------------------------------- */

@@ -707,6 +707,8 @@ Test(proto, frame_shorter_than_its_fixed_body)
 		{ FERRY_MSG_ESSP_SUB, sizeof(struct ferry_msg_essp_sub) },
 		{ FERRY_MSG_ESSP_VAL, sizeof(struct ferry_msg_essp_val) },
 		{ FERRY_MSG_ESSP_KICK, sizeof(struct ferry_msg_essp_kick) },
+		{ FERRY_MSG_COLL_KEYS, sizeof(struct ferry_msg_coll) },
+		{ FERRY_MSG_COLL_PUT, sizeof(struct ferry_msg_coll) },
 	};
 
 	/* every type but BYE, which is a bare header (below); the numbers not

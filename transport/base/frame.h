@@ -84,6 +84,9 @@ enum ferry_msg_type {
 	FERRY_MSG_ESSP_SUB = 43,  /* reader -> owner: (un)subscribe keys to ESSP's pushes */
 	FERRY_MSG_ESSP_VAL = 44,  /* owner -> subscriber: values fresh to a global clock */
 	FERRY_MSG_ESSP_KICK = 45, /* to self: the global clock moved here; push */
+	/* 46 .. 47: collectives' puts by one-sided WRITE (lib/coll/put.c) */
+	FERRY_MSG_COLL_KEYS = 46, /* receiver -> its sender: where a collective may WRITE */
+	FERRY_MSG_COLL_PUT = 47,  /* writer -> receiver: a segment's WRITE has landed */
 	FERRY_MSG_TYPE_MAX
 };
 

@@ -30,8 +30,8 @@ static int rdma_rkey_seen(const struct rdma_tp *t, uint32_t rkey)
  * ferry__rdma_mem_reg - register @len bytes at @addr with the least access needed
  *
  * Local write always (the buffer may be the target of a READ), remote read
- * and remote write only as @access asks. The rkey is one this transport never
- * handed out before (of its last RDMA_RKEY_HIST): a device may reuse a freed
+ * and remote write only as @access asks. The rkey of one with a remote right
+ * is one this transport never handed out before (of its last RDMA_RKEY_HIST): a device may reuse a freed
  * registration's key (ReDMArk), so one that does is registered again, with
  * the repeated registration held until a new key comes. Context: any thread,
  * after init().
@@ -66,6 +66,11 @@ int ferry__rdma_mem_reg(struct ferry_tp *tp, void *addr, size_t len, unsigned ac
 				reg_err = errno;
 				break;
 			}
+			/* without remote rights no peer can use the key (rxe
+			 * reports 0 for every such registration): nothing to
+			 * keep apart */
+			if (!(flags & (IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE)))
+				break;
 			pthread_mutex_lock(&t->mr_lock);
 			seen = rdma_rkey_seen(t, m->mr->rkey);
 			if (!seen || naside == RDMA_REG_TRIES)
