@@ -235,6 +235,27 @@ static void frames(void)
 			->clock = 4;
 		seed_frame("essp-kick", &f, FERRY_MSG_ESSP_KICK, 1, 3);
 	}
+	{
+		/* collectives by one-sided WRITE (lib/coll/put.c): a receiver's
+		 * keys, and a writer's notice that a segment landed */
+		struct ferry_msg_coll *c;
+		struct ferry_msg_coll_keys *k;
+
+		ferry__frame_begin(&f);
+		c = ferry__frame_put(&f, sizeof(*c));
+		*c = (struct ferry_msg_coll){ .seq = 0, .count = 1024, .kind = 0, .dtype = 0 };
+		k = ferry__frame_put(&f, sizeof(*k));
+		*k = (struct ferry_msg_coll_keys){
+			.buf_addr = 4096, .buf_rkey = 7, .land_addr = 8192, .land_rkey = 9
+		};
+		seed_frame("coll-keys", &f, FERRY_MSG_COLL_KEYS, 1, 3);
+		ferry__frame_begin(&f);
+		c = ferry__frame_put(&f, sizeof(*c));
+		*c = (struct ferry_msg_coll){
+			.seq = 0, .count = 1024, .off = 256, .n = 256, .step = 1
+		};
+		seed_frame("coll-put", &f, FERRY_MSG_COLL_PUT, 1, 3);
+	}
 	ferry__frame_begin(&f);
 	ferry__frame_put(&f, sizeof(struct ferry_msg_table));
 	seed_frame("table", &f, FERRY_MSG_TABLE, 1, 3);
