@@ -35,6 +35,7 @@
 
 #include "bjson.h"
 #include "ferry/ferry.h"
+#include "util.h"
 
 struct row {
 	size_t bytes;
@@ -43,28 +44,6 @@ struct row {
 	double mpi_p50, ferry_p50; /* the slowest rank's median per call */
 	const char *algo;
 };
-
-static double now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static size_t parse_size(const char *s)
-{
-	char *end;
-	double v = strtod(s, &end);
-
-	if (*end == 'K' || *end == 'k')
-		v *= 1024;
-	else if (*end == 'M' || *end == 'm')
-		v *= 1024 * 1024;
-	else if (*end == 'G' || *end == 'g')
-		v *= 1024.0 * 1024 * 1024;
-	return (size_t)v;
-}
 
 static int cmp_double(const void *a, const void *b)
 {
@@ -155,10 +134,10 @@ int main(int argc, char **argv)
 	while ((opt = getopt_long(argc, argv, "h", lopts, NULL)) != -1) {
 		switch (opt) {
 		case 'a':
-			min = parse_size(optarg);
+			min = coll_parse_size(optarg);
 			break;
 		case 'b':
-			max = parse_size(optarg);
+			max = coll_parse_size(optarg);
 			break;
 		case 'n':
 			iters = atoi(optarg);
@@ -256,12 +235,12 @@ int main(int argc, char **argv)
 		for (int i = 0; i < wu; i++)
 			MPI_Allreduce(src, dst, (int)n, dt_mpi(dtype), op_mpi(op), MPI_COMM_WORLD);
 		MPI_Barrier(MPI_COMM_WORLD);
-		t0 = t1 = now_s();
+		t0 = t1 = coll_now_s();
 		for (int i = 0; i < it; i++) {
 			double t2;
 
 			MPI_Allreduce(src, dst, (int)n, dt_mpi(dtype), op_mpi(op), MPI_COMM_WORLD);
-			t2 = now_s();
+			t2 = coll_now_s();
 			samples[i] = t2 - t1;
 			t1 = t2;
 		}
@@ -271,12 +250,12 @@ int main(int argc, char **argv)
 		for (int i = 0; i < wu && !rc; i++)
 			rc = ferry_allreduce(fy, src, dst, n, dtype, op);
 		MPI_Barrier(MPI_COMM_WORLD);
-		t0 = t1 = now_s();
+		t0 = t1 = coll_now_s();
 		for (int i = 0; i < it && !rc; i++) {
 			double t2;
 
 			rc = ferry_allreduce(fy, src, dst, n, dtype, op);
-			t2 = now_s();
+			t2 = coll_now_s();
 			samples[i] = t2 - t1;
 			t1 = t2;
 		}

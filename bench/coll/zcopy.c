@@ -33,6 +33,7 @@
 #include "ferry/ferry.h"
 #include "lib/coll/coll.h"
 #include "lib/core/core.h"
+#include "util.h"
 
 #define MAX_NODES 8
 #define MAX_SIZES 32
@@ -50,26 +51,6 @@ static double took[MAX_NODES];
 static int bad;
 /* per size, mode, round: the slowest node's mean seconds per call */
 static double res[MAX_SIZES][2][MAX_ROUNDS];
-
-static double now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static size_t parse_size(const char *s)
-{
-	char *end;
-	double v = strtod(s, &end);
-
-	if (*end == 'K' || *end == 'k')
-		v *= 1024;
-	else if (*end == 'M' || *end == 'm')
-		v *= 1024 * 1024;
-	return (size_t)v;
-}
 
 static int cmp_double(const void *a, const void *b)
 {
@@ -143,7 +124,7 @@ static void *node(void *arg)
 					}
 				}
 				pthread_barrier_wait(&bar);
-				t0 = now_s();
+				t0 = coll_now_s();
 				for (int i = 0; i < iters; i++)
 					if (ferry_allreduce(fys[rank], buf, buf, n, FERRY_FLOAT32,
 							    FERRY_SUM)) {
@@ -152,7 +133,7 @@ static void *node(void *arg)
 							rank);
 						exit(1);
 					}
-				took[rank] = (now_s() - t0) / iters;
+				took[rank] = (coll_now_s() - t0) / iters;
 				pthread_barrier_wait(&bar);
 				if (rank == 0) {
 					double m = 0;
@@ -180,9 +161,9 @@ int main(int argc, char **argv)
 		if (c == 'n')
 			opt.nodes = atoi(optarg);
 		else if (c == 'a')
-			opt.min = parse_size(optarg);
+			opt.min = coll_parse_size(optarg);
 		else if (c == 'b')
-			opt.max = parse_size(optarg);
+			opt.max = coll_parse_size(optarg);
 		else if (c == 'r')
 			opt.rounds = atoi(optarg);
 		else if (c == 'g')
