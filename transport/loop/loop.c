@@ -460,17 +460,28 @@ static int loop_rw_now(struct ferry_tp *tp, uint32_t dst, void *local, struct fe
 	if (!loop_access_ok(tp, dst, raddr, rkey, len, need)) {
 		status = -EACCES;
 	} else if (write) {
-		uint64_t *d = (uint64_t *)(uintptr_t)raddr;
-		const uint64_t *s = local;
+		/* aligned 8-byte words as a NIC writes them (a one-sided reader
+		 * may race them); the ends and an unaligned source by the byte:
+		 * a collective's segment starts at any element */
+		uint8_t *d = (uint8_t *)(uintptr_t)raddr;
+		const uint8_t *s = local;
 		uint64_t nth = __atomic_add_fetch(&l->nwrites, 1, __ATOMIC_RELAXED);
+		size_t i, head = (size_t)(-(uintptr_t)d & 7);
 
 		if (l->fail_writes && nth % l->fail_writes == 0) {
 			len /= 2; /* cut off halfway */
 			status = -EIO;
 		}
-		for (size_t i = 0; i < len / 8; i++)
-			__atomic_store_n(&d[i], s[i], __ATOMIC_RELEASE);
-		memcpy((uint8_t *)d + len / 8 * 8, (const uint8_t *)s + len / 8 * 8, len % 8);
+		if (head > len)
+			head = len;
+		memcpy(d, s, head);
+		for (i = head; i + 8 <= len; i += 8) {
+			uint64_t w;
+
+			memcpy(&w, s + i, 8);
+			__atomic_store_n((uint64_t *)(void *)(d + i), w, __ATOMIC_RELEASE);
+		}
+		memcpy(d + i, s + i, len - i);
 	} else if (l->adversarial) {
 		loop_copy_shuffled(local, (const void *)(uintptr_t)raddr, len);
 	} else {
