@@ -30,7 +30,7 @@
 #               Criterion stand-in in tests/transport/tsan/: Criterion cannot start under TSan)
 #   fuzz        the libFuzzer targets (fuzz/): a clang-14 tree in build-fuzz/ with -DFERRY_FUZZ=ON
 #               (ASan+UBSan), the inputs that once crashed (fuzz/regress/), then each target for
-#               FERRY_FUZZ_SECONDS (default 15) from the generated seeds; fails on any crash, leak,
+#               FERRY_FUZZ_SECONDS (default 10) from the generated seeds; fails on any crash, leak,
 #               timeout or sanitizer report (the artifact lands in build-fuzz/artifacts/)
 #   vm          ci/softroce-vm.sh --build-dir build: the test binaries on SoftRoCE in QEMU
 #   format      clang-format --dry-run -Werror over the C sources (--no-format skips it)
@@ -44,8 +44,9 @@
 #   --format    check formatting against .clang-format (the default; --no-format skips it)
 #   --jobs N    build parallelism (default 2)
 #
-# The whole run stays inside FERRY_CI_BUDGET seconds (default 1740, 29 min: the brief's 30 less
-# a margin; session 10's run took 1662 s before format): each stage's bound is cut
+# The whole run stays inside FERRY_CI_BUDGET seconds (default 1790, under the brief's 30 min;
+# session 10's runs took 1662 s and, on a slower day for the same machine, a projected
+# 1830 s before the cuts below): each stage's bound is cut
 # to what is left. FERRY_VM_TESTS (a glob, default 'test_transport') picks the binaries the VM
 # runs as they are; the integration suites always run there too, over rdma.
 # Prints one summary line per stage and last "N passed, N failed" (stages); exits non-zero when
@@ -95,7 +96,7 @@ while [[ $# -gt 0 ]]; do
 done
 [[ $jobs =~ ^[1-9][0-9]*$ ]] || { echo "ci/test.sh: --jobs wants a number" >&2; exit 2; }
 
-budget=${FERRY_CI_BUDGET:-1740}
+budget=${FERRY_CI_BUDGET:-1790}
 run_start=$SECONDS
 names=()
 results=()
@@ -165,7 +166,7 @@ tsan_build_run()
 # each target: the inputs that once crashed it, then FERRY_FUZZ_SECONDS of fuzzing; one line each
 fuzz_build_run()
 {
-	local t secs=${FERRY_FUZZ_SECONDS:-15} out=build-fuzz/fuzz regress=()
+	local t secs=${FERRY_FUZZ_SECONDS:-10} out=build-fuzz/fuzz regress=()
 	if ! command -v clang-14 >/dev/null; then
 		echo "fuzz: clang-14 not found; install it with bash ci/deps.sh fuzz, or skip with --no-fuzz"
 		return 1
@@ -232,10 +233,13 @@ else
 fi
 
 if [[ $asan -eq 1 ]]; then
+	# test_cons_loop is left out (48 s here; test_cons runs the same cases over tcp under ASan,
+	# and over loop in ctest): the run's time (session 10)
 	if stage asan-build 900 bash -c 'configure_build build-asan -DFERRY_SANITIZE=address,undefined'; then
 		ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
 			UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-			stage asan-ctest 900 ctest --test-dir build-asan --output-on-failure || true
+			stage asan-ctest 900 ctest --test-dir build-asan --output-on-failure \
+			-E '^test_cons_loop$' || true
 	else
 		skip asan-ctest "asan-build failed"
 	fi
@@ -306,8 +310,10 @@ else
 		--cmd 'for i in 0 1 2; do RANK=$i WORLD_SIZE=3 MASTER_ADDR=10.77.0.1 MASTER_PORT=29400 FERRY_TRANSPORT=rdma FERRY_LOG_LEVEL=info FERRY_LOG_FILE=/tmp/tp.%r.log timeout 120 ferry-tp-check --count 200 >/tmp/tp$i.out 2>&1 & done; wait; cat /tmp/tp0.out /tmp/tp1.out /tmp/tp2.out; [ "$(cat /tmp/tp0.out /tmp/tp1.out /tmp/tp2.out | grep -c ": ok:")" = 3 ] && grep -q "rdma: rank 2 left" /tmp/tp.0.log && grep -q "rdma: rank 2 left" /tmp/tp.1.log')
 	# the consistency models over rdma: every SSP/ESSP read checked against the bound, exact
 	# eventual sums (copies fetched by one-sided READs, deltas by messages)
+	# (the bound and the sums; the rest of the suite runs on the host: 68 s here for all of it)
 	vm_args+=(--bin build/tests/test_cons
-		--cmd "FERRY_TRANSPORT=rdma FERRY_BIND_ADDR=10.77.0.1 test_cons --jobs 1")
+		--cmd "FERRY_TRANSPORT=rdma FERRY_BIND_ADDR=10.77.0.1 test_cons --jobs 1 --filter 'cons/*_keep_the_staleness_bound'"
+		--cmd "FERRY_TRANSPORT=rdma FERRY_BIND_ADDR=10.77.0.1 test_cons --jobs 1 --filter 'cons/eventual_sums_are_exact_after_flush_and_barrier'")
 	# hot keys' replicas over rdma: exact sums on every node after flush and barrier (200
 	# operations per worker: the whole suite with 400 took 177 s under TCG)
 	vm_args+=(--bin build/tests/test_hot
