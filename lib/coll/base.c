@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/uio.h>
+#include <unistd.h>
 
 #include "lib/coll/coll.h"
 
@@ -220,12 +221,44 @@ bool ferry__coll_poll_enabled(const struct ferry *fy)
 	       !(e && !strcmp(e, "0"));
 }
 
+bool ferry__coll_yield_decide(const char *setting, const char *ompi, const char *local, long cpus)
+{
+	char *end;
+	long n;
+
+	if (setting && !strcmp(setting, "1"))
+		return true;
+	if (setting && !strcmp(setting, "0"))
+		return false;
+	if (setting && *setting && strcmp(setting, "auto"))
+		ferry_warn("coll: FERRY_COLL_YIELD=%s is not auto, 0 or 1; using auto", setting);
+	if (ompi && !strcmp(ompi, "1"))
+		return true;
+	if (!local || !*local || cpus <= 0)
+		return false;
+	errno = 0;
+	n = strtol(local, &end, 10);
+	return !errno && !*end && n > cpus;
+}
+
+static bool coll_yield_now(void)
+{
+	const char *local = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+
+	if (!local)
+		local = getenv("LOCAL_WORLD_SIZE");
+	return ferry__coll_yield_decide(getenv("FERRY_COLL_YIELD"),
+					getenv("OMPI_MCA_mpi_oversubscribe"), local,
+					sysconf(_SC_NPROCESSORS_ONLN));
+}
+
 void ferry__coll_colls_init(struct ferry_colls *cs, struct ferry *fy)
 {
 	cs->fy = fy;
 	cs->n = fy->world;
 	cs->me = fy->rank;
 	cs->poll = ferry__coll_poll_enabled(fy);
+	cs->yield_now = coll_yield_now();
 	pthread_mutex_init(&cs->lock, NULL);
 	ferry__cond_init_monotonic(&cs->cond);
 }

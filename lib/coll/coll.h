@@ -142,6 +142,10 @@ struct ferry_colls {
 	/* a waiter polls the transport (FERRY_TP_CAP_POLL_MSG, FERRY_COLL_POLL
 	 * not 0): it takes its frames itself, the progress thread stands aside */
 	bool poll;
+	/* a waiter that found nothing to read yields the CPU at once, not
+	 * after 20 us of spinning: this host runs more ranks than it has CPUs
+	 * (FERRY_COLL_YIELD, ferry__coll_yield_decide) */
+	bool yield_now;
 	atomic_ullong polled;	 /* frames of @cs handled by a thread waiting on it */
 	atomic_ullong puts;	 /* segments this node put by WRITE (COLL_PUT sent) */
 	atomic_ullong put_fails; /* ... whose WRITE failed: sent by message instead */
@@ -186,6 +190,17 @@ static inline const struct ferry_msg_coll *ferry__coll_frame_body(const struct f
 /* do waiters poll the transport (struct ferry_colls, poll)? Reads
  * FERRY_COLL_POLL */
 bool ferry__coll_poll_enabled(const struct ferry *fy);
+/*
+ * Does a waiter with nothing to read yield at once (struct ferry_colls,
+ * yield_now)? @setting: FERRY_COLL_YIELD (NULL or "auto", "0", "1"; any
+ * other value warns and counts as auto); @ompi: OMPI_MCA_mpi_oversubscribe,
+ * which Open MPI's mpirun sets to 1 when a host runs more processes than it
+ * has slots; @local: the ranks on this host (OMPI_COMM_WORLD_LOCAL_SIZE, else
+ * torchrun's LOCAL_WORLD_SIZE), or NULL; @cpus: the host's online CPUs.
+ * auto: yes when @ompi is "1" or @local exceeds @cpus. Pure (the unit test
+ * calls it); ferry__coll_colls_init() passes the environment.
+ */
+bool ferry__coll_yield_decide(const char *setting, const char *ompi, const char *local, long cpus);
 /* frames of the whole cluster's and every group's collectives that a thread
  * waiting on them handled itself (tests) */
 unsigned long long ferry__coll_polled(const struct ferry *fy);

@@ -57,6 +57,8 @@ const struct ferry_option ferry__options[] = {
 	  "collectives: 0 offers no memory and writes none (ring and chain by message)" },
 	{ "FERRY_COLL_ZCOPY_MIN", "-", "65536",
 	  "collectives: bytes from which ring and chain put by WRITE (same on every node)" },
+	{ "FERRY_COLL_YIELD", "-", "auto",
+	  "collectives: 1: a waiter with nothing to read yields at once; auto: if ranks > CPUs here" },
 	{ "FERRY_RDMA_DEVICE", "-", "first with an active port", "RDMA device to use" },
 	{ "FERRY_RDMA_GID_INDEX", "-", "the RoCE v2 GID of the IPv4 address",
 	  "GID index for RoCE" },
