@@ -565,11 +565,23 @@ void ferry__ops_forward_one(struct ferry *fy, struct ferry_table *t, const struc
 		return;
 	}
 	if (op->hops >= FERRY_MAX_HOPS || dst == fy->rank) {
-		ferry_err("ops: key %llu of table %u cannot be routed (%s); failing the operation",
+		/* after a failure this is what a lost key looks like (its owner
+		 * and its backups failed together, more failures than replicas)
+		 * or one whose route has not settled yet: -FERRY_E_PEER, as
+		 * every operation a failure cuts (docs/faults.md); it was not
+		 * applied here. With no failure on record, a broken directory */
+		bool failed = atomic_load_explicit(&fy->failures, memory_order_relaxed) != 0;
+
+		ferry_err("ops: key %llu of table %u cannot be routed (%s); failing the operation "
+			  "with %s",
 			  (unsigned long long)k->key, t->id,
 			  dst == fy->rank ? "this home records itself as owner but holds no value" :
-					    "it was forwarded too often");
-		ferry__ops_send_reply(fy, t, op, -EIO, &k->idx, 1, NULL, 0);
+					    "it was forwarded too often",
+			  failed ? "-FERRY_E_PEER: a node failed, and the key's owner and its "
+				   "backups may have failed together; retry, or restore it" :
+				   "-EIO");
+		ferry__ops_send_reply(fy, t, op, failed ? -FERRY_E_PEER : -EIO, &k->idx, 1, NULL,
+				      0);
 		return;
 	}
 	tmpl.hops++;

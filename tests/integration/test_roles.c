@@ -307,3 +307,52 @@ Test(roles, a_table_release_for_a_table_not_destroyed_is_ignored)
 	ferry_worker_destroy(w1);
 	tc_close(&c);
 }
+
+/* ---- an operation that cannot be routed ------------------------------------ */
+
+/* node 1 sends node 0 a pull of KEY that has been forwarded FERRY_MAX_HOPS
+ * times already, for a worker node 1 does not have (its reply is dropped) */
+static void send_hopped_pull(struct tc *c)
+{
+	struct {
+		struct ferry_msg_hdr h;
+		struct ferry_msg_op op;
+		struct ferry_msg_key k;
+	} f;
+
+	memset(&f, 0, sizeof(f));
+	ferry__proto_hdr_init(&f.h, FERRY_MSG_OP, sizeof(f), 1, c->t[0]->id);
+	f.op.origin = 1;
+	f.op.worker = FERRY_MAX_WORKERS - 1;
+	f.op.req = 1;
+	f.op.op = FERRY_OP_PULL;
+	f.op.hops = FERRY_MAX_HOPS;
+	f.op.count = 1;
+	f.k.key = KEY;
+	f.k.len = VLEN;
+	cr_assert_eq(ferry__send(c->fy[1], 0, &f, sizeof(f)), 0, "the forger could not send");
+}
+
+/*
+ * Node 0 is not KEY's home, so it would forward the pull once more; past
+ * FERRY_MAX_HOPS it fails it instead: -EIO while no node failed (a broken
+ * directory), -FERRY_E_PEER once a failure is on record, the error every
+ * operation a failure cuts gets (docs/faults.md; a key lost with its owner
+ * and backups used to fail with -EIO). The failure is only counted here
+ * (white-box): no node is failed for real.
+ */
+Test(roles, an_operation_past_its_hops_fails_with_eio_or_after_a_failure_with_peer)
+{
+	struct tc c;
+
+	cr_assert_eq(tc_open(&c, NODES, &tparams, 5000), 0);
+	send_hopped_pull(&c);
+	cr_expect_eq(log_wait("cannot be routed (it was forwarded too often)", "with -EIO", 1), 1);
+	atomic_fetch_add(&c.fy[0]->failures, 1);
+	send_hopped_pull(&c);
+	cr_expect_eq(log_wait("cannot be routed (it was forwarded too often)", "with -FERRY_E_PEER",
+			      1),
+		     1);
+	atomic_fetch_sub(&c.fy[0]->failures, 1);
+	tc_close(&c);
+}
