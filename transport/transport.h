@@ -89,7 +89,10 @@
  * - Bound: what the transport keeps per write_imm not acknowledged is its
  *   descriptor (addresses, keys, length, tag, ctx: rdma keeps it in the
  *   chunk's send-buffer slot, at most RDMA_CREDITS per peer; more wait in
- *   the out queue, as frames do, under the same FERRY_TP_SENDQ_MAX).
+ *   its out queue, one entry each; loop: one entry each). The caller bounds
+ *   how many it posts (a collective: its segments).
+ * - @dst is never the writer's own rank (-EINVAL): there is no stream to
+ *   itself.
  * - Tags: the top FERRY_TP_IMM_USER_BITS bits name the core's module
  *   (FERRY_TP_IMM_USER_*), the rest are the module's. The transport does not
  *   look inside the tag; the core checks it as it checks a frame.

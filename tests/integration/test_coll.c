@@ -406,6 +406,106 @@ Test(coll, with_imm_off_segments_go_by_write_and_coll_put, .timeout = 300)
 	run_puts(PUT_NO_IMM);
 }
 
+/* ---- WRITE with immediate across broken links (rdma) ----------------------- */
+
+static atomic_long imm_resumed, imm_replayed, imm_failed_lines;
+
+static void imm_log(enum ferry_log_level level, const char *msg, void *arg)
+{
+	const char *p;
+	unsigned n = 0;
+
+	(void)arg;
+	if (level <= FERRY_LOG_WARN && !strstr(msg, "FERRY_RDMA_FAULT_BREAK_MS"))
+		fprintf(stderr, "ferry: %s\n", msg);
+	if (strstr(msg, "marking it failed"))
+		atomic_fetch_add(&imm_failed_lines, 1);
+	if (!strstr(msg, "resumed the session"))
+		return;
+	atomic_fetch_add(&imm_resumed, 1);
+	if ((p = strstr(msg, "sent again (")) && sscanf(p, "sent again (%u of them", &n) == 1)
+		atomic_fetch_add(&imm_replayed, (long)n);
+}
+
+struct imm_run {
+	struct shared sh;
+	int64_t until_ns;
+	unsigned rounds[TC_MAX];
+};
+
+/* 1 MiB all-reduces and broadcasts on the ring and the chain until the time is up */
+static int imm_storm_node(struct tc *c, int rank, void *arg)
+{
+	struct imm_run *m = arg;
+	unsigned salt = 900;
+	int rc = ferry_coll_algo_set(c->fy[rank], FERRY_COLL_ALGO_RING);
+
+	if (rc)
+		return failf(&m->sh, "algo_set: %s", ferry_strerror(rc));
+	/* every node runs the same number of rounds: rank 0 decides, through the
+	 * collective itself (a broadcast of its verdict) */
+	for (;;) {
+		int64_t go = now_ns() < m->until_ns;
+
+		rc = ferry_broadcast(c->fy[rank], &go, 1, FERRY_INT64, 0);
+		if (rc)
+			return failf(&m->sh, "rank %d: broadcast: %s", rank, ferry_strerror(rc));
+		if (!go)
+			break;
+		int root = (int)(salt % (unsigned)c->n);
+
+		if (one_case(c->fy[rank], &m->sh, rank, c->n, 0, (1u << 18) + 5, FERRY_FLOAT32,
+			     FERRY_SUM, 0, 0, salt) ||
+		    one_case(c->fy[rank], &m->sh, rank, c->n, 2, (1u << 17) + 3, FERRY_FLOAT64,
+			     FERRY_SUM, 0, root, salt + 1))
+			return 1;
+		salt += 2;
+		m->rounds[rank]++;
+	}
+	return 0;
+}
+
+/*
+ * Over rdma, with a link broken every 150 ms (FERRY_RDMA_FAULT_BREAK_MS):
+ * 3 nodes run ring all-reduces and chain broadcasts of about 1 MiB for 4 s,
+ * every segment one WRITE with immediate; every result is exact, no peer is
+ * failed, links were resumed, and some WRITEs with immediate were posted
+ * again on the new queue pair (the resumption's log line counts them).
+ */
+Test(coll, write_imms_posted_again_after_a_lost_link_keep_results_exact, .timeout = 180)
+{
+	const char *tp = getenv("FERRY_TRANSPORT");
+	struct imm_run m = { 0 };
+	unsigned long long imms = 0;
+	struct tc c;
+
+	if (!tp || strcmp(tp, "rdma"))
+		cr_skip_test("links are broken on purpose by the rdma transport only");
+	setenv("FERRY_COLL_ZCOPY_MIN", "0", 1);
+	setenv("FERRY_RDMA_FAULT_BREAK_MS", "150", 1);
+	ferry_log_set(FERRY_LOG_INFO, imm_log, NULL);
+	cr_assert_eq(tc_open(&c, 3, NULL, 20000), 0);
+	m.until_ns = now_ns() + 4000000000ll;
+	tc_run(&c, imm_storm_node, &m);
+	for (int r = 0; r < 3; r++)
+		imms += ferry__coll_puts_imm(c.fy[r]);
+	tc_close(&c);
+	ferry_log_set(FERRY_LOG_WARN, NULL, NULL);
+	unsetenv("FERRY_RDMA_FAULT_BREAK_MS");
+	unsetenv("FERRY_COLL_ZCOPY_MIN");
+	cr_assert_eq(atomic_load(&m.sh.failures), 0, "%s", m.sh.why);
+	fprintf(stderr,
+		"write_imm storm: %u rounds, %llu segments with immediate, %ld resumptions, "
+		"%ld WRITEs with immediate posted again\n",
+		m.rounds[0], imms, atomic_load(&imm_resumed), atomic_load(&imm_replayed));
+	cr_expect_gt(m.rounds[0], 0, "no round ran");
+	cr_expect_gt(imms, 0, "no segment went by WRITE with immediate");
+	cr_expect_gt(atomic_load(&imm_resumed), 0, "no link was broken and resumed");
+	cr_expect_gt(atomic_load(&imm_replayed), 0,
+		     "no WRITE with immediate was in flight when a link broke");
+	cr_expect_eq(atomic_load(&imm_failed_lines), 0, "a peer was marked failed");
+}
+
 /* ---- back to back, started many at a time -------------------------------- */
 
 #define BURST 16
