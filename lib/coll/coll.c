@@ -945,7 +945,7 @@ int ferry__coll_attach(struct ferry *fy)
 	cs->crossover = coll_env_crossover();
 	cs->zcopy = coll_env_size("FERRY_COLL_ZCOPY", 1) != 0;
 	cs->zcopy_min = coll_env_size("FERRY_COLL_ZCOPY_MIN", FERRY_COLL_ZCOPY_MIN_DEFAULT);
-	cs->imm = coll_env_size("FERRY_COLL_IMM", 1) != 0;
+	atomic_store(&cs->imm, coll_env_size("FERRY_COLL_IMM", 1) != 0);
 	fy->coll = cs;
 	fy->coll_free = coll_colls_free;
 	rc = ferry__dispatch_register(fy, FERRY_MSG_COLL, FERRY_DISPATCH_NODE, coll_on_msg);

@@ -171,7 +171,8 @@ struct ferry_colls {
 	atomic_ullong puts;	 /* segments this node put by WRITE (COLL_PUT sent) */
 	atomic_ullong put_fails; /* ... whose WRITE failed: sent by message instead */
 	atomic_ullong puts_imm;	 /* segments this node sent by WRITE with immediate */
-	bool imm;		 /* FERRY_COLL_IMM not 0: WRITE with immediate where it can */
+	atomic_bool imm;	 /* FERRY_COLL_IMM not 0: WRITE with immediate where it can (the
+			  * whole cluster's counts, for every group) */
 	bool zcopy;		 /* FERRY_COLL_ZCOPY not 0: offer memory and write */
 	size_t zcopy_min;	 /* bytes: below, no keys are exchanged */
 
@@ -292,6 +293,9 @@ unsigned long long ferry__coll_put_fails(const struct ferry *fy);
 /* what FERRY_COLL_ZCOPY and FERRY_COLL_ZCOPY_MIN set, for the collectives
  * started after it (benchmarks: every node alike, between collectives) */
 void ferry__coll_zcopy_set(struct ferry *fy, bool on, size_t min);
+/* what FERRY_COLL_IMM sets (WRITE with immediate where the transport has
+ * it), for the collectives whose keys come after it (benchmarks) */
+void ferry__coll_imm_set(struct ferry *fy, bool on);
 /*
  * the algorithm's start (caller's thread, no lock): this collective
  * receives from member @src and sends to member @dst (UINT32_MAX: none);

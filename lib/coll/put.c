@@ -175,6 +175,11 @@ void ferry__coll_zcopy_set(struct ferry *fy, bool on, size_t min)
 	pthread_mutex_unlock(&world->lock);
 }
 
+void ferry__coll_imm_set(struct ferry *fy, bool on)
+{
+	atomic_store(&((struct ferry_colls *)fy->coll)->imm, on);
+}
+
 /* do step @step's segments land in the landing buffer (reduce-scatter)? */
 static bool put_lands(const struct ferry_coll *c, uint32_t step)
 {
@@ -484,7 +489,8 @@ const char *ferry__coll_zc_keys(struct ferry_coll *c, uint32_t src, const struct
 		return "coll: a WRITE-with-immediate slot out of range, or without memory";
 	/* every entry queued so far waits for these keys: none went yet */
 	c->zc.pslot = m->n;
-	c->zc.imm = m->n && c->zc.mr_buf && ((struct ferry_colls *)c->fy->coll)->imm &&
+	c->zc.imm = m->n && c->zc.mr_buf &&
+		    atomic_load(&((struct ferry_colls *)c->fy->coll)->imm) &&
 		    (ops->caps & FERRY_TP_CAP_WRITE_IMM) && ops->write_imm &&
 		    2 * c->colls->n + 2 <= FERRY_COLL_IMM_STEPS &&
 		    c->sig.count <= (uint64_t)FERRY_COLL_IMM_SEGS * seg &&
