@@ -17,8 +17,9 @@
  * immediate (the default where the transport has it). Default: put-imm,
  * the two one-sided paths. Each is warmed
  * up (2 calls, the first checked bit for bit against a reference) and timed
- * over max(3, min(10, 16 MiB / size)) calls, sizes from --min by 4x; a row's time is the slowest
- * node's mean, and the table gives the median over the rounds:
+ * over max(3, min(10, 16 MiB / size)) calls, sizes from --min by 4x; a round's time is the
+ * slowest node's mean ("# rounds" lines list them in the order run), and the table gives the
+ * median over the rounds:
  *
  *   busbw = bytes / time x 2 (n - 1) / n          (GB/s, 10^9; nccl-tests')
  *   ratio = the second path's busbw / the first's (> 1: the second moves more)
@@ -214,6 +215,14 @@ int main(int argc, char **argv)
 		fails += ferry__coll_put_fails(fys[i]);
 		imms += ferry__coll_puts_imm(fys[i]);
 	}
+	/* every round's time, before the medians sort them: TCG figures are noisy */
+	for (size_t bytes = opt.min; bytes <= opt.max; bytes *= 4, si++)
+		for (int k = 0; k < 2; k++) {
+			printf("# rounds %zu %s us:", bytes, mode_names[opt.imm][k]);
+			for (int r = 0; r < opt.rounds; r++)
+				printf(" %.1f", res[si][k][r] * 1e6);
+			printf("\n");
+		}
 	{
 		const char *a = mode_names[opt.imm][0], *b = mode_names[opt.imm][1];
 		char h[6][24];
@@ -226,6 +235,7 @@ int main(int argc, char **argv)
 		printf("%10s %6s %12s %12s %10s %10s %8s\n", "bytes", "iters", h[0], h[1], h[2],
 		       h[3], h[4]);
 	}
+	si = 0;
 	for (size_t bytes = opt.min; bytes <= opt.max; bytes *= 4, si++) {
 		double t[2], f = 2.0 * (opt.nodes - 1) / opt.nodes;
 
