@@ -93,6 +93,10 @@
  *   how many it posts (a collective: its segments).
  * - @dst is never the writer's own rank (-EINVAL): there is no stream to
  *   itself.
+ * - Into memory the receiver does not offer for remote writes: loop refuses
+ *   it at the call (-EACCES); rdma learns it from the peer's NIC after the
+ *   post, and fails the peer (on_peer_failed, the op -FERRY_E_PEER): posted
+ *   again it would be refused again.
  * - Tags: the top FERRY_TP_IMM_USER_BITS bits name the core's module
  *   (FERRY_TP_IMM_USER_*), the rest are the module's. The transport does not
  *   look inside the tag; the core checks it as it checks a frame.

@@ -319,7 +319,12 @@ static int put_drain(struct ferry_coll *c)
 				atomic_fetch_add_explicit(&c->colls->puts_imm, 1,
 							  memory_order_relaxed);
 			} else {
-				ferry_err(
+				/* a failed peer or a closing node: said where it is seen */
+				bool known = e->status == -FERRY_E_PEER ||
+					     e->status == -FERRY_E_CLOSED;
+
+				FERRY_LOG(
+					known ? FERRY_LOG_DEBUG : FERRY_LOG_ERROR,
 					"coll: collective %llu: a WRITE with immediate to rank %u "
 					"failed (%s); the collective fails with it",
 					(unsigned long long)c->sig.seq,

@@ -1856,6 +1856,46 @@ TP_TEST(a_write_imm_to_a_failed_peer_completes_with_an_error)
 	cluster_down(nodes, 3);
 }
 
+/*
+ * A WRITE with immediate into memory its receiver did not open to remote
+ * writes is refused at the call (loop: -EACCES), or fails its peer once,
+ * completing with -FERRY_E_PEER (rdma: the peer's NIC refuses it, and posted
+ * again after a reconnection it would be refused again, without end).
+ */
+TP_TEST(a_write_imm_into_memory_not_offered_is_refused_or_fails_the_peer)
+{
+	const struct ferry_tp_ops *ops = tp_get(*tpi);
+	struct rdma_slot slot = { 0 };
+	struct tbuf remote, local;
+	struct tnode nodes[2];
+	int rc;
+
+	tp_require_write_imm(ops);
+	cluster_up(nodes, ops, 2, 0);
+	tbuf_reg(&nodes[1], &remote, 4096, FERRY_TP_ACCESS_REMOTE_READ);
+	tbuf_reg(&nodes[0], &local, 4096, 0);
+	rc = ops->write_imm(nodes[0].tp, 1, local.mem, local.mr, (uintptr_t)remote.mem,
+			    remote.mr->rkey, 4096, 3, &slot);
+	if (rc) {
+		cr_expect_eq(rc, -EACCES, "refused with %s", ferry_strerror(rc));
+	} else {
+		cr_assert(WAIT_FOR(&nodes[0], slot.done == 1 && nodes[0].failed[1] == 1, WAIT_MS),
+			  "the refused write_imm completed %d times, its peer failed %d times",
+			  LOCKED(&nodes[0], slot.done), LOCKED(&nodes[0], nodes[0].failed[1]));
+		cr_expect_eq(LOCKED(&nodes[0], slot.status), -FERRY_E_PEER, "it completed with %s",
+			     ferry_strerror(LOCKED(&nodes[0], slot.status)));
+		cr_expect_eq(log_count("refused a WRITE with immediate", NULL), 1);
+		usleep(300 * 1000);
+		cr_expect_eq(LOCKED(&nodes[0], slot.done), 1);
+		cr_expect_eq(log_count("resumed the session", NULL), 0,
+			     "the session reconnected after a refused WRITE with immediate");
+	}
+	cr_expect_eq(LOCKED(&nodes[1], nodes[1].imms), 0, "rank 1 took a refused write_imm");
+	tbuf_dereg(&nodes[0], &local);
+	tbuf_dereg(&nodes[1], &remote);
+	cluster_down(nodes, 2);
+}
+
 /* take completions on this thread, where the transport can (ops->poll) */
 static void tnode_poll(struct tnode *n)
 {

@@ -352,6 +352,10 @@ static void rdma_send_done(struct rdma_tp *t, const struct ibv_wc *wc, int worke
 	const char *what = "a send";
 	struct rdma_peer *p;
 	int ret = 0, report = 0;
+	/* a WRITE with immediate into memory the peer does not offer: posted
+	 * again after a reconnection it would fail again, without end (imm.c) */
+	bool imm_refused = (wc->wr_id >> 16 & 0xffff) == RDMA_WR_IDX_IMM &&
+			   wc->status == IBV_WC_REM_ACCESS_ERR;
 
 	if (rank >= t->base.cfg.world || rank == t->base.cfg.rank)
 		return;
@@ -373,7 +377,10 @@ static void rdma_send_done(struct rdma_tp *t, const struct ibv_wc *wc, int worke
 		}
 	}
 	if (worker && p->state == RDMA_PEER_UP) {
-		if (wc->status != IBV_WC_SUCCESS) {
+		if (imm_refused) {
+			/* the progress thread fails it (EACCES: not a lost link) */
+			ferry__rdma_peer_break(t, p, EACCES);
+		} else if (wc->status != IBV_WC_SUCCESS) {
 			/* with reconnection the progress thread logs the lost link */
 			report = !t->reconnect_ms;
 			p->break_logged = report;
@@ -399,6 +406,14 @@ static void rdma_send_done(struct rdma_tp *t, const struct ibv_wc *wc, int worke
 	if (wc->status == IBV_WC_SUCCESS) {
 		if (p->live)
 			ferry__rdma_mark_dirty(t, p);
+		return;
+	}
+	if (imm_refused && !p->reported) {
+		ferry_warn("rdma: rank %u: rank %u refused a WRITE with immediate (remote access "
+			   "error): it names memory rank %u does not offer; it cannot be posted "
+			   "again, so rank %u is marked failed",
+			   t->base.cfg.rank, p->rank, p->rank, p->rank);
+		ferry__rdma_peer_fail(t, p, -FERRY_E_PEER);
 		return;
 	}
 	if (p->live) {

@@ -38,6 +38,12 @@
  * the caller's buffer is held until then. A failed peer or fini completes
  * every op not acknowledged with -FERRY_E_PEER / -FERRY_E_CLOSED.
  *
+ * One that the peer's NIC refuses (a remote access error: memory it does
+ * not offer, or no longer) fails the peer for good instead of losing the
+ * link: posted again on the next queue pair it would be refused again, and
+ * the session would reconnect without end (cq.c, rdma_send_done; its wr_id
+ * carries RDMA_WR_IDX_IMM).
+ *
  * Bound: what is kept is the op (struct rdma_op, 80 bytes) in its send
  * buffer's slot, at most RDMA_CREDITS per peer; more wait in the out queue
  * as one entry each (the caller bounds how many it posts: a collective, its
@@ -71,7 +77,8 @@ int ferry__rdma_post_imm_wr(struct rdma_tp *t, struct rdma_peer *p, uint64_t seq
 		.lkey = op->lkey,
 	};
 	struct ibv_send_wr wr = {
-		.wr_id = rdma_wr_id(sig ? RDMA_WR_SIG : RDMA_WR_UNSIG, p->rank, p->gen, 0),
+		.wr_id = rdma_wr_id(sig ? RDMA_WR_SIG : RDMA_WR_UNSIG, p->rank, p->gen,
+				    RDMA_WR_IDX_IMM),
 		.sg_list = &sge,
 		.num_sge = 1,
 		.opcode = IBV_WR_RDMA_WRITE_WITH_IMM,

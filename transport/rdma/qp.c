@@ -507,7 +507,8 @@ void ferry__rdma_fail_broken(struct rdma_tp *t)
 		pthread_mutex_unlock(&p->lock);
 		if (!err)
 			continue;
-		if (t->reconnect_ms && !p->reported && err != ENOMEM && err != ECONNABORTED) {
+		if (t->reconnect_ms && !p->reported && err != ENOMEM && err != ECONNABORTED &&
+		    err != EACCES) {
 			char why[160];
 
 			snprintf(why, sizeof(why), "rank %u: %s to rank %u failed (%s)",
@@ -516,7 +517,13 @@ void ferry__rdma_fail_broken(struct rdma_tp *t)
 			ferry__rdma_peer_lost(t, p, why);
 			continue;
 		}
-		if (!p->break_logged)
+		if (!p->break_logged && err == EACCES)
+			ferry_warn(
+				"rdma: rank %u: rank %u refused a WRITE with immediate (remote "
+				"access error): it names memory rank %u does not offer; it cannot "
+				"be posted again, so rank %u is marked failed",
+				t->base.cfg.rank, r, r, r);
+		else if (!p->break_logged)
 			ferry_warn(
 				"rdma: rank %u: posting to rank %u failed (%s); marking it failed",
 				t->base.cfg.rank, r, strerror(err));

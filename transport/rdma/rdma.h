@@ -262,6 +262,9 @@ enum rdma_wr_kind {
 	RDMA_WR_SIG = 3,   /* a signaled work request: a record in the peer's sig ring */
 };
 
+/* the buffer index of a send's wr_id that marks a WRITE with immediate (imm.c) */
+#define RDMA_WR_IDX_IMM 1u
+
 static inline uint64_t rdma_wr_id(enum rdma_wr_kind kind, uint32_t rank, uint8_t gen, uint32_t idx)
 {
 	return (uint64_t)rank << 32 | (uint64_t)(idx & 0xffff) << 16 | (uint64_t)gen << 8 | kind;
