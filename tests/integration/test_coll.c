@@ -264,7 +264,8 @@ Test(coll, every_collective_matches_the_reference_on_the_ring, .timeout = 300)
 /*
  * The ring's and the chain's segments go by one-sided WRITE where the
  * transport can (loop, rdma): with FERRY_COLL_ZCOPY_MIN=0 every size puts
- * (put_node: odd counts, one below the world, one past a segment), on
+ * (put_node: odd counts, one below the world, one past a segment, and 4 MiB
+ * and a bit: several segments in one step), on
  * 1 .. 4 nodes, every type, operator and collective, bit-exact. @mode:
  * PUT_ON puts, by WRITE with immediate where the transport has it (loop;
  * rdma), else by WRITE + COLL_PUT, and some segments must have gone so
@@ -312,6 +313,14 @@ static int put_node(struct tc *c, int rank, void *arg)
 				     0, (root + 1) % c->n, salt++))
 				return 1;
 		}
+	/* several segments in one step's chunk (4 MiB and a bit: a ring chunk of
+	 * 1 MiB or more for up to 4 nodes), where a segment's number in its step
+	 * tells the receiver its place */
+	if (one_case(fy, &m->sh, rank, c->n, 0, (1u << 20) + 3, FERRY_FLOAT32, FERRY_SUM, 0, 0,
+		     salt++) ||
+	    one_case(fy, &m->sh, rank, c->n, 2, (1u << 19) + 3, FERRY_FLOAT64, FERRY_SUM, 0,
+		     c->n - 1, salt++))
+		return 1;
 	return 0;
 }
 
