@@ -68,7 +68,8 @@
 
 #include "transport/transport.h"
 
-/* a write_imm() not acknowledged yet (struct loop_tp, imm_lock) */
+/* a write_imm() not acknowledged yet (struct loop_tp, imm_lock): one per
+ * write_imm in flight, 32 bytes; the caller bounds how many it posts */
 struct loop_imm {
 	struct loop_imm *next;
 	uint64_t id;

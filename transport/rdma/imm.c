@@ -206,7 +206,9 @@ int ferry__rdma_write_imm(struct ferry_tp *tp, uint32_t dst, const void *local,
 	pthread_mutex_lock(&p->lock);
 	if (p->state == RDMA_PEER_IDLE) {
 		ret = -ENOTCONN;
-	} else if (p->state != RDMA_PEER_UP && p->state != RDMA_PEER_LOST) {
+	} else if (p->state != RDMA_PEER_UP && p->state != RDMA_PEER_LOST &&
+		   !(p->state == RDMA_PEER_BROKEN && t->reconnect_ms && !p->reported)) {
+		/* failed; a broken link that will be redialed queues, as send() does */
 		ret = -FERRY_E_PEER;
 	} else if (p->state == RDMA_PEER_UP && !p->q_head && rdma_can_post_data(t, p)) {
 		ret = ferry__rdma_post_imm(t, p, op);
