@@ -485,13 +485,13 @@ const char *ferry__coll_zc_keys(struct ferry_coll *c, uint32_t src, const struct
 	if ((k->buf_rkey && !k->buf_addr) || (k->land_rkey && !k->land_addr) ||
 	    (k->land_rkey && !k->buf_rkey))
 		return "coll: keys without their addresses";
+	if (m->n > FERRY_COLL_IMM_SLOTS || (m->n && !k->buf_rkey))
+		return "coll: a WRITE-with-immediate slot out of range, or without memory";
 	c->zc.keys = true;
 	c->zc.pbuf = k->buf_addr;
 	c->zc.pbuf_rkey = k->buf_rkey;
 	c->zc.pland = k->land_addr;
 	c->zc.pland_rkey = k->land_rkey;
-	if (m->n > FERRY_COLL_IMM_SLOTS || (m->n && !k->buf_rkey))
-		return "coll: a WRITE-with-immediate slot out of range, or without memory";
 	/* every entry queued so far waits for these keys: none went yet */
 	c->zc.pslot = m->n;
 	c->zc.imm = m->n && c->zc.mr_buf &&

@@ -948,6 +948,42 @@ Test(coll, a_write_imm_the_receiver_does_not_expect_drops_its_writer, .timeout =
 		free(lmr);
 		free(mem);
 	}
+	/* COLL_KEYS from rank 0's right neighbour offering slot 200 of 128 */
+	{
+		struct {
+			struct ferry_msg_hdr h;
+			struct ferry_msg_coll m;
+			struct ferry_msg_coll_keys k;
+		} f;
+		struct ferry_coll *h;
+		struct tc c;
+		int rc;
+
+		cap_errors = 0;
+		cr_assert_eq(tc_open(&c, 3, NULL, 5000), 0);
+		for (int r = 0; r < 3; r++)
+			cr_assert_eq(ferry_coll_algo_set(c.fy[r], FERRY_COLL_ALGO_RING), 0);
+		ferry_log_set(FERRY_LOG_ERROR, capture, NULL);
+		cr_assert_eq(ferry_allreduce_start(c.fy[0], v, v, 30, FERRY_FLOAT32, FERRY_SUM, &h),
+			     0);
+		memset(&f, 0, sizeof(f));
+		f.m = (struct ferry_msg_coll){ .count = 30,
+					       .n = 201,
+					       .kind = FERRY_COLL_KIND_ALLREDUCE,
+					       .dtype = FERRY_FLOAT32,
+					       .op = FERRY_SUM,
+					       .algo = FERRY_COLL_ALGO_RING };
+		f.k = (struct ferry_msg_coll_keys){ .buf_addr = 4096, .buf_rkey = 1 };
+		ferry__proto_hdr_init(&f.h, FERRY_MSG_COLL_KEYS, sizeof(f), 1, 0);
+		cr_assert_eq(ferry__send(c.fy[1], 0, &f, sizeof(f)), 0);
+		cr_assert_eq(wait_proto_error(), 1, "keys: one error line, got %d", cap_errors);
+		cr_assert(strstr(cap_last, "slot out of range"), "%s", cap_last);
+		cr_assert(strstr(cap_last, "dropping rank 1"), "%s", cap_last);
+		rc = ferry_coll_wait(h);
+		cr_assert_eq(rc, -FERRY_E_PEER, "keys: %s", ferry_strerror(rc));
+		ferry_log_set(FERRY_LOG_WARN, NULL, NULL);
+		tc_close(&c);
+	}
 	unsetenv("FERRY_COLL_ZCOPY_MIN");
 }
 
