@@ -17,6 +17,9 @@
  *   handler->on_peer_failed(src, err) <------ progress thread, once per peer
  *   handler->on_rdma_done(ctx, status) <----- progress thread (loop: inline;
  *                                             a read's also inside poll())
+ *   a WRITE the receiver must hear of ------> ops->write_imm()   CAP_WRITE_IMM
+ *   handler->on_write_imm(src, tag) <-------- receiver's progress thread,
+ *                                             in order with src's frames
  *
  * A transport owns exactly one progress thread per node. Every handler is
  * called on it, one call at a time (tcp with FERRY_TCP_WORKER_POLL=1: or on
@@ -52,10 +55,58 @@
 #include "transport/base/log.h"
 
 /* capability bits: the core tests bits, never transport names */
-#define FERRY_TP_CAP_READ (1u << 0)	/* one-sided read of registered memory */
-#define FERRY_TP_CAP_WRITE (1u << 1)	/* one-sided write */
-#define FERRY_TP_CAP_ATOMIC (1u << 2)	/* remote atomics */
-#define FERRY_TP_CAP_POLL_MSG (1u << 3) /* poll() with FERRY_TP_POLL_HOLD delivers frames */
+#define FERRY_TP_CAP_READ (1u << 0)	 /* one-sided read of registered memory */
+#define FERRY_TP_CAP_WRITE (1u << 1)	 /* one-sided write */
+#define FERRY_TP_CAP_ATOMIC (1u << 2)	 /* remote atomics */
+#define FERRY_TP_CAP_POLL_MSG (1u << 3)	 /* poll() with FERRY_TP_POLL_HOLD delivers frames */
+#define FERRY_TP_CAP_WRITE_IMM (1u << 4) /* write_imm(): a WRITE its receiver hears of */
+
+/*
+ * WRITE with immediate (write_imm, CAP_WRITE_IMM): a one-sided WRITE of
+ * @len bytes from @local to @raddr/@rkey of @dst, and a 24-bit @tag that
+ * the receiver's core gets through on_write_imm(src, tag). What a transport
+ * that offers it keeps to:
+ *
+ * - Placed first: on_write_imm runs only after the bytes are in place at
+ *   the receiver (rdma: the receive completion of IBV_WR_RDMA_WRITE_WITH_IMM
+ *   on an RC queue pair).
+ * - In order with frames: it takes a place in the writer's stream to @dst
+ *   like a frame (rdma: a number in the chunk stream and a credit; it
+ *   consumes one of the receiver's posted receives), so on_write_imm runs
+ *   after every frame the writer sent @dst before it and before every frame
+ *   sent after it, on the receiver's progress thread, one handler at a time.
+ * - Once: across a lost and re-established link it is neither lost nor
+ *   delivered twice. The writer posts it again from @local (with the same
+ *   tag) when the peer's RESUME does not cover it, so @local stays the
+ *   writer's to keep unchanged until on_rdma_done(@ctx): that comes once
+ *   the receiver acknowledged it (its on_write_imm ran), not when the WRITE
+ *   completed at the writer.
+ * - Failure: a peer declared failed (on_peer_failed, drop, fini) completes
+ *   every write_imm to it not acknowledged with -FERRY_E_PEER (fini:
+ *   -FERRY_E_CLOSED); on_write_imm was then perhaps run, perhaps not, and
+ *   the receiver may hold any part of the bytes. A write_imm that returns an
+ *   error was not posted and never completes.
+ * - Bound: what the transport keeps per write_imm not acknowledged is its
+ *   descriptor (addresses, keys, length, tag, ctx: rdma keeps it in the
+ *   chunk's send-buffer slot, at most RDMA_CREDITS per peer; more wait in
+ *   its out queue, one entry each; loop: one entry each). The caller bounds
+ *   how many it posts (a collective: its segments).
+ * - @dst is never the writer's own rank (-EINVAL): there is no stream to
+ *   itself.
+ * - Into memory the receiver does not offer for remote writes: loop refuses
+ *   it at the call (-EACCES); rdma learns it from the peer's NIC after the
+ *   post, and fails the peer (on_peer_failed, the op -FERRY_E_PEER): posted
+ *   again it would be refused again.
+ * - Tags: the top FERRY_TP_IMM_USER_BITS bits name the core's module
+ *   (FERRY_TP_IMM_USER_*), the rest are the module's. The transport does not
+ *   look inside the tag; the core checks it as it checks a frame.
+ */
+#define FERRY_TP_IMM_TAG_BITS 24
+#define FERRY_TP_IMM_TAG_MASK ((1u << FERRY_TP_IMM_TAG_BITS) - 1)
+#define FERRY_TP_IMM_USER_BITS 3
+#define FERRY_TP_IMM_USER_SHIFT (FERRY_TP_IMM_TAG_BITS - FERRY_TP_IMM_USER_BITS)
+#define FERRY_TP_IMM_USER_COLL 1u /* lib/coll/put.c */
+#define FERRY_TP_IMM_USERS (1u << FERRY_TP_IMM_USER_BITS)
 
 /* one read of a batch: read_v() */
 struct ferry_tp_rd {
@@ -123,6 +174,10 @@ struct ferry_tp_handler {
 	 * own header says otherwise (a read's may run inside poll()); the
 	 * core's handler works from any RCU-registered thread. */
 	void (*on_rdma_done)(void *core, void *ctx, int status);
+	/* a write_imm() from @src landed (CAP_WRITE_IMM, see above): its bytes
+	 * are in place; @tag is the writer's 24 bits. Progress thread, in
+	 * order with @src's frames. */
+	void (*on_write_imm)(void *core, uint32_t src, uint32_t tag);
 	/* the progress thread starts / stops (to register with RCU) */
 	void (*on_thread_start)(void *core);
 	void (*on_thread_stop)(void *core);
@@ -217,6 +272,13 @@ struct ferry_tp_ops {
 	 * queues, receive buffers, their reuse pools), for ferry_stats(). Any
 	 * thread, between connect() and fini(). */
 	size_t (*mem_held)(struct ferry_tp *tp);
+	/* optional (CAP_WRITE_IMM): a WRITE and its notice in one, as the
+	 * comment at FERRY_TP_CAP_WRITE_IMM says; @tag must fit
+	 * FERRY_TP_IMM_TAG_BITS; on_rdma_done(@ctx) once the receiver
+	 * acknowledged it. Any thread; never blocks on the network. */
+	int (*write_imm)(struct ferry_tp *tp, uint32_t dst, const void *local,
+			 struct ferry_tp_mr *lmr, uint64_t raddr, uint64_t rkey, size_t len,
+			 uint32_t tag, void *ctx);
 };
 
 /* the base every transport object embeds first */

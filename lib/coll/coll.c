@@ -756,6 +756,82 @@ static void coll_on_msg(struct ferry *fy, struct ferry_table *t, uint32_t src,
 	}
 }
 
+/* the COLL_PUT that a write_imm's collective bits @bits stand for, into @m
+ * (@c offered the slot they name); lock held. Return: a protocol error */
+static const char *coll_imm_frame(struct ferry_coll *c, uint32_t bits, struct ferry_msg_coll *m)
+{
+	const uint32_t step = bits >> FERRY_COLL_IMM_STEP_SHIFT & (FERRY_COLL_IMM_STEPS - 1);
+	const uint32_t k = bits & (FERRY_COLL_IMM_SEGS - 1);
+	const struct ferry_coll_algo_ops *algo = coll_ops(c);
+	const uint64_t seg = FERRY_COLL_SEG_BYTES / c->esz;
+	uint64_t lo, hi;
+
+	if (!algo->recv_range || step >= algo->nsteps(c))
+		return "coll: a WRITE with immediate naming a step this collective does not take";
+	algo->recv_range(c, step, &lo, &hi);
+	if (lo + k * seg >= hi)
+		return "coll: a WRITE with immediate naming a segment past its step's elements";
+	*m = c->sig;
+	m->step = step;
+	m->off = lo + k * seg;
+	m->n = (uint32_t)(hi - m->off < seg ? hi - m->off : seg);
+	return NULL;
+}
+
+/*
+ * a write_imm from @src landed (coll.h has the tag): the COLL_PUT of the
+ * segment it names, taken as that frame would be (kept while the collective
+ * starts, the same checks). Progress thread.
+ */
+static void coll_on_write_imm(struct ferry *fy, uint32_t src, uint32_t bits)
+{
+	struct ferry_colls *world = fy->coll, *cs;
+	const uint32_t slot = bits >> FERRY_COLL_IMM_SLOT_SHIFT;
+	const char *why = NULL;
+	struct ferry_coll *c;
+	uint32_t bad = src;
+	struct {
+		struct ferry_msg_hdr h;
+		struct ferry_msg_coll b;
+	} f;
+
+	pthread_mutex_lock(&world->glock);
+	c = slot < FERRY_COLL_IMM_SLOTS ? world->imm_slots[slot] : NULL;
+	if (!c) {
+		if (slot >= FERRY_COLL_IMM_SLOTS || !world->imm_retired[slot])
+			why = "coll: a WRITE with immediate into a slot no collective here offered";
+	} else {
+		int32_t idx;
+
+		cs = c->colls;
+		idx = cs->index ? cs->index[src] : (int32_t)src;
+		if (idx < 0 || (uint32_t)idx != c->zc.src) {
+			why = "coll: a WRITE with immediate from a node this collective did not "
+			      "offer memory to";
+		} else {
+			struct ferry_proto_view v = { .hdr = &f.h, .body = &f.b, .coll = &f.b };
+
+			pthread_mutex_lock(&cs->lock);
+			why = coll_imm_frame(c, bits, &f.b);
+			if (!why) {
+				ferry__proto_hdr_init(&f.h, FERRY_MSG_COLL_PUT, sizeof(f), src, 0);
+				v.count = f.b.n;
+				why = coll_group_msg(cs, (uint32_t)idx, FERRY_MSG_COLL_PUT, &f.b,
+						     &v, &bad);
+				bad = ferry__coll_rank(cs, bad);
+			}
+			pthread_mutex_unlock(&cs->lock);
+		}
+	}
+	pthread_mutex_unlock(&world->glock);
+	if (why) {
+		ferry_err("proto: rank %u sent a malformed WRITE with immediate (collective bits "
+			  "%#x): %s; dropping rank %u",
+			  bad, bits, why, bad);
+		ferry__node_peer_failed(fy, bad);
+	}
+}
+
 /* @rank failed: every collective of @cs under way ends, and every later one
  * fails at its start */
 static void coll_break(struct ferry_colls *cs, uint32_t rank)
@@ -873,6 +949,7 @@ int ferry__coll_attach(struct ferry *fy)
 	cs->crossover = coll_env_crossover();
 	cs->zcopy = coll_env_size("FERRY_COLL_ZCOPY", 1) != 0;
 	cs->zcopy_min = coll_env_size("FERRY_COLL_ZCOPY_MIN", FERRY_COLL_ZCOPY_MIN_DEFAULT);
+	atomic_store(&cs->imm, coll_env_size("FERRY_COLL_IMM", 1) != 0);
 	fy->coll = cs;
 	fy->coll_free = coll_colls_free;
 	rc = ferry__dispatch_register(fy, FERRY_MSG_COLL, FERRY_DISPATCH_NODE, coll_on_msg);
@@ -888,5 +965,7 @@ int ferry__coll_attach(struct ferry *fy)
 	if (!rc)
 		rc = ferry__dispatch_register(fy, FERRY_MSG_COLL_PUT, FERRY_DISPATCH_NODE,
 					      coll_on_msg);
+	if (!rc)
+		rc = ferry__dispatch_register_imm(fy, FERRY_TP_IMM_USER_COLL, coll_on_write_imm);
 	return rc ? rc : ferry__node_on_peer_failed(fy, coll_on_peer_failed);
 }

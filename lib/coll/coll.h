@@ -54,6 +54,25 @@
 struct coll_put;
 
 /*
+ * WRITE with immediate (put.c, FERRY_TP_CAP_WRITE_IMM): a receiver that
+ * offers memory also offers one of its node's FERRY_COLL_IMM_SLOTS slots
+ * (COLL_KEYS' n is the slot + 1; 0: none), and a writer then sends each
+ * segment as one write_imm whose tag's collective bits are
+ *
+ *    20        14 13         6 5      0
+ *   +------------+------------+--------+
+ *   | slot       | step       | segment|   segment: its number in the step
+ *   +------------+------------+--------+
+ *
+ * The receiver takes it as it would the COLL_PUT of that segment.
+ */
+#define FERRY_COLL_IMM_SLOTS 128u
+#define FERRY_COLL_IMM_SLOT_SHIFT 14
+#define FERRY_COLL_IMM_STEP_SHIFT 6
+#define FERRY_COLL_IMM_STEPS 256u /* steps a tag can name */
+#define FERRY_COLL_IMM_SEGS 64u	  /* segments of one step a tag can name */
+
+/*
  * A collective's puts (put.c): its segments to one member (the ring's right
  * neighbour, the chain's next node) go by one-sided WRITE into memory that
  * member offered in a COLL_KEYS frame, each announced by a COLL_PUT frame
@@ -71,6 +90,12 @@ struct coll_zc {
 	uint64_t pbuf, pbuf_rkey, pland, pland_rkey; /* @dst's */
 	struct coll_put *head, *tail;		     /* segments to @dst in send order */
 	unsigned inflight;			     /* WRITEs posted and not completed */
+	/* WRITE with immediate: @slot ours + 1 (0: none; the world's glock),
+	 * @pslot @dst's + 1 when this node writes to it so; @wseg: per step,
+	 * the segments queued to @dst (2 n + 2 entries) */
+	bool imm;
+	uint32_t slot, pslot;
+	uint32_t *wseg;
 };
 
 enum ferry_coll_state {
@@ -149,6 +174,9 @@ struct ferry_colls {
 	atomic_ullong polled;	 /* frames of @cs handled by a thread waiting on it */
 	atomic_ullong puts;	 /* segments this node put by WRITE (COLL_PUT sent) */
 	atomic_ullong put_fails; /* ... whose WRITE failed: sent by message instead */
+	atomic_ullong puts_imm;	 /* segments this node sent by WRITE with immediate */
+	atomic_bool imm;	 /* FERRY_COLL_IMM not 0: WRITE with immediate where it can (the
+			  * whole cluster's counts, for every group) */
 	bool zcopy;		 /* FERRY_COLL_ZCOPY not 0: offer memory and write */
 	size_t zcopy_min;	 /* bytes: below, no keys are exchanged */
 
@@ -158,6 +186,12 @@ struct ferry_colls {
 	pthread_mutex_t glock;
 	struct ferry_colls *groups;
 	struct ferry_coll_early *orphans, *orphans_tail;
+	/* the collectives that offered a WRITE-with-immediate slot (put.c);
+	 * glock. A slot freed by a collective that ended on a broken group is
+	 * retired until reused: late writes into it are ignored, not errors */
+	struct ferry_coll *imm_slots[FERRY_COLL_IMM_SLOTS];
+	bool imm_retired[FERRY_COLL_IMM_SLOTS];
+	uint32_t imm_next; /* where the next slot search starts */
 };
 
 /* groups not made here yet whose frames a node keeps */
@@ -254,6 +288,9 @@ struct ferry_coll_algo_ops {
 	void (*run)(struct ferry_coll *c);
 	/* steps this node takes (next_off entries) */
 	uint32_t (*nsteps)(const struct ferry_coll *c);
+	/* the elements [*lo, *hi) this node receives at step @step (the
+	 * algorithms that put: ring, chain); lock held */
+	void (*recv_range)(const struct ferry_coll *c, uint32_t step, uint64_t *lo, uint64_t *hi);
 };
 
 extern const struct ferry_coll_algo_ops ferry__coll_rd;	   /* rd.c */
@@ -271,6 +308,9 @@ unsigned long long ferry__coll_put_fails(const struct ferry *fy);
 /* what FERRY_COLL_ZCOPY and FERRY_COLL_ZCOPY_MIN set, for the collectives
  * started after it (benchmarks: every node alike, between collectives) */
 void ferry__coll_zcopy_set(struct ferry *fy, bool on, size_t min);
+/* what FERRY_COLL_IMM sets (WRITE with immediate where the transport has
+ * it), for the collectives whose keys come after it (benchmarks) */
+void ferry__coll_imm_set(struct ferry *fy, bool on);
 /*
  * the algorithm's start (caller's thread, no lock): this collective
  * receives from member @src and sends to member @dst (UINT32_MAX: none);
@@ -279,8 +319,13 @@ void ferry__coll_zcopy_set(struct ferry *fy, bool on, size_t min);
  * steps) and send @src the keys. 0 or a negative errno (a send failed)
  */
 int ferry__coll_zc_start(struct ferry_coll *c, uint32_t src, uint32_t dst, bool land);
-/* COLL_KEYS from member @src (lock held); Return: a protocol error */
-const char *ferry__coll_zc_keys(struct ferry_coll *c, uint32_t src, const void *data);
+/* COLL_KEYS @m (its keys at @data) from member @src (lock held); Return: a
+ * protocol error */
+const char *ferry__coll_zc_keys(struct ferry_coll *c, uint32_t src, const struct ferry_msg_coll *m,
+				const void *data);
+/* segments of the whole cluster's and every group's collectives this node
+ * sent by WRITE with immediate (tests, stats) */
+unsigned long long ferry__coll_puts_imm(const struct ferry *fy);
 /*
  * COLL_PUT of step @step at [off, off + n) from @src (lock held): where its
  * elements are: *@in_place_p when in the working buffer already. Return:

@@ -32,6 +32,25 @@
  * the announcement (the round trip a WRITE with immediate would save:
  * docs/collectives.md, "Over RDMA").
  *
+ * WRITE with immediate (FERRY_TP_CAP_WRITE_IMM: rdma, loop): a receiver
+ * that offers memory offers a slot too (COLL_KEYS' n, coll.h has the tag's
+ * layout), and the writer sends each segment as one write_imm naming the
+ * slot, the step and the segment's number in it: no COLL_PUT, and nothing
+ * waits for the WRITE's completion before the next step can use the data.
+ * The receiver's core gets the tag in the writer's stream order, after the
+ * bytes landed (transport.h), and takes it as the COLL_PUT of that segment
+ * (coll.c, coll_on_write_imm: the same checks). The transport keeps the
+ * segment's descriptor until the receiver acknowledged it and posts it again
+ * after a lost link, so the entry stays queued, and the working buffer
+ * registered, until that acknowledgement (its on_rdma_done); a write_imm
+ * that fails (only a failed peer or a closing node fail one) fails the
+ * collective: a segment by message behind later ones already written would
+ * arrive out of order. A collective writes with immediate only when the
+ * receiver gave a slot, its steps and segments fit the tag (at most
+ * FERRY_COLL_IMM_STEPS steps and FERRY_COLL_IMM_SEGS segments in the whole
+ * buffer), and FERRY_COLL_IMM is not 0 here (a switch to measure the
+ * COLL_PUT path against it); else it uses COLL_PUT as above, whole.
+ *
  * Which collectives exchange keys follows from what every node knows alike
  * (the transport's capability, the algorithm, the size against
  * FERRY_COLL_ZCOPY_MIN), so a writer never waits for keys that do not come.
@@ -66,6 +85,8 @@ struct coll_put {
 	struct coll_put *next;
 	struct ferry_coll *c;
 	uint32_t step;
+	uint32_t seg; /* its number in the step */
+	bool imm;     /* posted as a write_imm */
 	uint64_t off, n;
 	enum coll_put_state state;
 	int status;
@@ -75,26 +96,73 @@ struct coll_put {
  * completes inline (loop) calls put_done inside write(), lock held */
 static __thread struct ferry_coll *put_posting;
 
-static unsigned long long put_count(const struct ferry *fy, bool fails)
+static atomic_ullong *put_counter(struct ferry_colls *cs, int which)
+{
+	return which == 0 ? &cs->puts : which == 1 ? &cs->put_fails : &cs->puts_imm;
+}
+
+static unsigned long long put_count(const struct ferry *fy, int which)
 {
 	struct ferry_colls *world = fy->coll;
-	unsigned long long n = atomic_load(fails ? &world->put_fails : &world->puts);
+	unsigned long long n = atomic_load(put_counter(world, which));
 
 	pthread_mutex_lock(&world->glock);
 	for (struct ferry_colls *g = world->groups; g; g = g->next)
-		n += atomic_load(fails ? &g->put_fails : &g->puts);
+		n += atomic_load(put_counter(g, which));
 	pthread_mutex_unlock(&world->glock);
 	return n;
 }
 
 unsigned long long ferry__coll_puts(const struct ferry *fy)
 {
-	return put_count(fy, false);
+	return put_count(fy, 0);
 }
 
 unsigned long long ferry__coll_put_fails(const struct ferry *fy)
 {
-	return put_count(fy, true);
+	return put_count(fy, 1);
+}
+
+unsigned long long ferry__coll_puts_imm(const struct ferry *fy)
+{
+	return put_count(fy, 2);
+}
+
+/* a slot for @c's write_imms (0: none free), the world's glock */
+static uint32_t put_slot_take(struct ferry_coll *c)
+{
+	struct ferry_colls *world = c->fy->coll;
+	uint32_t got = 0;
+
+	pthread_mutex_lock(&world->glock);
+	for (uint32_t i = 0; i < FERRY_COLL_IMM_SLOTS && !got; i++) {
+		uint32_t k = (world->imm_next + i) % FERRY_COLL_IMM_SLOTS;
+
+		if (!world->imm_slots[k]) {
+			world->imm_slots[k] = c;
+			world->imm_retired[k] = false;
+			world->imm_next = k + 1;
+			got = k + 1;
+		}
+	}
+	pthread_mutex_unlock(&world->glock);
+	return got;
+}
+
+static void put_slot_give(struct ferry_coll *c)
+{
+	struct ferry_colls *world = c->fy->coll;
+
+	if (!c->zc.slot)
+		return;
+	pthread_mutex_lock(&world->glock);
+	world->imm_slots[c->zc.slot - 1] = NULL;
+	pthread_mutex_lock(&c->colls->lock);
+	/* writes of a collective that ended on a failure may still come */
+	world->imm_retired[c->zc.slot - 1] = c->status != 0;
+	pthread_mutex_unlock(&c->colls->lock);
+	pthread_mutex_unlock(&world->glock);
+	c->zc.slot = 0;
 }
 
 void ferry__coll_zcopy_set(struct ferry *fy, bool on, size_t min)
@@ -105,6 +173,11 @@ void ferry__coll_zcopy_set(struct ferry *fy, bool on, size_t min)
 	world->zcopy = on;
 	world->zcopy_min = min;
 	pthread_mutex_unlock(&world->lock);
+}
+
+void ferry__coll_imm_set(struct ferry *fy, bool on)
+{
+	atomic_store(&((struct ferry_colls *)fy->coll)->imm, on);
 }
 
 /* do step @step's segments land in the landing buffer (reduce-scatter)? */
@@ -165,6 +238,9 @@ int ferry__coll_zc_start(struct ferry_coll *c, uint32_t src, uint32_t dst, bool 
 	if (!(ops->caps & FERRY_TP_CAP_WRITE) || !ops->write || !ops->mem_reg || bytes < min)
 		return 0;
 	c->zc.on = true;
+	c->zc.wseg = calloc(2 * (size_t)c->colls->n + 2, sizeof(*c->zc.wseg));
+	if (!c->zc.wseg)
+		return -ENOMEM;
 	memset(&f, 0, sizeof(f));
 	if (zcopy) {
 		/* what we receive into must take remote writes; a buffer we
@@ -196,10 +272,12 @@ int ferry__coll_zc_start(struct ferry_coll *c, uint32_t src, uint32_t dst, bool 
 			f.k.land_addr = (uintptr_t)c->zc.land;
 			f.k.land_rkey = c->zc.mr_land->rkey;
 		}
+		if ((ops->caps & FERRY_TP_CAP_WRITE_IMM) && ops->write_imm)
+			c->zc.slot = put_slot_take(c);
 	}
 	f.b = c->sig;
 	f.b.off = 0;
-	f.b.n = 0;
+	f.b.n = c->zc.slot; /* the slot + 1, 0: none */
 	f.b.step = 0;
 	ferry__proto_hdr_init(&f.h, FERRY_MSG_COLL_KEYS, sizeof(f), fy->rank, 0);
 	return ferry__send(fy, ferry__coll_rank(c->colls, src), &f, sizeof(f));
@@ -236,7 +314,25 @@ static int put_drain(struct ferry_coll *c)
 		c->zc.head = e->next;
 		if (!c->zc.head)
 			c->zc.tail = NULL;
-		if (c->state != FERRY_COLL_DONE && !rc) {
+		if (c->state != FERRY_COLL_DONE && !rc && e->imm) {
+			if (e->status == 0) {
+				atomic_fetch_add_explicit(&c->colls->puts_imm, 1,
+							  memory_order_relaxed);
+			} else {
+				/* a failed peer or a closing node: said where it is seen */
+				bool known = e->status == -FERRY_E_PEER ||
+					     e->status == -FERRY_E_CLOSED;
+
+				FERRY_LOG(
+					known ? FERRY_LOG_DEBUG : FERRY_LOG_ERROR,
+					"coll: collective %llu: a WRITE with immediate to rank %u "
+					"failed (%s); the collective fails with it",
+					(unsigned long long)c->sig.seq,
+					ferry__coll_rank(c->colls, c->zc.dst),
+					ferry_strerror(e->status));
+				rc = e->status;
+			}
+		} else if (c->state != FERRY_COLL_DONE && !rc) {
 			if (e->status == 0) {
 				rc = put_announce(c, e);
 				if (!rc)
@@ -311,9 +407,22 @@ static void put_post(struct ferry_coll *c)
 		e->state = PUT_POSTED;
 		c->zc.inflight++;
 		put_posting = c;
-		rc = tp->ops->write(tp, ferry__coll_rank(c->colls, c->zc.dst),
-				    (uint8_t *)c->buf + e->off * c->esz, c->zc.mr_buf,
-				    raddr + e->off * c->esz, rkey, (size_t)e->n * c->esz, e);
+		if (c->zc.imm) {
+			uint32_t tag = FERRY_TP_IMM_USER_COLL << FERRY_TP_IMM_USER_SHIFT |
+				       (c->zc.pslot - 1) << FERRY_COLL_IMM_SLOT_SHIFT |
+				       e->step << FERRY_COLL_IMM_STEP_SHIFT | e->seg;
+
+			e->imm = true;
+			rc = tp->ops->write_imm(tp, ferry__coll_rank(c->colls, c->zc.dst),
+						(uint8_t *)c->buf + e->off * c->esz, c->zc.mr_buf,
+						raddr + e->off * c->esz, rkey,
+						(size_t)e->n * c->esz, tag, e);
+		} else {
+			rc = tp->ops->write(tp, ferry__coll_rank(c->colls, c->zc.dst),
+					    (uint8_t *)c->buf + e->off * c->esz, c->zc.mr_buf,
+					    raddr + e->off * c->esz, rkey, (size_t)e->n * c->esz,
+					    e);
+		}
 		put_posting = NULL;
 		if (rc) {
 			e->state = PUT_DONE;
@@ -341,6 +450,7 @@ int ferry__coll_send(struct ferry_coll *c, uint32_t dst, uint32_t step, uint64_t
 		e->rc.done = put_done;
 		e->c = c;
 		e->step = step;
+		e->seg = c->zc.wseg[step]++;
 		e->off = off;
 		e->n = k;
 		e->state = PUT_WAIT;
@@ -358,9 +468,12 @@ int ferry__coll_send(struct ferry_coll *c, uint32_t dst, uint32_t step, uint64_t
 	return put_drain(c);
 }
 
-const char *ferry__coll_zc_keys(struct ferry_coll *c, uint32_t src, const void *data)
+const char *ferry__coll_zc_keys(struct ferry_coll *c, uint32_t src, const struct ferry_msg_coll *m,
+				const void *data)
 {
 	const struct ferry_msg_coll_keys *k = data;
+	const struct ferry_tp_ops *ops = c->fy->tp->ops;
+	const uint64_t seg = FERRY_COLL_SEG_BYTES / c->esz;
 	int rc;
 
 	if (!c->zc.on)
@@ -372,11 +485,21 @@ const char *ferry__coll_zc_keys(struct ferry_coll *c, uint32_t src, const void *
 	if ((k->buf_rkey && !k->buf_addr) || (k->land_rkey && !k->land_addr) ||
 	    (k->land_rkey && !k->buf_rkey))
 		return "coll: keys without their addresses";
+	if (m->n > FERRY_COLL_IMM_SLOTS || (m->n && !k->buf_rkey))
+		return "coll: a WRITE-with-immediate slot out of range, or without memory";
 	c->zc.keys = true;
 	c->zc.pbuf = k->buf_addr;
 	c->zc.pbuf_rkey = k->buf_rkey;
 	c->zc.pland = k->land_addr;
 	c->zc.pland_rkey = k->land_rkey;
+	/* every entry queued so far waits for these keys: none went yet */
+	c->zc.pslot = m->n;
+	c->zc.imm = m->n && c->zc.mr_buf &&
+		    atomic_load(&((struct ferry_colls *)c->fy->coll)->imm) &&
+		    (ops->caps & FERRY_TP_CAP_WRITE_IMM) && ops->write_imm &&
+		    2 * c->colls->n + 2 <= FERRY_COLL_IMM_STEPS &&
+		    c->sig.count <= (uint64_t)FERRY_COLL_IMM_SEGS * seg &&
+		    ferry__coll_rank(c->colls, c->zc.dst) != c->fy->rank;
 	put_post(c);
 	rc = put_drain(c);
 	if (rc)
@@ -411,6 +534,7 @@ bool ferry__coll_zc_fini(struct ferry_coll *c)
 
 	if (!c->zc.on)
 		return true;
+	put_slot_give(c);
 	ferry__deadline_ms(c->fy->timeout_ms, &deadline);
 	pthread_mutex_lock(&cs->lock);
 	while (c->zc.inflight)
@@ -436,5 +560,7 @@ bool ferry__coll_zc_fini(struct ferry_coll *c)
 	put_dereg(c, &c->zc.mr_land);
 	free(c->zc.land);
 	c->zc.land = NULL;
+	free(c->zc.wseg);
+	c->zc.wseg = NULL;
 	return true;
 }

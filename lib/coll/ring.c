@@ -76,7 +76,7 @@ static const char *ring_on_frame(struct ferry_coll *c, uint32_t src, uint8_t typ
 	int rc;
 
 	if (type == FERRY_MSG_COLL_KEYS)
-		return ferry__coll_zc_keys(c, src, data);
+		return ferry__coll_zc_keys(c, src, m, data);
 	if (type != FERRY_MSG_COLL && type != FERRY_MSG_COLL_PUT)
 		return "coll: an acknowledgement in a reduction";
 	if (src != (r + n - 1) % n)
@@ -110,7 +110,16 @@ static const char *ring_on_frame(struct ferry_coll *c, uint32_t src, uint8_t typ
 	return NULL;
 }
 
+static void ring_recv_range(const struct ferry_coll *c, uint32_t s, uint64_t *lo, uint64_t *hi)
+{
+	uint32_t k = ring_rchunk(c, s);
+
+	*lo = ferry__coll_chunk_lo(c->sig.count, c->colls->n, k);
+	*hi = ferry__coll_chunk_lo(c->sig.count, c->colls->n, k + 1);
+}
+
 const struct ferry_coll_algo_ops ferry__coll_ring = {
+	.recv_range = ring_recv_range,
 	.start = ring_start,
 	.on_frame = ring_on_frame,
 	.nsteps = ring_nsteps,

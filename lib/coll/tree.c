@@ -103,7 +103,7 @@ static const char *tree_on_frame_any(struct ferry_coll *c, uint32_t src, uint8_t
 	int rc;
 
 	if (type == FERRY_MSG_COLL_KEYS)
-		return ferry__coll_zc_keys(c, src, data);
+		return ferry__coll_zc_keys(c, src, m, data);
 	if (type == FERRY_MSG_COLL_ACK) {
 		if (c->colls->me != root)
 			return "coll: a broadcast acknowledgement to a node that is not its root";
@@ -167,7 +167,16 @@ const struct ferry_coll_algo_ops ferry__coll_tree = {
 	.nsteps = tree_nsteps,
 };
 
+/* the chain's one step carries the whole buffer */
+static void chain_recv_range(const struct ferry_coll *c, uint32_t s, uint64_t *lo, uint64_t *hi)
+{
+	(void)s;
+	*lo = 0;
+	*hi = c->sig.count;
+}
+
 const struct ferry_coll_algo_ops ferry__coll_chain = {
+	.recv_range = chain_recv_range,
 	.start = chain_start,
 	.on_frame = chain_on_frame,
 	.nsteps = tree_nsteps,

@@ -76,6 +76,10 @@ enum ferry_dispatch_scope {
 typedef void (*ferry_msg_fn)(struct ferry *fy, struct ferry_table *t, uint32_t src,
 			     const struct ferry_proto_view *v);
 
+/* a write_imm() from @src landed; @tag: the module's bits of the 24-bit tag
+ * (FERRY_TP_IMM_USER_SHIFT of them). Progress thread, rcu_read_lock held. */
+typedef void (*ferry_imm_fn)(struct ferry *fy, uint32_t src, uint32_t tag);
+
 struct ferry_msg_handler {
 	ferry_msg_fn fn;
 	enum ferry_dispatch_scope scope;
@@ -251,6 +255,8 @@ struct ferry {
 	struct ferry_budget budget;  /* bytes of slots in use, all tables (lib/store/store.h) */
 	uint32_t rank, world;
 	struct ferry_msg_handler handlers[FERRY_MSG_TYPE_MAX]; /* written before start */
+	/* on_write_imm per module (FERRY_TP_IMM_USER_*); written before start */
+	ferry_imm_fn imm_fns[FERRY_TP_IMM_USERS];
 	struct ferry_config *cfg; /* between ferry__node_create and _start only */
 	int timeout_ms;
 	int busy_poll;
@@ -393,6 +399,9 @@ void ferry__rcu_leave(void);
 /* Context: before ferry__node_start. Return: 0, or -EEXIST / -EINVAL. */
 int ferry__dispatch_register(struct ferry *fy, uint8_t type, enum ferry_dispatch_scope scope,
 			     ferry_msg_fn fn);
+/* the handler of write_imm tags of module @user (FERRY_TP_IMM_USER_*).
+ * Context: before ferry__node_start. Return: 0, or -EEXIST / -EINVAL. */
+int ferry__dispatch_register_imm(struct ferry *fy, uint32_t user, ferry_imm_fn fn);
 extern const struct ferry_tp_handler ferry__dispatch_handler;
 
 /* barrier.c */

@@ -11,6 +11,7 @@
  *                                    scope NODE: parse against the
  *                                    world  -----------------------> handler(fy, t, src, view)
  *   on_rdma_done(ctx, status) -----> ctx->done(fy, ctx, status) ---> the module that posted it
+ *   on_write_imm(src, tag) --------> the tag's module registered? -> imm_fns[user](fy, src, bits)
  *   on_peer_failed(src) -----------> ferry__node_peer_failed: mark src failed,
  *                                    run the modules' listeners, wake waiters
  *
@@ -49,6 +50,24 @@ int ferry__dispatch_register(struct ferry *fy, uint8_t type, enum ferry_dispatch
 		return -EEXIST;
 	}
 	fy->handlers[type] = (struct ferry_msg_handler){ .fn = fn, .scope = scope };
+	return 0;
+}
+
+int ferry__dispatch_register_imm(struct ferry *fy, uint32_t user, ferry_imm_fn fn)
+{
+	if (!fn || user == 0 || user >= FERRY_TP_IMM_USERS) {
+		ferry_err("dispatch: cannot register a WRITE-with-immediate handler for module %u: "
+			  "a bug in the module that asked",
+			  user);
+		return -EINVAL;
+	}
+	if (fy->imm_fns[user]) {
+		ferry_err("dispatch: WRITE-with-immediate module %u has a handler already: two "
+			  "modules claim it",
+			  user);
+		return -EEXIST;
+	}
+	fy->imm_fns[user] = fn;
 	return 0;
 }
 
@@ -152,7 +171,29 @@ static void dispatch_on_rdma_done(void *core, void *ctx, int status)
 	urcu_memb_read_unlock();
 }
 
+/* a write_imm() landed: the tag's module, as a frame's type picks its handler */
+static void dispatch_on_write_imm(void *core, uint32_t src, uint32_t tag)
+{
+	struct ferry *fy = core;
+	uint32_t user = tag >> FERRY_TP_IMM_USER_SHIFT;
+
+	if (src >= fy->world || atomic_load_explicit(&fy->failed[src], memory_order_relaxed))
+		return;
+	if (tag > FERRY_TP_IMM_TAG_MASK || !fy->imm_fns[user]) {
+		ferry_err("proto: rank %u sent a WRITE with immediate tag %#x, which no module of "
+			  "this node takes; dropping rank %u",
+			  src, tag, src);
+		ferry__node_peer_failed(fy, src);
+		return;
+	}
+	atomic_fetch_add_explicit(&fy->msgs_recv, 1, memory_order_relaxed);
+	urcu_memb_read_lock();
+	fy->imm_fns[user](fy, src, tag & ((1u << FERRY_TP_IMM_USER_SHIFT) - 1));
+	urcu_memb_read_unlock();
+}
+
 const struct ferry_tp_handler ferry__dispatch_handler = {
+	.on_write_imm = dispatch_on_write_imm,
 	.on_rdma_done = dispatch_on_rdma_done,
 	.on_msg = dispatch_on_msg,
 	.on_peer_failed = dispatch_on_peer_failed,

@@ -467,7 +467,8 @@ static int proto_parse_coll(uint8_t type, const uint8_t *p, size_t left,
 	if (m->count == 0 || m->count > UINT64_MAX / esz)
 		PROTO_FAIL("coll: element count out of range");
 	if (type == FERRY_MSG_COLL_KEYS) {
-		if (m->n || m->off || m->step)
+		/* n: the receiver's WRITE-with-immediate slot + 1 (lib/coll/coll.h) */
+		if (m->off || m->step)
 			PROTO_FAIL("coll: segment on a frame of keys");
 		if (left != sizeof(struct ferry_msg_coll_keys))
 			PROTO_FAIL("coll: keys of the wrong size");

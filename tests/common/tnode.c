@@ -183,6 +183,31 @@ static void tn_on_rdma_done(void *core, void *ctx, int status)
 	if (slot) {
 		slot->done++;
 		slot->status = status;
+		if (slot->seen_ptr)
+			slot->seen = __atomic_load_n(slot->seen_ptr, __ATOMIC_ACQUIRE);
+	}
+	pthread_cond_broadcast(&n->cond);
+	pthread_mutex_unlock(&n->lock);
+}
+
+static void tn_on_write_imm(void *core, uint32_t src, uint32_t tag)
+{
+	struct tnode *n = core;
+
+	pthread_mutex_lock(&n->lock);
+	handler_enter(n);
+	if (n->imm_n < TN_IMM_LOG && src < TN_MAX_NODES)
+		n->imm_log[n->imm_n++] =
+			(struct tn_imm){ .src = src, .tag = tag, .frames_before = n->frames[src] };
+	__atomic_store_n(&n->imms, n->imms + 1, __ATOMIC_RELEASE);
+	if (n->imm_base) {
+		const uint8_t *p = n->imm_base + (size_t)tag * n->imm_stride;
+
+		for (size_t i = 0; i < n->imm_stride; i++)
+			if (p[i] != tn_pattern(src, tag, i)) {
+				n->imm_bad++;
+				break;
+			}
 	}
 	pthread_cond_broadcast(&n->cond);
 	pthread_mutex_unlock(&n->lock);
@@ -214,6 +239,7 @@ const struct ferry_tp_handler tn_handler = {
 	.on_msg = tn_on_msg,
 	.on_peer_failed = tn_on_peer_failed,
 	.on_rdma_done = tn_on_rdma_done,
+	.on_write_imm = tn_on_write_imm,
 	.on_thread_start = tn_on_thread_start,
 	.on_thread_stop = tn_on_thread_stop,
 };

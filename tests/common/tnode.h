@@ -32,6 +32,7 @@
 #define TN_MAX_SENDERS 8
 #define TN_WAIT_MS 30000 /* bound on any wait for frames (sanitizers are slow) */
 #define TN_HDR_LEN sizeof(struct ferry_msg_hdr)
+#define TN_IMM_LOG 2048 /* on_write_imm calls a tnode remembers in order */
 
 struct tnode {
 	const struct ferry_tp_ops *ops;
@@ -72,6 +73,21 @@ struct tnode {
 	int rdma_polled;     /* ... inside poll(), on the thread that called it */
 	int msgs_polled;     /* on_msg/on_peer_failed inside poll() (tcp's worker poll) */
 
+	/* on_write_imm(): calls, and the first TN_IMM_LOG of them in order: the
+	 * source, the tag and how many data frames from that source had come
+	 * before (its place among the frames) */
+	uint64_t imms;
+	uint32_t imm_n;
+	struct tn_imm {
+		uint32_t src, tag;
+		uint64_t frames_before;
+	} imm_log[TN_IMM_LOG];
+	/* when set, on_write_imm checks that imm_base + tag * imm_stride holds
+	 * imm_stride bytes of tn_pattern(src, tag, i): placed before the notice */
+	const uint8_t *imm_base;
+	size_t imm_stride;
+	int imm_bad; /* ... it did not */
+
 	/* when set, every data frame checks that watch holds watch_len bytes of watch_want */
 	const uint8_t *watch;
 	const uint8_t *watch_want;
@@ -83,6 +99,10 @@ struct tnode {
 struct rdma_slot {
 	int done; /* on_rdma_done() calls for it: exactly 1 */
 	int status;
+	/* when set, on_rdma_done copies *seen_ptr (another node's imms) into
+	 * seen: what the receiver of a write_imm had taken at its completion */
+	const uint64_t *seen_ptr;
+	uint64_t seen;
 };
 
 /* the handlers of every tnode (core = the struct tnode) */

@@ -137,7 +137,7 @@ static const char *const onames[] = { "?", "sum", "max", "min" };
 struct matrix {
 	struct shared sh;
 	enum ferry_coll_algo algo;
-	int big; /* also counts past one segment */
+	int big; /* also counts past one segment; 2: and 4 MiB (put_node) */
 };
 
 static int one_case(struct ferry *fy, struct shared *sh, int rank, int world, int kind,
@@ -264,13 +264,28 @@ Test(coll, every_collective_matches_the_reference_on_the_ring, .timeout = 300)
 /*
  * The ring's and the chain's segments go by one-sided WRITE where the
  * transport can (loop, rdma): with FERRY_COLL_ZCOPY_MIN=0 every size puts
- * (put_node: odd counts, one below the world, one past a segment), on
+ * (put_node: odd counts, one below the world, one past a segment, and 4 MiB
+ * and a bit: several segments in one step), on
  * 1 .. 4 nodes, every type, operator and collective, bit-exact. @mode:
- * 0 puts (and some segments must have gone so, where the transport can
- * WRITE; none where it cannot), 1 FERRY_COLL_ZCOPY=0 (none may), 2 loop's
- * FERRY_LOOP_FAIL_WRITES=3: every third WRITE fails after half its bytes,
- * and those segments go by message (some must have).
+ * PUT_ON puts, by WRITE with immediate where the transport has it (loop;
+ * rdma), else by WRITE + COLL_PUT, and some segments must have gone so
+ * (none where the transport cannot WRITE); PUT_OFF FERRY_COLL_ZCOPY=0 (none
+ * may); PUT_FAULTS FERRY_COLL_IMM=0 with loop's FERRY_LOOP_FAIL_WRITES=3:
+ * every third WRITE fails after half its bytes, and those segments go by
+ * message (some must have); PUT_IMM_FAULTS loop's FERRY_LOOP_FAIL_WRITES=3
+ * with immediates: every third write_imm's first copy is cut off halfway
+ * and written again whole before its notice (what rdma's replay after a
+ * lost link does), and the results are still exact; PUT_NO_IMM
+ * FERRY_COLL_IMM=0: WRITE + COLL_PUT only, no immediate.
  */
+enum put_mode {
+	PUT_ON,
+	PUT_OFF,
+	PUT_FAULTS,
+	PUT_IMM_FAULTS,
+	PUT_NO_IMM
+};
+
 /* every type, operator and collective on a few odd counts (one below the
  * world of 4, one not divisible, one past a segment): the matrix's shape,
  * lighter, for the puts' runs (the guest runs them over rdma) */
@@ -298,47 +313,75 @@ static int put_node(struct tc *c, int rank, void *arg)
 				     0, (root + 1) % c->n, salt++))
 				return 1;
 		}
+	/* several segments in one step's chunk (4 MiB and a bit: a ring chunk of
+	 * 1 MiB or more for up to 4 nodes), where a segment's number in its step
+	 * tells the receiver its place (big > 1; in the TCG guest only where the
+	 * segments go with immediates: 40 s more per run there otherwise) */
+	if (m->big > 1 && (one_case(fy, &m->sh, rank, c->n, 0, (1u << 20) + 3, FERRY_FLOAT32,
+				    FERRY_SUM, 0, 0, salt++) ||
+			   one_case(fy, &m->sh, rank, c->n, 2, (1u << 19) + 3, FERRY_FLOAT64,
+				    FERRY_SUM, 0, c->n - 1, salt++)))
+		return 1;
 	return 0;
 }
 
-static void run_puts(int mode)
+static void run_puts(enum put_mode mode)
 {
 	const char *tp = getenv("FERRY_TRANSPORT");
 	bool loop = tp && !strcmp(tp, "loop");
+	bool faults = mode == PUT_FAULTS || mode == PUT_IMM_FAULTS;
 
-	if (mode == 2 && !loop)
+	if (faults && !loop)
 		cr_skip_test("write faults are injected by the loop transport only");
 	setenv("FERRY_COLL_ZCOPY_MIN", "0", 1);
-	if (mode == 1)
+	if (mode == PUT_OFF)
 		setenv("FERRY_COLL_ZCOPY", "0", 1);
-	if (mode == 2)
+	if (faults)
 		setenv("FERRY_LOOP_FAIL_WRITES", "3", 1);
+	if (mode == PUT_FAULTS || mode == PUT_NO_IMM)
+		setenv("FERRY_COLL_IMM", "0", 1);
 	/* in the TCG guest the message path's run (the other matrices run it
 	 * too) takes 2 nodes only */
-	bool vm = getenv("FERRY_TEST_IN_VM") != NULL && mode == 1;
+	bool vm = getenv("FERRY_TEST_IN_VM") != NULL && mode == PUT_OFF;
 
 	for (int n = vm ? 2 : 1; n <= (vm ? 2 : 4); n++) {
-		struct matrix m = { .algo = FERRY_COLL_ALGO_RING, .big = 1 };
-		unsigned long long puts = 0, fails = 0;
-		bool can;
+		struct matrix m = { .algo = FERRY_COLL_ALGO_RING,
+				    .big = getenv("FERRY_TEST_IN_VM") && mode != PUT_ON ? 1 : 2 };
+		unsigned long long puts = 0, fails = 0, imms = 0;
+		bool can, imm;
 		struct tc c;
 
 		cr_assert_eq(tc_open(&c, n, NULL, 20000), 0, "open %d nodes", n);
 		can = (c.fy[0]->tp->ops->caps & FERRY_TP_CAP_WRITE) != 0;
+		imm = (c.fy[0]->tp->ops->caps & FERRY_TP_CAP_WRITE_IMM) != 0 &&
+		      mode != PUT_FAULTS && mode != PUT_NO_IMM;
 		tc_run(&c, put_node, &m);
 		for (int r = 0; r < n; r++) {
 			puts += ferry__coll_puts(c.fy[r]);
 			fails += ferry__coll_put_fails(c.fy[r]);
+			imms += ferry__coll_puts_imm(c.fy[r]);
 		}
 		tc_close(&c);
 		cr_assert_eq(atomic_load(&m.sh.failures), 0, "%d nodes: %s", n, m.sh.why);
-		if (n == 1 || !can || mode == 1) {
-			cr_expect_eq(puts + fails, 0, "%d nodes: %llu segments put, %llu failed", n,
-				     puts, fails);
+		if (n == 1 || !can || mode == PUT_OFF) {
+			cr_expect_eq(
+				puts + fails + imms, 0,
+				"%d nodes: %llu segments put, %llu failed, %llu with immediate", n,
+				puts, fails, imms);
 			continue;
 		}
-		cr_expect_gt(puts, 0, "%d nodes: no segment was put by WRITE", n);
-		if (mode == 2)
+		if (imm) {
+			/* one op each, no COLL_PUT frame at all */
+			cr_expect_gt(imms, 0, "%d nodes: no segment went by WRITE with immediate",
+				     n);
+			cr_expect_eq(puts, 0, "%d nodes: %llu segments went by WRITE + COLL_PUT", n,
+				     puts);
+		} else {
+			cr_expect_gt(puts, 0, "%d nodes: no segment was put by WRITE", n);
+			cr_expect_eq(imms, 0, "%d nodes: %llu segments went with immediate", n,
+				     imms);
+		}
+		if (mode == PUT_FAULTS)
 			cr_expect_gt(fails, 0, "%d nodes: no WRITE failed with faults injected", n);
 		else
 			cr_expect_eq(fails, 0, "%d nodes: %llu WRITEs failed", n, fails);
@@ -346,21 +389,132 @@ static void run_puts(int mode)
 	unsetenv("FERRY_COLL_ZCOPY_MIN");
 	unsetenv("FERRY_COLL_ZCOPY");
 	unsetenv("FERRY_LOOP_FAIL_WRITES");
+	unsetenv("FERRY_COLL_IMM");
 }
 
 Test(coll, ring_and_chain_segments_go_by_write_where_the_transport_can, .timeout = 300)
 {
-	run_puts(0);
+	run_puts(PUT_ON);
 }
 
 Test(coll, with_zcopy_off_every_segment_goes_by_message, .timeout = 300)
 {
-	run_puts(1);
+	run_puts(PUT_OFF);
 }
 
 Test(coll, a_failed_write_sends_its_segment_by_message, .timeout = 300)
 {
-	run_puts(2);
+	run_puts(PUT_FAULTS);
+}
+
+Test(coll, a_write_imm_cut_off_and_posted_again_lands_whole, .timeout = 300)
+{
+	run_puts(PUT_IMM_FAULTS);
+}
+
+Test(coll, with_imm_off_segments_go_by_write_and_coll_put, .timeout = 300)
+{
+	run_puts(PUT_NO_IMM);
+}
+
+/* ---- WRITE with immediate across broken links (rdma) ----------------------- */
+
+static atomic_long imm_resumed, imm_replayed, imm_failed_lines;
+
+static void imm_log(enum ferry_log_level level, const char *msg, void *arg)
+{
+	const char *p;
+	unsigned n = 0;
+
+	(void)arg;
+	if (level <= FERRY_LOG_WARN && !strstr(msg, "FERRY_RDMA_FAULT_BREAK_MS"))
+		fprintf(stderr, "ferry: %s\n", msg);
+	if (strstr(msg, "marking it failed"))
+		atomic_fetch_add(&imm_failed_lines, 1);
+	if (!strstr(msg, "resumed the session"))
+		return;
+	atomic_fetch_add(&imm_resumed, 1);
+	if ((p = strstr(msg, "sent again (")) && sscanf(p, "sent again (%u of them", &n) == 1)
+		atomic_fetch_add(&imm_replayed, (long)n);
+}
+
+struct imm_run {
+	struct shared sh;
+	int64_t until_ns;
+	unsigned rounds[TC_MAX];
+};
+
+/* 1 MiB all-reduces and broadcasts on the ring and the chain until the time is up */
+static int imm_storm_node(struct tc *c, int rank, void *arg)
+{
+	struct imm_run *m = arg;
+	unsigned salt = 900;
+	int rc = ferry_coll_algo_set(c->fy[rank], FERRY_COLL_ALGO_RING);
+
+	if (rc)
+		return failf(&m->sh, "algo_set: %s", ferry_strerror(rc));
+	/* every node runs the same number of rounds: rank 0 decides, through the
+	 * collective itself (a broadcast of its verdict) */
+	for (;;) {
+		int64_t go = now_ns() < m->until_ns;
+
+		rc = ferry_broadcast(c->fy[rank], &go, 1, FERRY_INT64, 0);
+		if (rc)
+			return failf(&m->sh, "rank %d: broadcast: %s", rank, ferry_strerror(rc));
+		if (!go)
+			break;
+		int root = (int)(salt % (unsigned)c->n);
+
+		if (one_case(c->fy[rank], &m->sh, rank, c->n, 0, (1u << 18) + 5, FERRY_FLOAT32,
+			     FERRY_SUM, 0, 0, salt) ||
+		    one_case(c->fy[rank], &m->sh, rank, c->n, 2, (1u << 17) + 3, FERRY_FLOAT64,
+			     FERRY_SUM, 0, root, salt + 1))
+			return 1;
+		salt += 2;
+		m->rounds[rank]++;
+	}
+	return 0;
+}
+
+/*
+ * Over rdma, with a link broken every 150 ms (FERRY_RDMA_FAULT_BREAK_MS):
+ * 3 nodes run ring all-reduces and chain broadcasts of about 1 MiB for 4 s,
+ * every segment one WRITE with immediate; every result is exact, no peer is
+ * failed, links were resumed, and some WRITEs with immediate were posted
+ * again on the new queue pair (the resumption's log line counts them).
+ */
+Test(coll, write_imms_posted_again_after_a_lost_link_keep_results_exact, .timeout = 180)
+{
+	const char *tp = getenv("FERRY_TRANSPORT");
+	struct imm_run m = { 0 };
+	unsigned long long imms = 0;
+	struct tc c;
+
+	if (!tp || strcmp(tp, "rdma"))
+		cr_skip_test("links are broken on purpose by the rdma transport only");
+	setenv("FERRY_COLL_ZCOPY_MIN", "0", 1);
+	setenv("FERRY_RDMA_FAULT_BREAK_MS", "150", 1);
+	ferry_log_set(FERRY_LOG_INFO, imm_log, NULL);
+	cr_assert_eq(tc_open(&c, 3, NULL, 20000), 0);
+	m.until_ns = now_ns() + 4000000000ll;
+	tc_run(&c, imm_storm_node, &m);
+	for (int r = 0; r < 3; r++)
+		imms += ferry__coll_puts_imm(c.fy[r]);
+	tc_close(&c);
+	ferry_log_set(FERRY_LOG_WARN, NULL, NULL);
+	unsetenv("FERRY_RDMA_FAULT_BREAK_MS");
+	unsetenv("FERRY_COLL_ZCOPY_MIN");
+	cr_assert_eq(atomic_load(&m.sh.failures), 0, "%s", m.sh.why);
+	fprintf(stderr,
+		"write_imm storm: %u rounds, %llu segments with immediate, %ld resumptions, "
+		"%ld WRITEs with immediate posted again\n",
+		m.rounds[0], imms, atomic_load(&imm_resumed), atomic_load(&imm_replayed));
+	cr_expect_gt(m.rounds[0], 0, "no round ran");
+	cr_expect_gt(imms, 0, "no segment went by WRITE with immediate");
+	cr_expect_gt(atomic_load(&imm_resumed), 0, "no link was broken and resumed");
+	cr_expect_gt(atomic_load(&imm_replayed), 0,
+		     "no WRITE with immediate was in flight when a link broke");
+	cr_expect_eq(atomic_load(&imm_failed_lines), 0, "a peer was marked failed");
 }
 
 /* ---- back to back, started many at a time -------------------------------- */
@@ -702,6 +856,137 @@ Test(coll, a_frame_from_a_rank_that_is_not_the_peer_of_that_step_drops_it, .time
 	cr_assert_eq(rc, -FERRY_E_PEER, "the next all-reduce: %s", ferry_strerror(rc));
 	ferry_log_set(FERRY_LOG_WARN, NULL, NULL);
 	tc_close(&c);
+}
+
+/* ---- WRITE with immediate: what a receiver refuses ----------------------- */
+
+static void imm_done(struct ferry *fy, void *ctx, int status)
+{
+	(void)fy;
+	(void)ctx;
+	(void)status;
+}
+
+static struct ferry_rdma_ctx imm_ctx = { .done = imm_done };
+
+/* rank @from writes 8 bytes with immediate @tag into a buffer of rank @to's */
+static void forge_imm(struct tc *c, int from, int to, uint32_t tag, void *mem,
+		      struct ferry_tp_mr *rmr, struct ferry_tp_mr *lmr)
+{
+	struct ferry_tp *tp = c->fy[from]->tp;
+
+	cr_assert_eq(tp->ops->mem_reg(tp, (uint8_t *)mem + 64, 64, 0, lmr), 0);
+	cr_assert_eq(c->fy[to]->tp->ops->mem_reg(c->fy[to]->tp, mem, 64,
+						 FERRY_TP_ACCESS_REMOTE_WRITE, rmr),
+		     0);
+	cr_assert_eq(tp->ops->write_imm(tp, (uint32_t)to, (uint8_t *)mem + 64, lmr, (uintptr_t)mem,
+					rmr->rkey, 8, tag, &imm_ctx),
+		     0);
+}
+
+#define IMM_TAG(slot, step, seg)                             \
+	(FERRY_TP_IMM_USER_COLL << FERRY_TP_IMM_USER_SHIFT | \
+	 (uint32_t)(slot) << FERRY_COLL_IMM_SLOT_SHIFT |     \
+	 (uint32_t)(step) << FERRY_COLL_IMM_STEP_SHIFT | (uint32_t)(seg))
+
+/*
+ * A WRITE with immediate that names what its receiver does not expect from
+ * its writer drops the writer with one log line, and the collective under
+ * way ends with -FERRY_E_PEER: from a node that is not the one the slot was
+ * offered to, a step the collective does not take, a slot nobody offered,
+ * a tag no module takes (loop; rdma in the VM).
+ */
+Test(coll, a_write_imm_the_receiver_does_not_expect_drops_its_writer, .timeout = 60)
+{
+	static const struct {
+		int from;
+		uint32_t tag;
+		const char *why;
+	} cases[] = {
+		{ 1, IMM_TAG(0, 0, 0), "did not offer memory to" },
+		{ 2, IMM_TAG(0, 200, 0), "a step this collective does not take" },
+		{ 2, IMM_TAG(0, 0, 9), "a segment past its step's elements" },
+		{ 2, IMM_TAG(100, 0, 0), "a slot no collective here offered" },
+		{ 2, 5u << FERRY_TP_IMM_USER_SHIFT, "which no module of this node takes" },
+	};
+	const char *tp = getenv("FERRY_TRANSPORT");
+	float v[30] = { 0 };
+
+	if (!tp || (strcmp(tp, "loop") && strcmp(tp, "rdma")))
+		cr_skip_test("tcp has no WRITE with immediate");
+	setenv("FERRY_COLL_ZCOPY_MIN", "0", 1);
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		void *mem = aligned_alloc(64, 128);
+		struct ferry_tp_mr *rmr, *lmr;
+		struct ferry_coll *h;
+		char want[32];
+		struct tc c;
+		int rc;
+
+		cap_errors = 0;
+		cr_assert_eq(tc_open(&c, 3, NULL, 5000), 0);
+		rmr = calloc(1, c.fy[0]->tp->ops->mr_size);
+		lmr = calloc(1, c.fy[0]->tp->ops->mr_size);
+		for (int r = 0; r < 3; r++)
+			cr_assert_eq(ferry_coll_algo_set(c.fy[r], FERRY_COLL_ALGO_RING), 0);
+		ferry_log_set(FERRY_LOG_ERROR, capture, NULL);
+		/* rank 0 offers slot 0 to rank 2, its left neighbour */
+		cr_assert_eq(ferry_allreduce_start(c.fy[0], v, v, 30, FERRY_FLOAT32, FERRY_SUM, &h),
+			     0);
+		forge_imm(&c, cases[i].from, 0, cases[i].tag, mem, rmr, lmr);
+		cr_assert_eq(wait_proto_error(), 1, "case %zu: one error line, got %d", i,
+			     cap_errors);
+		cr_assert(strstr(cap_last, cases[i].why), "case %zu: %s", i, cap_last);
+		snprintf(want, sizeof(want), "dropping rank %d", cases[i].from);
+		cr_assert(strstr(cap_last, want), "case %zu: %s", i, cap_last);
+		rc = ferry_coll_wait(h);
+		cr_assert_eq(rc, -FERRY_E_PEER, "case %zu: the all-reduce under way: %s", i,
+			     ferry_strerror(rc));
+		ferry_log_set(FERRY_LOG_WARN, NULL, NULL);
+		c.fy[0]->tp->ops->mem_dereg(c.fy[0]->tp, rmr);
+		c.fy[cases[i].from]->tp->ops->mem_dereg(c.fy[cases[i].from]->tp, lmr);
+		tc_close(&c);
+		free(rmr);
+		free(lmr);
+		free(mem);
+	}
+	/* COLL_KEYS from rank 0's right neighbour offering slot 200 of 128 */
+	{
+		struct {
+			struct ferry_msg_hdr h;
+			struct ferry_msg_coll m;
+			struct ferry_msg_coll_keys k;
+		} f;
+		struct ferry_coll *h;
+		struct tc c;
+		int rc;
+
+		cap_errors = 0;
+		cr_assert_eq(tc_open(&c, 3, NULL, 5000), 0);
+		for (int r = 0; r < 3; r++)
+			cr_assert_eq(ferry_coll_algo_set(c.fy[r], FERRY_COLL_ALGO_RING), 0);
+		ferry_log_set(FERRY_LOG_ERROR, capture, NULL);
+		cr_assert_eq(ferry_allreduce_start(c.fy[0], v, v, 30, FERRY_FLOAT32, FERRY_SUM, &h),
+			     0);
+		memset(&f, 0, sizeof(f));
+		f.m = (struct ferry_msg_coll){ .count = 30,
+					       .n = 201,
+					       .kind = FERRY_COLL_KIND_ALLREDUCE,
+					       .dtype = FERRY_FLOAT32,
+					       .op = FERRY_SUM,
+					       .algo = FERRY_COLL_ALGO_RING };
+		f.k = (struct ferry_msg_coll_keys){ .buf_addr = 4096, .buf_rkey = 1 };
+		ferry__proto_hdr_init(&f.h, FERRY_MSG_COLL_KEYS, sizeof(f), 1, 0);
+		cr_assert_eq(ferry__send(c.fy[1], 0, &f, sizeof(f)), 0);
+		cr_assert_eq(wait_proto_error(), 1, "keys: one error line, got %d", cap_errors);
+		cr_assert(strstr(cap_last, "slot out of range"), "%s", cap_last);
+		cr_assert(strstr(cap_last, "dropping rank 1"), "%s", cap_last);
+		rc = ferry_coll_wait(h);
+		cr_assert_eq(rc, -FERRY_E_PEER, "keys: %s", ferry_strerror(rc));
+		ferry_log_set(FERRY_LOG_WARN, NULL, NULL);
+		tc_close(&c);
+	}
+	unsetenv("FERRY_COLL_ZCOPY_MIN");
 }
 
 /* ---- a node dies mid-collective (forked processes) ------------------------ */

@@ -1591,6 +1591,311 @@ TP_TEST(one_sided_read_and_write_reach_registered_memory)
 	cluster_down(nodes, 2);
 }
 
+/* ---- WRITE with immediate (transport.h, FERRY_TP_CAP_WRITE_IMM) ------------ */
+
+static void tp_require_write_imm(const struct ferry_tp_ops *ops)
+{
+	if (!(ops->caps & FERRY_TP_CAP_WRITE_IMM) || !ops->write_imm || !ops->mem_reg)
+		cr_skip_test("the %s transport has no WRITE with immediate", ops->name);
+}
+
+/* @n slices of @stride bytes of @b, slice i holding tn_pattern(@src, @tag0 + i, .) */
+static void imm_fill(struct tbuf *b, uint32_t src, uint32_t tag0, size_t n, size_t stride)
+{
+	for (size_t i = 0; i < n; i++)
+		for (size_t j = 0; j < stride; j++)
+			b->mem[i * stride + j] = tn_pattern(src, tag0 + (uint32_t)i, j);
+}
+
+/*
+ * Rank 0 interleaves frames and WRITEs with immediate to rank 1: each notice
+ * comes after the frames sent before it and before those sent after it,
+ * its bytes are in place when it comes, and each write_imm completes once,
+ * with 0, and only after rank 1 took it.
+ */
+TP_TEST(a_write_imm_lands_first_and_keeps_its_place_among_frames)
+{
+	enum {
+		N = 64,
+		STRIDE = 4096
+	};
+	const struct ferry_tp_ops *ops = tp_get(*tpi);
+	struct rdma_slot slots[N];
+	struct tbuf remote, local;
+	struct tnode nodes[2];
+
+	tp_require_write_imm(ops);
+	memset(slots, 0, sizeof(slots));
+	cluster_up(nodes, ops, 2, 0);
+	tbuf_reg(&nodes[1], &remote, N * STRIDE, FERRY_TP_ACCESS_REMOTE_WRITE);
+	tbuf_reg(&nodes[0], &local, N * STRIDE, 0);
+	imm_fill(&local, 0, 0, N, STRIDE);
+	pthread_mutex_lock(&nodes[1].lock);
+	nodes[1].imm_base = remote.mem;
+	nodes[1].imm_stride = STRIDE;
+	pthread_mutex_unlock(&nodes[1].lock);
+	for (uint32_t i = 0; i < N; i++) {
+		slots[i].seen_ptr = &nodes[1].imms;
+		cr_assert_eq(send_frame(&nodes[0], 1, 0, i, 64 + 8 * (i % 5)), 0);
+		cr_assert_eq(ops->write_imm(nodes[0].tp, 1, local.mem + i * STRIDE, local.mr,
+					    (uintptr_t)remote.mem + i * STRIDE, remote.mr->rkey,
+					    STRIDE, i, &slots[i]),
+			     0, "write_imm %u was refused", i);
+	}
+	cr_assert_eq(send_frame(&nodes[0], 1, 0, N, 64), 0);
+	cr_assert(WAIT_FOR(&nodes[1], nodes[1].frames[0] == N + 1 && nodes[1].imms == N, WAIT_MS),
+		  "rank 1 got %llu frames and %llu notices of %u",
+		  (unsigned long long)LOCKED(&nodes[1], nodes[1].frames[0]),
+		  (unsigned long long)LOCKED(&nodes[1], nodes[1].imms), N + 1);
+	pthread_mutex_lock(&nodes[1].lock);
+	for (uint32_t i = 0; i < N; i++) {
+		const struct tn_imm *e = &nodes[1].imm_log[i];
+
+		cr_expect_eq(e->src, 0);
+		cr_expect_eq(e->tag, i, "notice %u carried tag %u", i, e->tag);
+		cr_expect_eq(e->frames_before, i + 1,
+			     "notice %u came after %llu frames, not after the %u sent before it", i,
+			     (unsigned long long)e->frames_before, i + 1);
+	}
+	cr_expect_eq(nodes[1].imm_bad, 0, "%d notices came before their bytes", nodes[1].imm_bad);
+	pthread_mutex_unlock(&nodes[1].lock);
+	cr_assert(WAIT_FOR(&nodes[0], nodes[0].rdma_done == N, WAIT_MS),
+		  "%llu of %u write_imms completed",
+		  (unsigned long long)LOCKED(&nodes[0], nodes[0].rdma_done), N);
+	usleep(100 * 1000);
+	pthread_mutex_lock(&nodes[0].lock);
+	for (uint32_t i = 0; i < N; i++) {
+		cr_expect_eq(slots[i].done, 1, "write_imm %u completed %d times", i, slots[i].done);
+		cr_expect_eq(slots[i].status, 0, "write_imm %u: %s", i,
+			     ferry_strerror(slots[i].status));
+		cr_expect(slots[i].seen >= i + 1,
+			  "write_imm %u completed when rank 1 had taken %llu notices", i,
+			  (unsigned long long)slots[i].seen);
+	}
+	pthread_mutex_unlock(&nodes[0].lock);
+	cr_expect_eq(memcmp(remote.mem, local.mem, N * STRIDE), 0);
+	for (int r = 0; r < 2; r++)
+		assert_clean(&nodes[r]);
+	tbuf_dereg(&nodes[0], &local);
+	tbuf_dereg(&nodes[1], &remote);
+	cluster_down(nodes, 2);
+}
+
+struct imm_writer {
+	struct tnode *n;
+	struct tbuf *local;
+	uint64_t raddr, rkey;
+	uint32_t tag0, count;
+	struct rdma_slot *slots;
+	int errors;
+	pthread_t thread;
+};
+
+static void *imm_writer_main(void *arg)
+{
+	struct imm_writer *w = arg;
+
+	for (uint32_t i = 0; i < w->count; i++) {
+		size_t off = (size_t)(w->tag0 + i) * 1024;
+
+		if (w->n->ops->write_imm(w->n->tp, 1, w->local->mem + off, w->local->mr,
+					 w->raddr + off, w->rkey, 1024, w->tag0 + i, &w->slots[i]))
+			w->errors++;
+	}
+	return NULL;
+}
+
+/*
+ * Ranks 0 and 2 each post 1000 WRITEs with immediate of 1 KiB to rank 1 at
+ * once, far more than any window of credits: every one lands once, in each
+ * writer's order, its bytes in place, and completes once with 0.
+ */
+TP_TEST(many_write_imms_in_flight_from_two_writers_arrive_once_in_order)
+{
+	enum {
+		PER = 1000,
+		ALL = 2 * PER
+	};
+	const struct ferry_tp_ops *ops = tp_get(*tpi);
+	struct rdma_slot *slots = calloc(ALL, sizeof(*slots));
+	struct imm_writer w[2];
+	struct tbuf remote, local[2];
+	struct tnode nodes[3];
+	uint32_t next[2] = { 0, PER };
+
+	tp_require_write_imm(ops);
+	cr_assert_not_null(slots);
+	cluster_up(nodes, ops, 3, 0);
+	tbuf_reg(&nodes[1], &remote, ALL * 1024, FERRY_TP_ACCESS_REMOTE_WRITE);
+	for (int k = 0; k < 2; k++) {
+		struct tnode *n = &nodes[k * 2];
+
+		tbuf_reg(n, &local[k], ALL * 1024, 0);
+		imm_fill(&local[k], n->rank, 0, ALL, 1024);
+		w[k] = (struct imm_writer){ .n = n,
+					    .local = &local[k],
+					    .raddr = (uintptr_t)remote.mem,
+					    .rkey = remote.mr->rkey,
+					    .tag0 = (uint32_t)k * PER,
+					    .count = PER,
+					    .slots = slots + k * PER };
+	}
+	pthread_mutex_lock(&nodes[1].lock);
+	nodes[1].imm_base = remote.mem;
+	nodes[1].imm_stride = 1024;
+	pthread_mutex_unlock(&nodes[1].lock);
+	for (int k = 0; k < 2; k++)
+		cr_assert_eq(pthread_create(&w[k].thread, NULL, imm_writer_main, &w[k]), 0);
+	for (int k = 0; k < 2; k++) {
+		pthread_join(w[k].thread, NULL);
+		cr_expect_eq(w[k].errors, 0, "rank %u: %d write_imms refused", w[k].n->rank,
+			     w[k].errors);
+	}
+	cr_assert(WAIT_FOR(&nodes[1], nodes[1].imms == ALL, WAIT_MS),
+		  "rank 1 took %llu notices of %u",
+		  (unsigned long long)LOCKED(&nodes[1], nodes[1].imms), ALL);
+	for (int k = 0; k < 2; k++)
+		cr_assert(WAIT_FOR(&nodes[k * 2], nodes[k * 2].rdma_done == PER, WAIT_MS),
+			  "rank %d: %llu of %u write_imms completed", k * 2,
+			  (unsigned long long)LOCKED(&nodes[k * 2], nodes[k * 2].rdma_done), PER);
+	usleep(100 * 1000);
+	pthread_mutex_lock(&nodes[1].lock);
+	for (uint32_t i = 0; i < ALL; i++) {
+		const struct tn_imm *e = &nodes[1].imm_log[i];
+		int k = e->src == 2;
+
+		if (e->src != 0 && e->src != 2) {
+			cr_expect(0, "notice %u from rank %u", i, e->src);
+			continue;
+		}
+		cr_expect_eq(e->tag, next[k], "rank %u's notice with tag %u came where %u was due",
+			     e->src, e->tag, next[k]);
+		next[k] = e->tag + 1;
+	}
+	cr_expect_eq(nodes[1].imm_bad, 0, "%d notices came before their bytes", nodes[1].imm_bad);
+	pthread_mutex_unlock(&nodes[1].lock);
+	for (uint32_t i = 0; i < ALL; i++) {
+		cr_expect_eq(slots[i].done, 1, "write_imm %u completed %d times", i, slots[i].done);
+		cr_expect_eq(slots[i].status, 0, "write_imm %u: %s", i,
+			     ferry_strerror(slots[i].status));
+	}
+	for (int r = 0; r < 3; r++)
+		assert_clean(&nodes[r]);
+	for (int k = 0; k < 2; k++)
+		tbuf_dereg(&nodes[k * 2], &local[k]);
+	tbuf_dereg(&nodes[1], &remote);
+	free(slots);
+	cluster_down(nodes, 3);
+}
+
+/*
+ * A write_imm that its receiver has not taken (its progress thread held in
+ * a handler) completes only when the writer drops that peer, with
+ * -FERRY_E_PEER, once; nothing completes it again when the receiver moves on.
+ * Another, left unacknowledged at the writer's fini, completes there with
+ * -FERRY_E_CLOSED, and no handler runs after fini.
+ */
+TP_TEST(a_write_imm_to_a_failed_peer_completes_with_an_error)
+{
+	const struct ferry_tp_ops *ops = tp_get(*tpi);
+	struct rdma_slot slot = { 0 }, late = { 0 };
+	struct tbuf remote, local;
+	struct tnode nodes[3];
+
+	tp_require_write_imm(ops);
+	cluster_up(nodes, ops, 3, 0);
+	tbuf_reg(&nodes[1], &remote, 4096, FERRY_TP_ACCESS_REMOTE_WRITE);
+	tbuf_reg(&nodes[0], &local, 4096, 0);
+	pthread_mutex_lock(&nodes[1].lock);
+	nodes[1].gate_closed = 1;
+	pthread_mutex_unlock(&nodes[1].lock);
+	cr_assert_eq(send_frame(&nodes[0], 1, 0, 0, 64), 0);
+	cr_assert(WAIT_FOR(&nodes[1], nodes[1].gated, WAIT_MS), "rank 1 never took the frame");
+	cr_assert_eq(ops->write_imm(nodes[0].tp, 1, local.mem, local.mr, (uintptr_t)remote.mem,
+				    remote.mr->rkey, 4096, 7, &slot),
+		     0);
+	usleep(100 * 1000);
+	cr_expect_eq(LOCKED(&nodes[0], slot.done), 0,
+		     "the write_imm completed before its receiver took it");
+	ops->drop(nodes[0].tp, 1);
+	cr_assert(WAIT_FOR(&nodes[0], slot.done == 1, WAIT_MS),
+		  "a write_imm to a dropped peer never completed");
+	cr_expect_eq(LOCKED(&nodes[0], slot.status), -FERRY_E_PEER, "it completed with %s",
+		     ferry_strerror(LOCKED(&nodes[0], slot.status)));
+	pthread_mutex_lock(&nodes[1].lock);
+	nodes[1].gate_closed = 0;
+	pthread_cond_broadcast(&nodes[1].cond);
+	pthread_mutex_unlock(&nodes[1].lock);
+	usleep(200 * 1000);
+	cr_expect_eq(LOCKED(&nodes[0], slot.done), 1, "it completed %d times",
+		     LOCKED(&nodes[0], slot.done));
+
+	/* rank 2 held the same way, then rank 0 closes */
+	tbuf_dereg(&nodes[1], &remote);
+	tbuf_reg(&nodes[2], &remote, 4096, FERRY_TP_ACCESS_REMOTE_WRITE);
+	pthread_mutex_lock(&nodes[2].lock);
+	nodes[2].gate_closed = 1;
+	pthread_mutex_unlock(&nodes[2].lock);
+	cr_assert_eq(send_frame(&nodes[0], 2, 0, 0, 64), 0);
+	cr_assert(WAIT_FOR(&nodes[2], nodes[2].gated, WAIT_MS), "rank 2 never took the frame");
+	cr_assert_eq(ops->write_imm(nodes[0].tp, 2, local.mem, local.mr, (uintptr_t)remote.mem,
+				    remote.mr->rkey, 4096, 8, &late),
+		     0);
+	tn_fini(&nodes[0]);
+	cr_expect_eq(late.done, 1, "a write_imm left at fini completed %d times", late.done);
+	cr_expect_eq(late.status, -FERRY_E_CLOSED, "it completed with %s",
+		     ferry_strerror(late.status));
+	cr_expect_eq(nodes[0].after_fini, 0);
+	pthread_mutex_lock(&nodes[2].lock);
+	nodes[2].gate_closed = 0;
+	pthread_cond_broadcast(&nodes[2].cond);
+	pthread_mutex_unlock(&nodes[2].lock);
+	tbuf_dereg(&nodes[2], &remote);
+	free(local.mr); /* its transport is gone: nothing to deregister */
+	free(local.mem);
+	cluster_down(nodes, 3);
+}
+
+/*
+ * A WRITE with immediate into memory its receiver did not open to remote
+ * writes is refused at the call (loop: -EACCES), or fails its peer once,
+ * completing with -FERRY_E_PEER (rdma: the peer's NIC refuses it, and posted
+ * again after a reconnection it would be refused again, without end).
+ */
+TP_TEST(a_write_imm_into_memory_not_offered_is_refused_or_fails_the_peer)
+{
+	const struct ferry_tp_ops *ops = tp_get(*tpi);
+	struct rdma_slot slot = { 0 };
+	struct tbuf remote, local;
+	struct tnode nodes[2];
+	int rc;
+
+	tp_require_write_imm(ops);
+	cluster_up(nodes, ops, 2, 0);
+	tbuf_reg(&nodes[1], &remote, 4096, FERRY_TP_ACCESS_REMOTE_READ);
+	tbuf_reg(&nodes[0], &local, 4096, 0);
+	rc = ops->write_imm(nodes[0].tp, 1, local.mem, local.mr, (uintptr_t)remote.mem,
+			    remote.mr->rkey, 4096, 3, &slot);
+	if (rc) {
+		cr_expect_eq(rc, -EACCES, "refused with %s", ferry_strerror(rc));
+	} else {
+		cr_assert(WAIT_FOR(&nodes[0], slot.done == 1 && nodes[0].failed[1] == 1, WAIT_MS),
+			  "the refused write_imm completed %d times, its peer failed %d times",
+			  LOCKED(&nodes[0], slot.done), LOCKED(&nodes[0], nodes[0].failed[1]));
+		cr_expect_eq(LOCKED(&nodes[0], slot.status), -FERRY_E_PEER, "it completed with %s",
+			     ferry_strerror(LOCKED(&nodes[0], slot.status)));
+		cr_expect_eq(log_count("refused a WRITE with immediate", NULL), 1);
+		usleep(300 * 1000);
+		cr_expect_eq(LOCKED(&nodes[0], slot.done), 1);
+		cr_expect_eq(log_count("resumed the session", NULL), 0,
+			     "the session reconnected after a refused WRITE with immediate");
+	}
+	cr_expect_eq(LOCKED(&nodes[1], nodes[1].imms), 0, "rank 1 took a refused write_imm");
+	tbuf_dereg(&nodes[0], &local);
+	tbuf_dereg(&nodes[1], &remote);
+	cluster_down(nodes, 2);
+}
+
 /* take completions on this thread, where the transport can (ops->poll) */
 static void tnode_poll(struct tnode *n)
 {

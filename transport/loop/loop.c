@@ -22,6 +22,18 @@
  * (loop_regs), so a node can check a peer's memory; the copy runs under the
  * list's read lock, so a registration cannot go away under it.
  *
+ * WRITE with immediate (write_imm, FERRY_TP_CAP_WRITE_IMM; transport.h has
+ * the contract): the bytes are copied at once, then a notice goes to @dst
+ * through the tcp stream, behind every frame sent to it before, and the
+ * receiver's loop hands its tag to on_write_imm() in that place, then sends
+ * an acknowledgement back the same way; the writer's on_rdma_done(ctx)
+ * runs when that comes (its progress thread), or with -FERRY_E_PEER when
+ * the peer failed first, -FERRY_E_CLOSED at fini. Both are loop-only frames
+ * on the tcp connection between threads of one process: a header of type
+ * COLL_PUT whose table field is LOOP_IMM_MAGIC (the core's frames carry 0
+ * there), taken by the loop's own on_msg and never shown to the core. Kept
+ * per write_imm not acknowledged: one struct loop_imm (48 bytes).
+ *
  * Fault injection, for tests of the fallbacks (read once, at init):
  *
  *   FERRY_LOOP_FAIL_WRITES=N   every N-th write() of this node (N >= 1)
@@ -30,6 +42,11 @@
  *                              failing link may leave part of its data;
  *                              the connection stays up (unlike rdma, where
  *                              a failed work request ends it)
+ *                              (a write_imm() counts in the same N: its
+ *                              first copy is cut off halfway, then it is
+ *                              written whole again before its notice, as
+ *                              the rdma transport posts a WRITE-with-
+ *                              immediate again after a lost link)
  *   FERRY_LOOP_ADVERSARIAL=1   every read() copies the remote range's 64-byte
  *                              lines in a random order (the 8-byte words of
  *                              a line in order), pausing between lines (a
@@ -51,9 +68,35 @@
 
 #include "transport/transport.h"
 
+/* a write_imm() not acknowledged yet (struct loop_tp, imm_lock): one per
+ * write_imm in flight, 32 bytes; the caller bounds how many it posts */
+struct loop_imm {
+	struct loop_imm *next;
+	uint64_t id;
+	void *ctx;
+	uint32_t dst;
+};
+
+/* the body of a loop notice or acknowledgement (see the top) */
+struct loop_imm_msg {
+	uint32_t kind; /* LOOP_IMM_NOTICE or LOOP_IMM_ACK */
+	uint32_t tag;
+	uint64_t id; /* the writer's number of it */
+};
+
+#define LOOP_IMM_MAGIC 0x4d4d494cu /* "LIMM" in the header's table field */
+#define LOOP_IMM_NOTICE 1u
+#define LOOP_IMM_ACK 2u
+#define LOOP_IMM_LEN (sizeof(struct ferry_msg_hdr) + sizeof(struct loop_imm_msg))
+
 struct loop_tp {
 	struct ferry_tp base;
 	struct ferry_tp *tcp; /* the message transport */
+	/* the tcp transport's handler: ours, which takes the loop frames */
+	struct ferry_tp_handler inner;
+	pthread_mutex_t imm_lock; /* guards imm_head, imm_next */
+	struct loop_imm *imm_head;
+	uint64_t imm_next;
 	pid_t pid;
 	uint64_t fail_writes; /* FERRY_LOOP_FAIL_WRITES, 0: off */
 	uint64_t nwrites;     /* write() calls (atomic) */
@@ -87,8 +130,131 @@ static inline struct loop_tp *to_loop(struct ferry_tp *tp)
 	return (struct loop_tp *)tp;
 }
 
+/* complete (and forget) the write_imms to @dst (UINT32_MAX: all) with
+ * @status; the progress thread, or fini after it stopped */
+static void loop_imm_fail(struct loop_tp *l, uint32_t dst, int status)
+{
+	struct loop_imm *done = NULL, **pp;
+
+	pthread_mutex_lock(&l->imm_lock);
+	for (pp = &l->imm_head; *pp;) {
+		struct loop_imm *e = *pp;
+
+		if (dst == UINT32_MAX || e->dst == dst) {
+			*pp = e->next;
+			e->next = done;
+			done = e;
+		} else {
+			pp = &e->next;
+		}
+	}
+	pthread_mutex_unlock(&l->imm_lock);
+	while (done) {
+		struct loop_imm *e = done;
+
+		done = e->next;
+		l->base.cfg.handler->on_rdma_done(l->base.cfg.core, e->ctx, status);
+		free(e);
+	}
+}
+
+static int loop_imm_send(struct loop_tp *l, uint32_t dst, uint32_t kind, uint32_t tag, uint64_t id)
+{
+	struct {
+		struct ferry_msg_hdr h;
+		struct loop_imm_msg m;
+	} f = { .m = { .kind = kind, .tag = tag, .id = id } };
+	struct iovec iov = { .iov_base = &f, .iov_len = sizeof(f) };
+
+	ferry__proto_hdr_init(&f.h, FERRY_MSG_COLL_PUT, sizeof(f), l->base.cfg.rank,
+			      LOOP_IMM_MAGIC);
+	return ferry__tcp_ops.send(l->tcp, dst, &iov, 1);
+}
+
+/* a loop notice or acknowledgement from @src; progress thread */
+static void loop_imm_input(struct loop_tp *l, uint32_t src, const struct loop_imm_msg *m)
+{
+	const struct ferry_tp_handler *h = l->base.cfg.handler;
+	struct loop_imm *e = NULL, **pp;
+
+	if (m->kind == LOOP_IMM_NOTICE && m->tag <= FERRY_TP_IMM_TAG_MASK) {
+		h->on_write_imm(l->base.cfg.core, src, m->tag);
+		if (loop_imm_send(l, src, LOOP_IMM_ACK, 0, m->id))
+			ferry_dbg("loop: rank %u could not acknowledge a WRITE with immediate to "
+				  "rank %u; its writer completes it when it fails",
+				  l->base.cfg.rank, src);
+		return;
+	}
+	if (m->kind == LOOP_IMM_ACK) {
+		pthread_mutex_lock(&l->imm_lock);
+		for (pp = &l->imm_head; *pp; pp = &(*pp)->next)
+			if ((*pp)->id == m->id && (*pp)->dst == src) {
+				e = *pp;
+				*pp = e->next;
+				break;
+			}
+		pthread_mutex_unlock(&l->imm_lock);
+		if (e) {
+			h->on_rdma_done(l->base.cfg.core, e->ctx, 0);
+			free(e);
+			return;
+		}
+	}
+	ferry_warn("loop: rank %u sent rank %u a WRITE-with-immediate %s it never posted; "
+		   "dropping it",
+		   src, l->base.cfg.rank, m->kind == LOOP_IMM_ACK ? "acknowledgement" : "notice");
+	ferry__tcp_ops.drop(l->tcp, src);
+	loop_imm_fail(l, src, -FERRY_E_PEER);
+	h->on_peer_failed(l->base.cfg.core, src, -FERRY_E_PROTO);
+}
+
+static void loop_h_msg(void *core, uint32_t src, const void *buf, size_t len)
+{
+	struct loop_tp *l = core;
+	const struct ferry_msg_hdr *hdr = buf;
+
+	if (len == LOOP_IMM_LEN && hdr->type == FERRY_MSG_COLL_PUT &&
+	    hdr->table == LOOP_IMM_MAGIC) {
+		loop_imm_input(l, src, (const void *)(hdr + 1));
+		return;
+	}
+	l->base.cfg.handler->on_msg(l->base.cfg.core, src, buf, len);
+}
+
+static void loop_h_peer_failed(void *core, uint32_t src, int err)
+{
+	struct loop_tp *l = core;
+
+	loop_imm_fail(l, src, -FERRY_E_PEER);
+	l->base.cfg.handler->on_peer_failed(l->base.cfg.core, src, err);
+}
+
+static void loop_h_rdma_done(void *core, void *ctx, int status)
+{
+	struct loop_tp *l = core;
+
+	l->base.cfg.handler->on_rdma_done(l->base.cfg.core, ctx, status);
+}
+
+static void loop_h_thread_start(void *core)
+{
+	struct loop_tp *l = core;
+
+	if (l->base.cfg.handler->on_thread_start)
+		l->base.cfg.handler->on_thread_start(l->base.cfg.core);
+}
+
+static void loop_h_thread_stop(void *core)
+{
+	struct loop_tp *l = core;
+
+	if (l->base.cfg.handler->on_thread_stop)
+		l->base.cfg.handler->on_thread_stop(l->base.cfg.core);
+}
+
 static int loop_init(struct ferry_tp *tp, const struct ferry_tp_config *cfg)
 {
+	struct ferry_tp_config icfg;
 	struct loop_tp *l = to_loop(tp);
 	int rc;
 
@@ -148,8 +314,20 @@ static int loop_init(struct ferry_tp *tp, const struct ferry_tp_config *cfg)
 	if (!l->tcp)
 		return -ENOMEM;
 	l->tcp->ops = &ferry__tcp_ops;
-	rc = ferry__tcp_ops.init(l->tcp, cfg);
+	pthread_mutex_init(&l->imm_lock, NULL);
+	l->inner = (struct ferry_tp_handler){
+		.on_msg = loop_h_msg,
+		.on_peer_failed = loop_h_peer_failed,
+		.on_rdma_done = loop_h_rdma_done,
+		.on_thread_start = loop_h_thread_start,
+		.on_thread_stop = loop_h_thread_stop,
+	};
+	icfg = *cfg;
+	icfg.handler = &l->inner;
+	icfg.core = l;
+	rc = ferry__tcp_ops.init(l->tcp, &icfg);
 	if (rc) {
+		pthread_mutex_destroy(&l->imm_lock);
 		free(l->tcp);
 		l->tcp = NULL;
 	}
@@ -220,6 +398,7 @@ static int loop_send(struct ferry_tp *tp, uint32_t dst, const struct iovec *iov,
 static void loop_drop(struct ferry_tp *tp, uint32_t dst)
 {
 	ferry__tcp_ops.drop(to_loop(tp)->tcp, dst);
+	loop_imm_fail(to_loop(tp), dst, -FERRY_E_PEER);
 }
 
 static size_t loop_mem_held(struct ferry_tp *tp)
@@ -504,6 +683,68 @@ static int loop_write(struct ferry_tp *tp, uint32_t dst, const void *local, stru
 	return loop_rw(tp, dst, (void *)local, lmr, raddr, rkey, len, ctx, 1);
 }
 
+/*
+ * loop_write_imm - copy now, then a notice behind the frames sent to @dst
+ * before; completes when @dst acknowledges (see the top). Any thread.
+ */
+static int loop_write_imm(struct ferry_tp *tp, uint32_t dst, const void *local,
+			  struct ferry_tp_mr *lmr, uint64_t raddr, uint64_t rkey, size_t len,
+			  uint32_t tag, void *ctx)
+{
+	struct loop_tp *l = to_loop(tp);
+	uint8_t *d = (uint8_t *)(uintptr_t)raddr;
+	struct loop_imm *e, **pp;
+	uint64_t nth, id;
+	int rc;
+
+	if (dst >= tp->cfg.world || dst == tp->cfg.rank || tag > FERRY_TP_IMM_TAG_MASK || !raddr ||
+	    !local || !len || !lmr || !lmr->addr || (uintptr_t)local < (uintptr_t)lmr->addr ||
+	    (uintptr_t)local - (uintptr_t)lmr->addr > lmr->len ||
+	    len > lmr->len - ((uintptr_t)local - (uintptr_t)lmr->addr))
+		return -EINVAL;
+	e = calloc(1, sizeof(*e));
+	if (!e)
+		return -ENOMEM;
+	pthread_rwlock_rdlock(&loop_regs_lock);
+	if (!loop_access_ok(tp, dst, raddr, rkey, len, FERRY_TP_ACCESS_REMOTE_WRITE)) {
+		pthread_rwlock_unlock(&loop_regs_lock);
+		free(e);
+		ferry_err("loop: rank %u: a WRITE with immediate to rank %u names memory it did "
+			  "not register for remote writes (rkey %#llx); nothing was written",
+			  tp->cfg.rank, dst, (unsigned long long)rkey);
+		return -EACCES;
+	}
+	nth = __atomic_add_fetch(&l->nwrites, 1, __ATOMIC_RELAXED);
+	if (l->fail_writes && nth % l->fail_writes == 0)
+		memcpy(d, local, len / 2); /* a first attempt cut off by a lost link */
+	memcpy(d, local, len);
+	pthread_rwlock_unlock(&loop_regs_lock);
+	e->ctx = ctx;
+	e->dst = dst;
+	pthread_mutex_lock(&l->imm_lock);
+	e->id = ++l->imm_next;
+	e->next = l->imm_head;
+	l->imm_head = e;
+	id = e->id;
+	pthread_mutex_unlock(&l->imm_lock);
+	/* no lock held: a send may wait for room, which the progress thread
+	 * makes, and it takes imm_lock for the acknowledgements */
+	rc = loop_imm_send(l, dst, LOOP_IMM_NOTICE, tag, id);
+	if (rc) {
+		pthread_mutex_lock(&l->imm_lock);
+		for (pp = &l->imm_head; *pp && (*pp)->id != id; pp = &(*pp)->next)
+			;
+		e = *pp;
+		if (e)
+			*pp = e->next;
+		pthread_mutex_unlock(&l->imm_lock);
+		if (!e)
+			rc = 0; /* its peer failed meanwhile and completed it: posted */
+		free(e);
+	}
+	return rc;
+}
+
 /* each read on its own, completed inline: what a doorbell batch must amount to */
 static int loop_read_v(struct ferry_tp *tp, struct ferry_tp_rd *rds, size_t n)
 {
@@ -542,12 +783,15 @@ static void loop_fini(struct ferry_tp *tp)
 	ferry__tcp_ops.fini(l->tcp);
 	free(l->tcp);
 	l->tcp = NULL;
+	/* the progress thread stopped: what no peer acknowledged ends here */
+	loop_imm_fail(l, UINT32_MAX, -FERRY_E_CLOSED);
+	pthread_mutex_destroy(&l->imm_lock);
 }
 
 const struct ferry_tp_ops ferry__loop_ops = {
 	.size = sizeof(struct ferry_tp_ops),
 	.name = "loop",
-	.caps = FERRY_TP_CAP_READ | FERRY_TP_CAP_WRITE,
+	.caps = FERRY_TP_CAP_READ | FERRY_TP_CAP_WRITE | FERRY_TP_CAP_WRITE_IMM,
 	.tp_size = sizeof(struct loop_tp),
 	.mr_size = sizeof(struct loop_mr),
 	.init = loop_init,
@@ -562,4 +806,5 @@ const struct ferry_tp_ops ferry__loop_ops = {
 	.write = loop_write,
 	.fini = loop_fini,
 	.mem_held = loop_mem_held,
+	.write_imm = loop_write_imm,
 };

@@ -170,7 +170,6 @@ static void rdma_rx_chunk(struct rdma_tp *t, struct rdma_peer *p, uint32_t idx,
 	const char *why = NULL;
 	uint32_t imm = 0, credits = 0, len = wc->byte_len, seq = 0;
 	bool credit_only = false, resume = false;
-	int ret;
 
 	if (!(wc->wc_flags & IBV_WC_WITH_IMM)) {
 		why = "it carries no immediate header";
@@ -208,8 +207,10 @@ static void rdma_rx_chunk(struct rdma_tp *t, struct rdma_peer *p, uint32_t idx,
 	if (!why) {
 		p->credits += credits;
 		p->tx_acked += credits; /* a credit comes back only for a delivered chunk */
+		ferry__rdma_imm_acked_locked(p, p->tx_acked - credits);
 	}
 	pthread_mutex_unlock(&p->lock);
+	ferry__rdma_imm_run(t, p);
 	if (why) {
 		ferry_warn(
 			"rdma: rank %u sent rank %u a chunk with a bad header (%s); dropping its "
@@ -226,6 +227,13 @@ static void rdma_rx_chunk(struct rdma_tp *t, struct rdma_peer *p, uint32_t idx,
 		p->rx_seq++;
 	}
 repost:
+	ferry__rdma_rx_repost(t, p, idx, credit_only);
+}
+
+void ferry__rdma_rx_repost(struct rdma_tp *t, struct rdma_peer *p, uint32_t idx, bool credit_only)
+{
+	int ret;
+
 	if (p->draining)
 		return; /* the old queue pair of a lost link */
 	ret = ferry__rdma_post_recv(t, p, idx);
@@ -295,6 +303,10 @@ static void rdma_recv_done(struct rdma_tp *t, const struct ibv_wc *wc)
 		ferry__rdma_peer_lost(t, p, why);
 		return;
 	}
+	if (wc->opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
+		ferry__rdma_rx_imm(t, p, (uint32_t)(wc->wr_id >> 16) & 0xffff, wc);
+		return;
+	}
 	if (wc->opcode != IBV_WC_RECV) {
 		ferry_warn("rdma: rank %u sent rank %u a chunk with a bad header (opcode %d, not a "
 			   "send); dropping its connection and marking it failed",
@@ -340,6 +352,10 @@ static void rdma_send_done(struct rdma_tp *t, const struct ibv_wc *wc, int worke
 	const char *what = "a send";
 	struct rdma_peer *p;
 	int ret = 0, report = 0;
+	/* a WRITE with immediate into memory the peer does not offer: posted
+	 * again after a reconnection it would fail again, without end (imm.c) */
+	bool imm_refused = (wc->wr_id >> 16 & 0xffff) == RDMA_WR_IDX_IMM &&
+			   wc->status == IBV_WC_REM_ACCESS_ERR;
 
 	if (rank >= t->base.cfg.world || rank == t->base.cfg.rank)
 		return;
@@ -361,12 +377,15 @@ static void rdma_send_done(struct rdma_tp *t, const struct ibv_wc *wc, int worke
 		}
 	}
 	if (worker && p->state == RDMA_PEER_UP) {
-		if (wc->status != IBV_WC_SUCCESS) {
+		if (imm_refused) {
+			/* the progress thread fails it (EACCES: not a lost link) */
+			ferry__rdma_peer_break(t, p, EACCES);
+		} else if (wc->status != IBV_WC_SUCCESS) {
 			/* with reconnection the progress thread logs the lost link */
 			report = !t->reconnect_ms;
 			p->break_logged = report;
 			ferry__rdma_peer_break(t, p, EIO);
-		} else if (p->q_head || p->owed >= RDMA_CREDIT_BATCH) {
+		} else if (p->q_head || p->owed >= RDMA_CREDIT_BATCH || (p->owed && p->imm_owed)) {
 			ret = ferry__rdma_flush_locked(t, p);
 			if (ret)
 				ferry__rdma_peer_break(t, p, -ret);
@@ -387,6 +406,14 @@ static void rdma_send_done(struct rdma_tp *t, const struct ibv_wc *wc, int worke
 	if (wc->status == IBV_WC_SUCCESS) {
 		if (p->live)
 			ferry__rdma_mark_dirty(t, p);
+		return;
+	}
+	if (imm_refused && !p->reported) {
+		ferry_warn("rdma: rank %u: rank %u refused a WRITE with immediate (remote access "
+			   "error): it names memory rank %u does not offer; it cannot be posted "
+			   "again, so rank %u is marked failed",
+			   t->base.cfg.rank, p->rank, p->rank, p->rank);
+		ferry__rdma_peer_fail(t, p, -FERRY_E_PEER);
 		return;
 	}
 	if (p->live) {

@@ -259,7 +259,9 @@ static void rdma_progress_cancel(struct rdma_tp *t)
 			else if (op)
 				free(op); /* no memory to defer the call: a lost completion */
 		}
+		ferry__rdma_imm_fail_locked(p, -FERRY_E_CLOSED);
 		pthread_mutex_unlock(&p->lock);
+		ferry__rdma_imm_run(t, p);
 		for (uint32_t i = 0; i < n; i++)
 			ferry__rdma_op_done(t, ops[i], -FERRY_E_CLOSED, 0);
 		free(ops);

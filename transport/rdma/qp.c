@@ -133,6 +133,7 @@ int ferry__rdma_post_data(struct rdma_tp *t, struct rdma_peer *p, uint64_t seq, 
 	if (ret)
 		return -ret;
 	p->owed = 0;
+	p->imm_owed = 0;
 	p->sq_posted++;
 	if (sig) {
 		uint32_t i = (p->sig_head + p->sig_n) % t->sq_depth;
@@ -154,6 +155,7 @@ int ferry__rdma_post_chunk(struct rdma_tp *t, struct rdma_peer *p, size_t n)
 	int ret;
 
 	p->slen[p->s_posted % RDMA_SBUFS] = (uint32_t)n;
+	p->sop[p->s_posted % RDMA_SBUFS] = NULL;
 	ret = ferry__rdma_post_data(t, p, p->s_posted, n, sig);
 	if (ret && !t->reconnect_ms)
 		return ret;
@@ -178,6 +180,7 @@ int ferry__rdma_post_credit(struct rdma_tp *t, struct rdma_peer *p)
 	if (ret)
 		return -ret;
 	p->owed = 0;
+	p->imm_owed = 0;
 	p->sq_posted++;
 	ferry__rdma_sig_push(t, p, NULL);
 	return 0;
@@ -251,6 +254,17 @@ int ferry__rdma_flush_locked(struct rdma_tp *t, struct rdma_peer *p)
 		unsigned char *buf;
 		size_t n = 0;
 
+		if (e->op && e->op->imm) {
+			/* a chunk of the stream: a credit and a send buffer's number */
+			if (!rdma_can_post_data(t, p))
+				break;
+			ret = ferry__rdma_post_imm(t, p, e->op);
+			rdma_q_pop(p);
+			free(e);
+			if (ret)
+				return ret;
+			continue;
+		}
 		if (e->op) {
 			if (!rdma_sq_room(t, p))
 				break;
@@ -284,7 +298,13 @@ int ferry__rdma_flush_locked(struct rdma_tp *t, struct rdma_peer *p)
 		if (p->q_bytes < FERRY_TP_SENDQ_MAX / 2)
 			pthread_cond_broadcast(&p->q_drained);
 	}
-	if (p->owed >= RDMA_CREDIT_BATCH && rdma_sq_room(t, p))
+	/*
+	 * A writer waits for a write_imm's acknowledgement (its credit), and
+	 * may send us nothing else: return the credits of one at once, in a
+	 * credit-only message that may carry fewer than RDMA_CREDIT_BATCH
+	 * (imm.c has the bound)
+	 */
+	if ((p->owed >= RDMA_CREDIT_BATCH || (p->owed && p->imm_owed)) && rdma_sq_room(t, p))
 		return ferry__rdma_post_credit(t, p);
 	return 0;
 }
@@ -454,7 +474,9 @@ void ferry__rdma_peer_fail(struct rdma_tp *t, struct rdma_peer *p, int err)
 	p->q_head = p->q_tail = NULL;
 	p->q_bytes = 0;
 	pthread_cond_broadcast(&p->q_drained);
+	ferry__rdma_imm_fail_locked(p, -FERRY_E_PEER);
 	pthread_mutex_unlock(&p->lock);
+	ferry__rdma_imm_run(t, p);
 
 	p->live = 0;
 	p->rx_ok = 0;
@@ -485,7 +507,8 @@ void ferry__rdma_fail_broken(struct rdma_tp *t)
 		pthread_mutex_unlock(&p->lock);
 		if (!err)
 			continue;
-		if (t->reconnect_ms && !p->reported && err != ENOMEM && err != ECONNABORTED) {
+		if (t->reconnect_ms && !p->reported && err != ENOMEM && err != ECONNABORTED &&
+		    err != EACCES) {
 			char why[160];
 
 			snprintf(why, sizeof(why), "rank %u: %s to rank %u failed (%s)",
@@ -494,7 +517,13 @@ void ferry__rdma_fail_broken(struct rdma_tp *t)
 			ferry__rdma_peer_lost(t, p, why);
 			continue;
 		}
-		if (!p->break_logged)
+		if (!p->break_logged && err == EACCES)
+			ferry_warn(
+				"rdma: rank %u: rank %u refused a WRITE with immediate (remote "
+				"access error): it names memory rank %u does not offer; it cannot "
+				"be posted again, so rank %u is marked failed",
+				t->base.cfg.rank, r, r, r);
+		else if (!p->break_logged)
 			ferry_warn(
 				"rdma: rank %u: posting to rank %u failed (%s); marking it failed",
 				t->base.cfg.rank, r, strerror(err));

@@ -333,7 +333,7 @@ out_unlock:
 const struct ferry_tp_ops ferry__rdma_ops = {
 	.size = sizeof(struct ferry_tp_ops),
 	.name = "rdma",
-	.caps = FERRY_TP_CAP_READ | FERRY_TP_CAP_WRITE,
+	.caps = FERRY_TP_CAP_READ | FERRY_TP_CAP_WRITE | FERRY_TP_CAP_WRITE_IMM,
 	.tp_size = sizeof(struct rdma_tp),
 	.mr_size = sizeof(struct rdma_mr),
 	.probe = ferry__rdma_probe,
@@ -347,6 +347,7 @@ const struct ferry_tp_ops ferry__rdma_ops = {
 	.read_v = ferry__rdma_read_v,
 	.poll = ferry__rdma_poll,
 	.write = ferry__rdma_write,
+	.write_imm = ferry__rdma_write_imm,
 	.drop = ferry__rdma_drop,
 	.fini = rdma_fini,
 };

@@ -31,6 +31,8 @@
  *   reap.c      the reaper: destroys the queue pairs and    reaper thread;
  *               cm_ids of connections cut loose             queued: progress
  *   rma.c       one-sided read, read_v, write; poll         any thread
+ *   imm.c       write_imm: a WRITE_WITH_IMM in the chunk    any thread; its receive
+ *               stream, kept until acknowledged             path: progress
  *   mr.c        mem_reg, mem_dereg                          any thread
  *
  * Functions shared between these files keep the rdma_ prefix and are not
@@ -93,6 +95,9 @@
  *   message retires an unsignaled tail.)
  *
  *     out queue: [bytes: f1 f2 f3] -> [op: READ] -> [bytes: rest of f4] -> NULL
+ *
+ *   A write_imm() is a chunk of the stream (imm.c): a credit, a number, the
+ *   same order; its op is kept in its send buffer's slot until acknowledged.
  *
  *   One-sided read()/write() post on the same queue pair, in the same order
  *   as the frames around them (an op waits in the out queue behind queued
@@ -257,6 +262,9 @@ enum rdma_wr_kind {
 	RDMA_WR_SIG = 3,   /* a signaled work request: a record in the peer's sig ring */
 };
 
+/* the buffer index of a send's wr_id that marks a WRITE with immediate (imm.c) */
+#define RDMA_WR_IDX_IMM 1u
+
 static inline uint64_t rdma_wr_id(enum rdma_wr_kind kind, uint32_t rank, uint8_t gen, uint32_t idx)
 {
 	return (uint64_t)rank << 32 | (uint64_t)(idx & 0xffff) << 16 | (uint64_t)gen << 8 | kind;
@@ -273,6 +281,10 @@ struct rdma_op {
 	uint32_t len;
 	int write;
 	int spin; /* posted by the progress thread, which spins for its completion */
+	/* a write_imm (imm.c): a chunk of the stream, completed when acknowledged */
+	int imm;
+	uint32_t tag;
+	int status; /* its completion's, once detached to imm_done */
 };
 
 /* an entry of a peer's out queue: frame bytes [off, len) of data, or one op */
@@ -363,7 +375,15 @@ struct rdma_peer {
 	uint64_t tx_acked;	   /* chunks the peer acknowledged (credits returned, summed) */
 	uint32_t slen[RDMA_SBUFS]; /* bytes of the chunk in each send buffer, kept until acked */
 	int rsm_sent, rsm_got;	   /* this queue pair: our RESUME posted, the peer's received */
-	uint64_t rsm_from;	   /* the peer's RESUME: the chunks it has */
+	/* the write_imm whose chunk each send buffer's number holds (imm.c),
+	 * NULL for a data chunk; kept until acknowledged, posted again after a
+	 * lost link. Detached ones (acknowledged, or failed) wait in imm_done
+	 * for their on_rdma_done, which runs without the lock */
+	struct rdma_op *sop[RDMA_SBUFS];
+	struct rdma_op *imm_done;
+	int imm_owed;	     /* a write_imm was delivered since owed credits last went back */
+	uint32_t imm_resent; /* the last resumption: write_imms posted again (for the log) */
+	uint64_t rsm_from;   /* the peer's RESUME: the chunks it has */
 
 	/* set in init, read-only afterwards */
 	uint32_t rank;
@@ -788,7 +808,27 @@ int64_t ferry__rdma_session_tick(struct rdma_tp *t);
 /* qp.c, with p->lock held: post data chunk @seq (its bytes in its send buffer) */
 int ferry__rdma_post_data(struct rdma_tp *t, struct rdma_peer *p, uint64_t seq, size_t n, bool sig);
 
+/* imm.c: write_imm (any thread); the post and ack helpers with p->lock held;
+ * ferry__rdma_imm_run and the receive path on the progress thread */
+int ferry__rdma_write_imm(struct ferry_tp *tp, uint32_t dst, const void *local,
+			  struct ferry_tp_mr *lmr, uint64_t raddr, uint64_t rkey, size_t len,
+			  uint32_t tag, void *ctx);
+int ferry__rdma_post_imm(struct rdma_tp *t, struct rdma_peer *p, struct rdma_op *op);
+int ferry__rdma_post_imm_wr(struct rdma_tp *t, struct rdma_peer *p, uint64_t seq, bool sig);
+void ferry__rdma_imm_acked_locked(struct rdma_peer *p, uint64_t from);
+void ferry__rdma_imm_fail_locked(struct rdma_peer *p, int status);
+void ferry__rdma_imm_run(struct rdma_tp *t, struct rdma_peer *p);
+void ferry__rdma_rx_imm(struct rdma_tp *t, struct rdma_peer *p, uint32_t idx,
+			const struct ibv_wc *wc);
+/* cq.c: repost receive buffer @idx of @p once its chunk was delivered, and
+ * owe a credit for it unless @credit_only. Progress thread. */
+void ferry__rdma_rx_repost(struct rdma_tp *t, struct rdma_peer *p, uint32_t idx, bool credit_only);
+
 /* rma.c: ops, any thread */
+struct rdma_op *ferry__rdma_op_new(struct rdma_tp *t, int write, uint32_t dst, void *local,
+				   struct ferry_tp_mr *lmr, uint64_t raddr, uint64_t rkey,
+				   size_t len, void *ctx, int *ret_p);
+int ferry__rdma_op_queue(struct rdma_peer *p, struct rdma_op *op);
 int ferry__rdma_read(struct ferry_tp *tp, uint32_t dst, void *local, struct ferry_tp_mr *lmr,
 		     uint64_t raddr, uint64_t rkey, size_t len, void *ctx);
 int ferry__rdma_read_v(struct ferry_tp *tp, struct ferry_tp_rd *rds, size_t n);

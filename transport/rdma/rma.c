@@ -52,7 +52,7 @@ static int rdma_self_rw(struct rdma_tp *t, int write, void *local, uint64_t radd
 }
 
 /* check one read()/write() and make its op; NULL with *@ret_p set when refused */
-static struct rdma_op *rdma_op_new(struct rdma_tp *t, int write, uint32_t dst, void *local,
+struct rdma_op *ferry__rdma_op_new(struct rdma_tp *t, int write, uint32_t dst, void *local,
 				   struct ferry_tp_mr *lmr, uint64_t raddr, uint64_t rkey,
 				   size_t len, void *ctx, int *ret_p)
 {
@@ -87,7 +87,7 @@ static struct rdma_op *rdma_op_new(struct rdma_tp *t, int write, uint32_t dst, v
 }
 
 /* queue @op behind what the out queue holds; p->lock held */
-static int rdma_op_queue(struct rdma_peer *p, struct rdma_op *op)
+int ferry__rdma_op_queue(struct rdma_peer *p, struct rdma_op *op)
 {
 	struct rdma_qent *e = calloc(1, sizeof(*e));
 
@@ -108,11 +108,11 @@ static int rdma_rw(struct ferry_tp *tp, int write, uint32_t dst, void *local,
 
 	if (dst == tp->cfg.rank) {
 		/* the same argument checks, without the op */
-		op = rdma_op_new(t, write, dst, local, lmr, raddr, rkey, len, ctx, &ret);
+		op = ferry__rdma_op_new(t, write, dst, local, lmr, raddr, rkey, len, ctx, &ret);
 		free(op);
 		return ret ? ret : rdma_self_rw(t, write, local, raddr, (uint32_t)rkey, len, ctx);
 	}
-	op = rdma_op_new(t, write, dst, local, lmr, raddr, rkey, len, ctx, &ret);
+	op = ferry__rdma_op_new(t, write, dst, local, lmr, raddr, rkey, len, ctx, &ret);
 	if (!op)
 		return ret;
 	if (t->spin_ns && pthread_equal(pthread_self(), t->thread)) {
@@ -134,7 +134,7 @@ static int rdma_rw(struct ferry_tp *tp, int write, uint32_t dst, void *local,
 		}
 	} else {
 		/* behind queued frames, or the send queue is full: in order, later */
-		ret = rdma_op_queue(p, op);
+		ret = ferry__rdma_op_queue(p, op);
 	}
 	pthread_mutex_unlock(&p->lock);
 	if (ret && op->spin)
@@ -210,8 +210,8 @@ static void rdma_read_run(struct rdma_tp *t, struct ferry_tp_rd *rds, size_t n)
 					    d->len, d->ctx);
 			continue;
 		}
-		ops[k] = rdma_op_new(t, 0, dst, d->local, d->lmr, d->raddr, d->rkey, d->len, d->ctx,
-				     &d->status);
+		ops[k] = ferry__rdma_op_new(t, 0, dst, d->local, d->lmr, d->raddr, d->rkey, d->len,
+					    d->ctx, &d->status);
 		if (ops[k])
 			idx[k++] = d;
 	}
@@ -235,7 +235,7 @@ static void rdma_read_run(struct rdma_tp *t, struct ferry_tp_rd *rds, size_t n)
 		} else {
 			/* what did not fit waits in the out queue, in order */
 			for (i = now; i < k; i++)
-				if (rdma_op_queue(p, ops[i]))
+				if (ferry__rdma_op_queue(p, ops[i]))
 					break;
 			if (i < k)
 				ret = -ENOMEM;

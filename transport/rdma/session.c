@@ -212,16 +212,22 @@ void ferry__rdma_peer_lost(struct rdma_tp *t, struct rdma_peer *p, const char *w
 /* send again the chunks after the peer's count, then what waits. p->lock held. */
 static int rdma_resume_go_locked(struct rdma_tp *t, struct rdma_peer *p, uint64_t *resent_p)
 {
-	uint64_t from = p->rsm_from, n = p->s_posted - from;
+	uint64_t from = p->rsm_from, n = p->s_posted - from, acked = p->tx_acked;
 	int ret;
 
 	p->tx_acked = from;
+	ferry__rdma_imm_acked_locked(p, acked); /* its RESUME covers them: delivered */
 	p->s_done = from;
 	p->credits = RDMA_CREDITS - (uint32_t)n;
+	p->imm_resent = 0;
 	for (uint64_t k = from; k < p->s_posted; k++) {
 		bool sig = k % RDMA_SIGNAL_EVERY == RDMA_SIGNAL_EVERY - 1 || k + 1 == p->s_posted;
 
-		ret = ferry__rdma_post_data(t, p, k, p->slen[k % RDMA_SBUFS], sig);
+		/* a write_imm goes again whole, from the caller's memory (imm.c) */
+		p->imm_resent += p->sop[k % RDMA_SBUFS] != NULL;
+		ret = p->sop[k % RDMA_SBUFS] ?
+			      ferry__rdma_post_imm_wr(t, p, k, sig) :
+			      ferry__rdma_post_data(t, p, k, p->slen[k % RDMA_SBUFS], sig);
 		if (ret)
 			return ret;
 	}
@@ -237,6 +243,7 @@ static int rdma_resume_done(struct rdma_tp *t, struct rdma_peer *p, int ret, uin
 {
 	char why[160];
 
+	ferry__rdma_imm_run(t, p); /* what the RESUME acknowledged */
 	if (ret) {
 		snprintf(why, sizeof(why), "rank %u: posting to rank %u failed (%s)",
 			 t->base.cfg.rank, p->rank, strerror(-ret));
@@ -246,9 +253,9 @@ static int rdma_resume_done(struct rdma_tp *t, struct rdma_peer *p, int ret, uin
 	ferry__rdma_peer_up(t, p);
 	if (p->lost)
 		ferry_info("rdma: rank %u: resumed the session with rank %u after %lld ms; "
-			   "%llu chunks sent again",
+			   "%llu chunks sent again (%u of them WRITEs with immediate)",
 			   t->base.cfg.rank, p->rank, (long long)(rdma_now_ms() - p->lost_ms),
-			   (unsigned long long)resent);
+			   (unsigned long long)resent, p->imm_resent);
 	p->lost = 0;
 	return 0;
 }
