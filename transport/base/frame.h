@@ -87,6 +87,9 @@ enum ferry_msg_type {
 	/* 46 .. 47: collectives' puts by one-sided WRITE (lib/coll/put.c) */
 	FERRY_MSG_COLL_KEYS = 46, /* receiver -> its sender: where a collective may WRITE */
 	FERRY_MSG_COLL_PUT = 47,  /* writer -> receiver: a segment's WRITE has landed */
+	/* 50: the loop transport's own (transport/loop/loop.c), never the core's:
+	 * a write_imm's notice or acknowledgement between threads of one process */
+	FERRY_MSG_LOOP_IMM = 50,
 	FERRY_MSG_TYPE_MAX
 };
 

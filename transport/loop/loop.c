@@ -29,9 +29,9 @@
  * an acknowledgement back the same way; the writer's on_rdma_done(ctx)
  * runs when that comes (its progress thread), or with -FERRY_E_PEER when
  * the peer failed first, -FERRY_E_CLOSED at fini. Both are loop-only frames
- * on the tcp connection between threads of one process: a header of type
- * COLL_PUT whose table field is LOOP_IMM_MAGIC (the core's frames carry 0
- * there), taken by the loop's own on_msg and never shown to the core. Kept
+ * on the tcp connection between threads of one process: frames of type
+ * FERRY_MSG_LOOP_IMM (50, the loop's own), taken by the loop's own on_msg
+ * and never shown to the core. Kept
  * per write_imm not acknowledged: one struct loop_imm (48 bytes).
  *
  * Fault injection, for tests of the fallbacks (read once, at init):
@@ -84,7 +84,6 @@ struct loop_imm_msg {
 	uint64_t id; /* the writer's number of it */
 };
 
-#define LOOP_IMM_MAGIC 0x4d4d494cu /* "LIMM" in the header's table field */
 #define LOOP_IMM_NOTICE 1u
 #define LOOP_IMM_ACK 2u
 #define LOOP_IMM_LEN (sizeof(struct ferry_msg_hdr) + sizeof(struct loop_imm_msg))
@@ -166,8 +165,7 @@ static int loop_imm_send(struct loop_tp *l, uint32_t dst, uint32_t kind, uint32_
 	} f = { .m = { .kind = kind, .tag = tag, .id = id } };
 	struct iovec iov = { .iov_base = &f, .iov_len = sizeof(f) };
 
-	ferry__proto_hdr_init(&f.h, FERRY_MSG_COLL_PUT, sizeof(f), l->base.cfg.rank,
-			      LOOP_IMM_MAGIC);
+	ferry__proto_hdr_init(&f.h, FERRY_MSG_LOOP_IMM, sizeof(f), l->base.cfg.rank, 0);
 	return ferry__tcp_ops.send(l->tcp, dst, &iov, 1);
 }
 
@@ -213,9 +211,13 @@ static void loop_h_msg(void *core, uint32_t src, const void *buf, size_t len)
 	struct loop_tp *l = core;
 	const struct ferry_msg_hdr *hdr = buf;
 
-	if (len == LOOP_IMM_LEN && hdr->type == FERRY_MSG_COLL_PUT &&
-	    hdr->table == LOOP_IMM_MAGIC) {
-		loop_imm_input(l, src, (const void *)(hdr + 1));
+	if (hdr->type == FERRY_MSG_LOOP_IMM) {
+		if (len == LOOP_IMM_LEN && !hdr->table)
+			loop_imm_input(l, src, (const void *)(hdr + 1));
+		else
+			ferry_err("loop: rank %u sent a write_imm notice of %zu bytes for table "
+				  "%u (want %zu, 0); ignored: a bug in the loop transport",
+				  src, len, hdr->table, LOOP_IMM_LEN);
 		return;
 	}
 	l->base.cfg.handler->on_msg(l->base.cfg.core, src, buf, len);
