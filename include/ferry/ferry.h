@@ -130,6 +130,12 @@ struct ferry_params {
 	 * as a reset connection, fail a peer, and tables with replicas are not
 	 * fenced: docs/faults.md, "Fencing") */
 	int heartbeat_ms;
+	/* 1: this process replaces a failed node (the same rank) of a running
+	 * cluster instead of forming a new one; 0: FERRY_REJOIN, or no; -1: no.
+	 * Not built yet: a rejoin is refused (-EINVAL for rank 0 or a world of
+	 * 1, else -EOPNOTSUPP) with a line that says what to do instead
+	 * (docs/faults.md, "A replacement node") */
+	int rejoin;
 };
 
 /**

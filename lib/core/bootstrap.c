@@ -682,10 +682,17 @@ static int bs_join(const struct ferry_config *c, const struct ferry_addr *mine,
 		rc = -errno;
 		close(fd);
 		if (bs_now_ms() >= deadline) {
+			/* rank 0 closes the rendezvous once its cluster formed: a
+			 * process started to replace a failed node finds it so */
 			ferry_err("bootstrap: rank %d could not reach rank 0 at %s:%d within %d ms "
-				  "(%s); start rank 0, or fix %s",
+				  "(%s); start rank 0, or fix %s%s",
 				  c->rank, c->rdv_host, c->rdv_port, c->timeout_ms, strerror(-rc),
-				  c->rdv_var);
+				  c->rdv_var,
+				  rc == -ECONNREFUSED ?
+					  " (a cluster that runs already listens there no "
+					  "more: a node cannot join it, docs/faults.md, \"A "
+					  "replacement node\")" :
+					  "");
 			return -ETIMEDOUT;
 		}
 		usleep(20000);

@@ -45,7 +45,8 @@ struct ferry_option {
 
 extern const struct ferry_option ferry__options[];
 
-/* Return: 0, or -EINVAL after one log line that names the bad setting. */
+/* Return: 0, or -EINVAL after one log line that names the bad setting
+ * (-EOPNOTSUPP for a rejoin, which is not built yet). */
 int ferry__config_resolve(const struct ferry_params *params, struct ferry_config *c);
 
 #endif
