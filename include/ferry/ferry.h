@@ -131,10 +131,12 @@ struct ferry_params {
 	 * fenced: docs/faults.md, "Fencing") */
 	int heartbeat_ms;
 	/* 1: this process replaces a failed node (the same rank) of a running
-	 * cluster instead of forming a new one; 0: FERRY_REJOIN, or no; -1: no.
-	 * Not built yet: a rejoin is refused (-EINVAL for rank 0 or a world of
-	 * 1, else -EOPNOTSUPP) with a line that says what to do instead
-	 * (docs/faults.md, "A replacement node") */
+	 * cluster instead of forming a new one: it asks the cluster's rank 0 at
+	 * the rendezvous; 0: FERRY_REJOIN, or no; -1: no. No replacement is
+	 * admitted yet: ferry_open fails with rank 0's verdict (-EOPNOTSUPP for
+	 * a failed rank, -EEXIST for a live one) and a line that says what to do
+	 * instead; -EINVAL for rank 0 or a world of 1 (docs/faults.md, "A
+	 * replacement node") */
 	int rejoin;
 };
 

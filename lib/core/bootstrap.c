@@ -116,6 +116,22 @@ static int bs_auth_dial(const struct ferry_config *c, int fd, int64_t deadline, 
 	return -ECONNRESET;
 }
 
+int64_t ferry__bs_now_ms(void)
+{
+	return bs_now_ms();
+}
+
+int ferry__bs_io(int fd, void *buf, size_t len, int64_t deadline, int out)
+{
+	return bs_io(fd, buf, len, deadline, out);
+}
+
+int ferry__bs_auth_dial(const struct ferry_config *c, int fd, int64_t deadline, char *why,
+			size_t wlen)
+{
+	return bs_auth_dial(c, fd, deadline, why, wlen);
+}
+
 /* @var names the setting that gave @host, for the message; NULL: none */
 static int bs_resolve(const char *host, int port, struct sockaddr_in *sa, const char *var)
 {
@@ -141,6 +157,11 @@ static int bs_resolve(const char *host, int port, struct sockaddr_in *sa, const 
 	sa->sin_addr = ((struct sockaddr_in *)res->ai_addr)->sin_addr;
 	freeaddrinfo(res);
 	return 0;
+}
+
+int ferry__bs_resolve(const char *host, int port, struct sockaddr_in *sa, const char *var)
+{
+	return bs_resolve(host, port, sa, var);
 }
 
 int ferry__listen_tcp(const char *host, int port, int backlog)
@@ -301,6 +322,12 @@ int ferry__bs_list_parse(const struct ferry_config *c, const void *buf, size_t l
 				 "already; give every process its own rank (this one's came from "
 				 "%s)",
 				 c->rank, c->rdv_host, c->rdv_port, c->rank_src);
+		else if (list.status == -EALREADY)
+			snprintf(why, wlen,
+				 "bootstrap: rank 0 at %s:%d runs its cluster already: a node "
+				 "cannot join it as rank %d now; to replace a failed node, start "
+				 "it with FERRY_REJOIN=1 (docs/faults.md, \"A replacement node\")",
+				 c->rdv_host, c->rdv_port, c->rank);
 		else
 			snprintf(why, wlen, "bootstrap: rank 0 refused rank %d: %s", c->rank,
 				 ferry_strerror(list.status));
@@ -567,7 +594,7 @@ static void bs_gather(struct bs_server *s, int lfd, int64_t deadline)
 }
 
 static int bs_serve(const struct ferry_config *c, const struct ferry_addr *mine,
-		    struct ferry_addr *addrs, uint64_t *cluster_id_p)
+		    struct ferry_addr *addrs, uint64_t *cluster_id_p, int *lfd_p)
 {
 	int64_t deadline = bs_now_ms() + c->timeout_ms;
 	uint32_t world = (uint32_t)c->world;
@@ -651,8 +678,16 @@ static int bs_serve(const struct ferry_config *c, const struct ferry_addr *mine,
 		}
 		close(s->fds[r]);
 	}
-	if (c->rdv_fd < 0)
+	if (!rc && lfd_p) {
+		/* the rejoin service (rejoin.c) answers on it for the node's life;
+		 * a listener the caller gave stays the caller's: a copy */
+		*lfd_p = c->rdv_fd < 0 ? lfd : fcntl(lfd, F_DUPFD_CLOEXEC, 0);
+		if (*lfd_p < 0)
+			ferry_warn("bootstrap: cannot keep the rendezvous for rejoins: %s",
+				   strerror(errno));
+	} else if (c->rdv_fd < 0) {
 		close(lfd);
+	}
 out_free:
 	free(s->fds);
 	free(s);
@@ -682,17 +717,10 @@ static int bs_join(const struct ferry_config *c, const struct ferry_addr *mine,
 		rc = -errno;
 		close(fd);
 		if (bs_now_ms() >= deadline) {
-			/* rank 0 closes the rendezvous once its cluster formed: a
-			 * process started to replace a failed node finds it so */
 			ferry_err("bootstrap: rank %d could not reach rank 0 at %s:%d within %d ms "
-				  "(%s); start rank 0, or fix %s%s",
+				  "(%s); start rank 0, or fix %s",
 				  c->rank, c->rdv_host, c->rdv_port, c->timeout_ms, strerror(-rc),
-				  c->rdv_var,
-				  rc == -ECONNREFUSED ?
-					  " (a cluster that runs already listens there no "
-					  "more: a node cannot join it, docs/faults.md, \"A "
-					  "replacement node\")" :
-					  "");
+				  c->rdv_var);
 			return -ETIMEDOUT;
 		}
 		usleep(20000);
@@ -765,6 +793,16 @@ static int bs_join(const struct ferry_config *c, const struct ferry_addr *mine,
 int ferry__bootstrap(const struct ferry_config *c, const struct ferry_addr *mine,
 		     struct ferry_addr *addrs, uint64_t *cluster_id_p)
 {
+	return ferry__bootstrap_keep(c, mine, addrs, cluster_id_p, NULL);
+}
+
+int ferry__bootstrap_keep(const struct ferry_config *c, const struct ferry_addr *mine,
+			  struct ferry_addr *addrs, uint64_t *cluster_id_p, int *lfd_p)
+{
+	if (lfd_p)
+		*lfd_p = -1;
+	if (c->rejoin)
+		return ferry__bs_rejoin(c, mine);
 	if (c->world == 1) {
 		addrs[0] = *mine;
 		if (getrandom(cluster_id_p, sizeof(*cluster_id_p), 0) != sizeof(*cluster_id_p))
@@ -776,6 +814,6 @@ int ferry__bootstrap(const struct ferry_config *c, const struct ferry_addr *mine
 		return ferry__pmix_bootstrap(c, mine, addrs, cluster_id_p);
 #endif
 	if (c->rank == 0)
-		return bs_serve(c, mine, addrs, cluster_id_p);
+		return bs_serve(c, mine, addrs, cluster_id_p, lfd_p);
 	return bs_join(c, mine, addrs, cluster_id_p);
 }

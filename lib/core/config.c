@@ -38,7 +38,7 @@ const struct ferry_option ferry__options[] = {
 	{ "FERRY_HEARTBEAT_MS", "heartbeat_ms", "5000",
 	  "a peer silent this long is failed (beats every quarter of it); 0: off" },
 	{ "FERRY_REJOIN", "rejoin", "0",
-	  "1: replace a failed node of a running cluster (same rank); not built yet: refused" },
+	  "1: ask a running cluster to take this node back for a failed rank; refused yet" },
 	{ "FERRY_RECONNECT_MS", "-", "1000",
 	  "tcp, rdma: bound on re-establishing a broken link; 0: it fails the peer" },
 	{ "FERRY_LOG_LEVEL", "ferry_log_set()", "warn", "none, error, warn, info, debug" },
@@ -178,14 +178,13 @@ static int config_int(const char *s)
 
 /*
  * The rejoin switch: params.rejoin (1 yes, -1 no, 0 not set), then
- * FERRY_REJOIN (0 or 1). A replacement node cannot join a running cluster
- * yet (docs/faults.md, "A replacement node"), so a rejoin is refused here,
- * before the node listens or dials anything, and at once instead of after a
- * rendezvous that waits out the timeout for a rank 0 that no longer
- * listens. The two refusals that stay true once it is built come first.
- * Return: 0 (no rejoin), or a negative errno after one log line.
+ * FERRY_REJOIN (0 or 1) into c->rejoin. A rejoin asks the running cluster's
+ * rank 0 (rejoin.c), which no replacement passes yet (docs/faults.md, "A
+ * replacement node"); what can be refused without asking is refused here,
+ * before the node listens or dials anything.
+ * Return: 0, or -EINVAL after one log line.
  */
-static int config_rejoin(const struct ferry_params *params, const struct ferry_config *c)
+static int config_rejoin(const struct ferry_params *params, struct ferry_config *c)
 {
 	const char *s = NULL, *src = "params.rejoin";
 	int rejoin = params->rejoin;
@@ -203,7 +202,8 @@ static int config_rejoin(const struct ferry_params *params, const struct ferry_c
 			return -EINVAL;
 		}
 	}
-	if (rejoin <= 0)
+	c->rejoin = rejoin > 0;
+	if (!c->rejoin)
 		return 0;
 	if (c->world <= 1) {
 		ferry_err("config: %s asks to replace a failed node of a running cluster, but the "
@@ -220,12 +220,14 @@ static int config_rejoin(const struct ferry_params *params, const struct ferry_c
 			  src);
 		return -EINVAL;
 	}
-	ferry_err("config: %s asks rank %d to rejoin its running cluster of %d, but this build "
-		  "cannot admit a replacement node yet (docs/faults.md, \"A replacement node\"); "
-		  "the survivors go on without rank %d: start the whole cluster again and "
-		  "ferry_restore() its last checkpoint to have %d nodes",
-		  src, c->rank, c->world, c->rank, c->world);
-	return -EOPNOTSUPP;
+	if (c->use_pmix) {
+		ferry_err("config: %s: a replacement finds its cluster at rank 0's rendezvous, and "
+			  "this node has none (its addresses would come through PMIx); give the "
+			  "cluster's FERRY_RENDEZVOUS=host:port",
+			  src);
+		return -EINVAL;
+	}
+	return 0;
 }
 
 struct config_src {

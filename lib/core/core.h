@@ -256,6 +256,9 @@ struct ferry {
 	int busy_poll;
 	struct ferry_tp *tp;
 	uint64_t cluster_id;
+	/* rank 0: the thread that answers rejoins on the rendezvous port
+	 * (rejoin.c), from ferry__node_start to ferry__node_close; else NULL */
+	struct ferry_rejoin_srv *rejoin_srv;
 	/* keys a move's ticket (struct ferry_msg_mv) is drawn with: random per
 	 * node (ferry__node_create), read-only afterwards */
 	uint8_t move_key[16];

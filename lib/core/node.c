@@ -187,6 +187,14 @@ int ferry__node_create(const struct ferry_params *params, struct ferry **fy_p)
 	return 0;
 }
 
+/* the rejoin service's question (its own thread): does this node hold @rank failed? */
+static bool node_rank_failed(void *arg, uint32_t rank)
+{
+	struct ferry *fy = arg;
+
+	return rank < fy->world && atomic_load_explicit(&fy->failed[rank], memory_order_relaxed);
+}
+
 int ferry__node_start(struct ferry *fy, const struct ferry_tp_handler *handler)
 {
 	const struct ferry_tp_ops *ops = fy->tp->ops;
@@ -195,7 +203,7 @@ int ferry__node_start(struct ferry *fy, const struct ferry_tp_handler *handler)
 	struct ferry_addr mine, *addrs = NULL;
 	const void **blobs = NULL;
 	size_t *lens = NULL, alen;
-	int rc;
+	int rc, lfd = -1;
 
 	addrs = calloc(fy->world, sizeof(*addrs));
 	blobs = calloc(fy->world, sizeof(*blobs));
@@ -229,7 +237,7 @@ int ferry__node_start(struct ferry *fy, const struct ferry_tp_handler *handler)
 	if (rc)
 		goto err_fini;
 	mine.len = (uint32_t)alen;
-	rc = ferry__bootstrap(c, &mine, addrs, &fy->cluster_id);
+	rc = ferry__bootstrap_keep(c, &mine, addrs, &fy->cluster_id, fy->rank == 0 ? &lfd : NULL);
 	if (rc)
 		goto err_fini;
 	for (uint32_t r = 0; r < fy->world; r++) {
@@ -239,7 +247,11 @@ int ferry__node_start(struct ferry *fy, const struct ferry_tp_handler *handler)
 	fy->tp->cfg.cluster_id = fy->cluster_id;
 	rc = ops->connect(fy->tp, blobs, lens);
 	if (rc)
-		goto err_fini;
+		goto err_close_lfd;
+	/* rank 0 keeps answering at the rendezvous: a replacement asks there */
+	if (lfd >= 0 && ferry__rejoin_srv_start(c, lfd, node_rank_failed, fy, &fy->rejoin_srv))
+		ferry_warn("node: rank 0 cannot start its rejoin service; a replacement node "
+			   "will find no answer at the rendezvous");
 	ferry_info("node: rank %u of %u up over %s", fy->rank, fy->world, ops->name);
 	free(addrs);
 	free(blobs);
@@ -249,6 +261,9 @@ int ferry__node_start(struct ferry *fy, const struct ferry_tp_handler *handler)
 	fy->cfg = NULL;
 	return 0;
 
+err_close_lfd:
+	if (lfd >= 0)
+		close(lfd);
 err_fini:
 	ops->fini(fy->tp);
 err_free:
@@ -263,6 +278,9 @@ void ferry__node_close(struct ferry *fy)
 {
 	if (!fy || atomic_exchange(&fy->closed, true))
 		return;
+	/* its thread reads fy->failed: it goes first */
+	ferry__rejoin_srv_stop(fy->rejoin_srv);
+	fy->rejoin_srv = NULL;
 	/* a worker inside the transport's poll() leaves it first */
 	while (atomic_load(&fy->pollers))
 		sched_yield();

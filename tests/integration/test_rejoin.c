@@ -1,0 +1,214 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Integration: a replacement node asks a running cluster to take it back
+ * (FERRY_REJOIN, lib/core/rejoin.c). No replacement is admitted yet
+ * (docs/faults.md, "A replacement node"): rank 0 answers each ask with its
+ * verdict, the joiner's ferry_open fails with it and one line that says
+ * what to do, within a second, and the survivors go on serving.
+ *
+ * 3 nodes as threads of this process, meeting at a rendezvous the test
+ * owns (so that the joiners know it); rank 2 leaves (ferry_close: its
+ * goodbye fails it at the others), then the joiners come.
+ */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ferry/ferry.h"
+#include "lib/core/bootstrap.h"
+
+#define N 3
+#define KEYS 64
+
+static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
+static char log_last[1024]; /* the last error line */
+static char log_warn[1024]; /* the last warning with "rejoin" in it (rank 0's side) */
+
+static void log_capture(enum ferry_log_level level, const char *msg, void *arg)
+{
+	(void)arg;
+	pthread_mutex_lock(&log_lock);
+	if (level == FERRY_LOG_ERROR)
+		snprintf(log_last, sizeof(log_last), "%s", msg);
+	else if (level == FERRY_LOG_WARN && strstr(msg, "rejoin"))
+		snprintf(log_warn, sizeof(log_warn), "%s", msg);
+	pthread_mutex_unlock(&log_lock);
+}
+
+static void log_reset(void)
+{
+	pthread_mutex_lock(&log_lock);
+	log_last[0] = log_warn[0] = '\0';
+	pthread_mutex_unlock(&log_lock);
+}
+
+static void setup(void)
+{
+	ferry_log_set(FERRY_LOG_WARN, log_capture, NULL);
+}
+
+TestSuite(rejoin, .init = setup, .timeout = 60);
+
+struct node {
+	struct ferry_params p;
+	struct ferry *fy;
+	struct ferry_table *t;
+	int rc;
+};
+
+static const struct ferry_table_params tparams = { .num_keys = KEYS, .value_len = 1 };
+
+static void *node_open(void *arg)
+{
+	struct node *n = arg;
+
+	n->rc = ferry_open(&n->p, &n->fy);
+	if (!n->rc)
+		n->rc = ferry_table_create(n->fy, &tparams, &n->t);
+	return NULL;
+}
+
+static char rdv[64];
+
+/* the cluster, at the test's own rendezvous */
+static void cluster_open(struct node *nodes)
+{
+	pthread_t th[N];
+	int lfd = ferry__listen_tcp("127.0.0.1", 0, 16);
+
+	cr_assert_geq(lfd, 0);
+	snprintf(rdv, sizeof(rdv), "127.0.0.1:%d", ferry__socket_port(lfd));
+	for (int i = 0; i < N; i++) {
+		ferry_params_init(&nodes[i].p);
+		nodes[i].p.rank = i;
+		nodes[i].p.world = N;
+		nodes[i].p.rendezvous = rdv;
+		nodes[i].p.rendezvous_fd = i == 0 ? lfd : -1;
+		nodes[i].p.bind_addr = "127.0.0.1";
+		nodes[i].p.transport = FERRY_TRANSPORT_TCP;
+		nodes[i].p.timeout_ms = 10000;
+		cr_assert_eq(pthread_create(&th[i], NULL, node_open, &nodes[i]), 0);
+	}
+	for (int i = 0; i < N; i++) {
+		pthread_join(th[i], NULL);
+		cr_assert_eq(nodes[i].rc, 0, "rank %d: %s", i, ferry_strerror(nodes[i].rc));
+	}
+	/* the caller's copy: rank 0 keeps its own for rejoins (bootstrap.c) */
+	close(lfd);
+}
+
+static int64_t now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* a replacement's ferry_open: its result, bounded at 2 s */
+static int joiner(int rank, int world, int rejoin)
+{
+	struct ferry_params p;
+	struct ferry *fy = NULL;
+	int64_t t0 = now_ms();
+	int rc;
+
+	ferry_params_init(&p);
+	p.rank = rank;
+	p.world = world;
+	p.rendezvous = rdv;
+	p.bind_addr = "127.0.0.1";
+	p.transport = FERRY_TRANSPORT_TCP;
+	p.timeout_ms = 20000;
+	p.rejoin = rejoin;
+	log_reset();
+	rc = ferry_open(&p, &fy);
+	cr_assert_lt(now_ms() - t0, 2000, "rank %d's answer took %lld ms of a 20 s timeout", rank,
+		     (long long)(now_ms() - t0));
+	cr_assert_null(fy);
+	return rc;
+}
+
+static uint32_t peers_failed(struct ferry *fy)
+{
+	struct ferry_stats s;
+
+	cr_assert_eq(ferry_stats(fy, &s), 0);
+	return (uint32_t)s.peers_failed;
+}
+
+Test(rejoin, rank_0_answers_every_ask_and_the_survivors_go_on)
+{
+	struct node nodes[N];
+	struct ferry_worker *w[2];
+	float one = 1.0f, v;
+
+	cluster_open(nodes);
+	/* rank 2 is alive: a replacement for it is refused */
+	cr_assert_eq(joiner(2, N, 1), -EEXIST);
+	cr_assert(strstr(log_last, "holds rank 2 alive") &&
+			  strstr(log_last, "stop the old process first"),
+		  "%s", log_last);
+	cr_assert(strstr(log_warn, "rank 2 is alive here"), "rank 0's line: %s", log_warn);
+
+	/* rank 2 leaves; rank 0 holds it failed */
+	ferry_table_destroy(nodes[2].t);
+	ferry_close(nodes[2].fy);
+	for (int64_t until = now_ms() + 5000; peers_failed(nodes[0].fy) < 1 && now_ms() < until;)
+		usleep(1000);
+	cr_assert_eq(peers_failed(nodes[0].fy), 1);
+
+	/* a replacement for it: rank 0 knows it failed, and cannot admit it */
+	cr_assert_eq(joiner(2, N, 1), -EOPNOTSUPP);
+	cr_assert(strstr(log_last, "holds rank 2 failed, but cannot admit a replacement") &&
+			  strstr(log_last, "ferry_restore"),
+		  "%s", log_last);
+	cr_assert(strstr(log_warn, "rank 2 asks to rejoin"), "rank 0's line: %s", log_warn);
+
+	/* another world, and a live rank */
+	cr_assert_eq(joiner(2, N + 1, 1), -FERRY_E_MISMATCH);
+	cr_assert(strstr(log_last, "runs a world of 3 nodes"), "%s", log_last);
+	cr_assert_eq(joiner(1, N, 1), -EEXIST);
+
+	/* without the switch: told the cluster runs already, at once */
+	cr_assert_eq(joiner(2, N, -1), -EALREADY);
+	cr_assert(strstr(log_last, "runs its cluster already") &&
+			  strstr(log_last, "FERRY_REJOIN=1"),
+		  "%s", log_last);
+
+	/* the survivors serve, rank 2's keys aside (no replicas here) */
+	for (int i = 0; i < 2; i++)
+		cr_assert_eq(ferry_worker_create(nodes[i].fy, &w[i]), 0);
+	for (uint64_t k = 0; k < KEYS; k++) {
+		if (ferry_table_home(nodes[0].t, k) == 2)
+			continue;
+		cr_assert_eq(ferry_push(w[0], nodes[0].t, &k, 1, &one), 0, "key %llu",
+			     (unsigned long long)k);
+		cr_assert_eq(ferry_push(w[1], nodes[1].t, &k, 1, &one), 0);
+		cr_assert_eq(ferry_pull(w[1], nodes[1].t, &k, 1, &v), 0);
+		cr_assert_eq(v, 2.0f, "key %llu is %g", (unsigned long long)k, (double)v);
+	}
+	for (int i = 0; i < 2; i++) {
+		ferry_worker_destroy(w[i]);
+		ferry_table_destroy(nodes[i].t);
+		ferry_close(nodes[i].fy);
+	}
+}
+
+/* no cluster at the rendezvous: refused at once, not at the timeout */
+Test(rejoin, a_rejoin_without_a_cluster_fails_at_once)
+{
+	int lfd = ferry__listen_tcp("127.0.0.1", 0, 1);
+
+	cr_assert_geq(lfd, 0);
+	snprintf(rdv, sizeof(rdv), "127.0.0.1:%d", ferry__socket_port(lfd));
+	close(lfd); /* a port nobody listens on */
+	cr_assert_eq(joiner(1, 2, 1), -FERRY_E_NOJOIN);
+	cr_assert(strstr(log_last, "found no cluster at") && strstr(log_last, "FERRY_RENDEZVOUS"),
+		  "%s", log_last);
+}
