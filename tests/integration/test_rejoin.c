@@ -75,8 +75,11 @@ static void *node_open(void *arg)
 
 static char rdv[64];
 
-/* the cluster, at the test's own rendezvous */
-static void cluster_open(struct node *nodes)
+#define TOKEN_A "a token of thirty-two characters"
+#define TOKEN_B "another token, thirty-two bytes!"
+
+/* the cluster, at the test's own rendezvous (@token: NULL, none) */
+static void cluster_open(struct node *nodes, const char *token)
 {
 	pthread_t th[N];
 	int lfd = ferry__listen_tcp("127.0.0.1", 0, 16);
@@ -92,6 +95,7 @@ static void cluster_open(struct node *nodes)
 		nodes[i].p.bind_addr = "127.0.0.1";
 		nodes[i].p.transport = FERRY_TRANSPORT_TCP;
 		nodes[i].p.timeout_ms = 10000;
+		nodes[i].p.token = token;
 		cr_assert_eq(pthread_create(&th[i], NULL, node_open, &nodes[i]), 0);
 	}
 	for (int i = 0; i < N; i++) {
@@ -110,6 +114,8 @@ static int64_t now_ms(void)
 	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+static const char *joiner_token; /* the next joiners' token; NULL: none */
+
 /* a replacement's ferry_open: its result, bounded at 2 s */
 static int joiner(int rank, int world, int rejoin)
 {
@@ -126,6 +132,7 @@ static int joiner(int rank, int world, int rejoin)
 	p.transport = FERRY_TRANSPORT_TCP;
 	p.timeout_ms = 20000;
 	p.rejoin = rejoin;
+	p.token = joiner_token;
 	log_reset();
 	rc = ferry_open(&p, &fy);
 	cr_assert_lt(now_ms() - t0, 2000, "rank %d's answer took %lld ms of a 20 s timeout", rank,
@@ -148,7 +155,7 @@ Test(rejoin, rank_0_answers_every_ask_and_the_survivors_go_on)
 	struct ferry_worker *w[2];
 	float one = 1.0f, v;
 
-	cluster_open(nodes);
+	cluster_open(nodes, NULL);
 	/* rank 2 is alive: a replacement for it is refused */
 	cr_assert_eq(joiner(2, N, 1), -EEXIST);
 	cr_assert(strstr(log_last, "holds rank 2 alive") &&
@@ -211,4 +218,63 @@ Test(rejoin, a_rejoin_without_a_cluster_fails_at_once)
 	cr_assert_eq(joiner(1, 2, 1), -FERRY_E_NOJOIN);
 	cr_assert(strstr(log_last, "found no cluster at") && strstr(log_last, "FERRY_RENDEZVOUS"),
 		  "%s", log_last);
+}
+
+static void close_all(struct node *nodes, int n)
+{
+	for (int i = 0; i < n; i++) {
+		ferry_table_destroy(nodes[i].t);
+		ferry_close(nodes[i].fy);
+	}
+}
+
+/* with a cluster token, the ask proves it first: the same token gets the
+ * verdict, another one or none is refused without one */
+Test(rejoin, with_a_token_only_a_joiner_that_proves_it_gets_a_verdict)
+{
+	struct node nodes[N];
+
+	cluster_open(nodes, TOKEN_A);
+	joiner_token = TOKEN_A;
+	cr_assert_eq(joiner(1, N, 1), -EEXIST);
+	cr_assert(strstr(log_last, "holds rank 1 alive"), "%s", log_last);
+	joiner_token = TOKEN_B;
+	cr_assert_eq(joiner(1, N, 1), -EACCES);
+	cr_assert(strstr(log_last, "rejoin: rank 1: rank 0 at") && strstr(log_last, "FERRY_TOKEN"),
+		  "%s", log_last);
+	cr_assert(strstr(log_warn, "refused a connection to the rendezvous"), "rank 0's line: %s",
+		  log_warn);
+	joiner_token = NULL;
+	cr_assert_eq(joiner(1, N, 1), -FERRY_E_NOJOIN);
+	cr_assert(strstr(log_last, "gave no verdict") && strstr(log_last, "cluster token"), "%s",
+		  log_last);
+	close_all(nodes, N);
+}
+
+/* the rejoin hello's checks (a pure function, as the rendezvous's) */
+Test(rejoin, the_rejoin_hello_is_checked)
+{
+	struct ferry_bs_hello h = { .magic = FERRY_BS_REJOIN_MAGIC,
+				    .version = FERRY_BS_VERSION,
+				    .rank = 2,
+				    .world = 4 },
+			      out;
+
+	cr_assert_eq(ferry__bs_rejoin_parse(&h, sizeof(h), 4, &out), 0);
+	cr_assert_eq(out.rank, 2);
+	cr_assert_eq(ferry__bs_rejoin_parse(&h, sizeof(h) - 1, 4, &out), -FERRY_E_PROTO);
+	cr_assert_eq(ferry__bs_rejoin_parse(&h, sizeof(h), 5, &out), -FERRY_E_MISMATCH);
+	h.rank = 0;
+	cr_assert_eq(ferry__bs_rejoin_parse(&h, sizeof(h), 4, &out), -EINVAL);
+	h.rank = 4;
+	cr_assert_eq(ferry__bs_rejoin_parse(&h, sizeof(h), 4, &out), -EINVAL);
+	h.rank = 2;
+	h.addr.len = FERRY_TP_ADDR_MAX + 1;
+	cr_assert_eq(ferry__bs_rejoin_parse(&h, sizeof(h), 4, &out), -FERRY_E_PROTO);
+	h.addr.len = 0;
+	h.version = FERRY_BS_VERSION + 1;
+	cr_assert_eq(ferry__bs_rejoin_parse(&h, sizeof(h), 4, &out), -FERRY_E_PROTO);
+	h.version = FERRY_BS_VERSION;
+	h.magic = FERRY_BS_MAGIC; /* a plain hello is not a rejoin */
+	cr_assert_eq(ferry__bs_rejoin_parse(&h, sizeof(h), 4, &out), -FERRY_E_PROTO);
 }
