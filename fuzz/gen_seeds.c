@@ -307,6 +307,10 @@ static void bootstrap(void)
 	seed_write("bootstrap", "hello", (uint8_t[4]){ 0, 3, 0, 0 }, 4, &h, sizeof(h));
 	h.world = 5;
 	seed_write("bootstrap", "hello-world5", (uint8_t[4]){ 0, 3, 0, 0 }, 4, &h, sizeof(h));
+	h.magic = FERRY_BS_REJOIN_MAGIC;
+	h.world = 4;
+	seed_write("bootstrap", "rejoin", (uint8_t[4]){ 2, 3, 0, 0 }, 4, &h, sizeof(h));
+	h.magic = FERRY_BS_MAGIC;
 	list.l.magic = FERRY_BS_MAGIC;
 	list.l.cluster_id = FUZZ_CLUSTER;
 	list.l.world = 4;
