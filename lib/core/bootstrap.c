@@ -126,12 +126,6 @@ int ferry__bs_io(int fd, void *buf, size_t len, int64_t deadline, int out)
 	return bs_io(fd, buf, len, deadline, out);
 }
 
-int ferry__bs_auth_dial(const struct ferry_config *c, int fd, int64_t deadline, char *why,
-			size_t wlen)
-{
-	return bs_auth_dial(c, fd, deadline, why, wlen);
-}
-
 /* @var names the setting that gave @host, for the message; NULL: none */
 static int bs_resolve(const char *host, int port, struct sockaddr_in *sa, const char *var)
 {
@@ -157,11 +151,6 @@ static int bs_resolve(const char *host, int port, struct sockaddr_in *sa, const 
 	sa->sin_addr = ((struct sockaddr_in *)res->ai_addr)->sin_addr;
 	freeaddrinfo(res);
 	return 0;
-}
-
-int ferry__bs_resolve(const char *host, int port, struct sockaddr_in *sa, const char *var)
-{
-	return bs_resolve(host, port, sa, var);
 }
 
 int ferry__listen_tcp(const char *host, int port, int backlog)
@@ -788,6 +777,120 @@ static int bs_join(const struct ferry_config *c, const struct ferry_addr *mine,
 	}
 	*cluster_id_p = list.cluster_id;
 	return 0;
+}
+
+/* ---- a replacement node's ask (rank 0's side: rejoin.c) ------------------------- */
+
+#define BS_REJOIN_MS 3000 /* the joiner's bound on the whole exchange */
+
+int ferry__bs_rejoin_parse(const void *buf, size_t len, uint32_t world, struct ferry_bs_hello *h_p)
+{
+	struct ferry_bs_hello h;
+
+	if (len < sizeof(h))
+		return -FERRY_E_PROTO;
+	memcpy(&h, buf, sizeof(h));
+	if (h.magic != FERRY_BS_REJOIN_MAGIC || h.version != FERRY_BS_VERSION ||
+	    h.addr.len > FERRY_TP_ADDR_MAX)
+		return -FERRY_E_PROTO;
+	*h_p = h;
+	if (h.world != world)
+		return -FERRY_E_MISMATCH;
+	if (h.rank == 0 || h.rank >= world)
+		return -EINVAL;
+	return 0;
+}
+
+int ferry__bs_rejoin(const struct ferry_config *c, const struct ferry_addr *mine)
+{
+	int64_t deadline = bs_now_ms() + BS_REJOIN_MS;
+	struct ferry_bs_hello h = { .magic = FERRY_BS_REJOIN_MAGIC,
+				    .version = FERRY_BS_VERSION,
+				    .rank = (uint32_t)c->rank,
+				    .world = (uint32_t)c->world,
+				    .addr = *mine };
+	struct ferry_bs_list list = { 0 };
+	struct sockaddr_in sa;
+	int fd, rc, one = 1;
+	char why[512];
+
+	rc = bs_resolve(c->rdv_host, c->rdv_port, &sa, c->rdv_var);
+	if (rc)
+		return rc;
+	fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -errno;
+	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa))) {
+		rc = -errno;
+		ferry_err("rejoin: rank %d found no cluster at %s:%d (%s): a rejoin needs the "
+			  "running cluster's rendezvous, where its rank 0 listens; give that "
+			  "FERRY_RENDEZVOUS (this one came from %s), or start a new cluster "
+			  "without FERRY_REJOIN",
+			  c->rank, c->rdv_host, c->rdv_port, strerror(-rc), c->rdv_var);
+		close(fd);
+		return -FERRY_E_NOJOIN;
+	}
+	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	if (c->auth) {
+		rc = bs_auth_dial(c, fd, deadline, why, sizeof(why));
+		if (rc) {
+			ferry_err("rejoin: rank %d: rank 0 at %s:%d %s: %s; give the replacement "
+				  "the cluster's FERRY_TOKEN (this one's came from %s)",
+				  c->rank, c->rdv_host, c->rdv_port,
+				  rc == -ETIMEDOUT ? "did not prove the token in time" :
+						     "is refused",
+				  rc == -ETIMEDOUT ? "see its log" : why, c->auth_src);
+			close(fd);
+			return rc == -ETIMEDOUT ? -ETIMEDOUT : -EACCES;
+		}
+	}
+	rc = bs_io(fd, &h, sizeof(h), deadline, 1);
+	if (!rc)
+		rc = bs_io(fd, &list, sizeof(list), deadline, 0);
+	close(fd);
+	if (rc) {
+		ferry_err("rejoin: rank %d: rank 0 at %s:%d gave no verdict (%s): its cluster "
+			  "may still be forming (a rejoin needs a running one), or it was started "
+			  "with a cluster token and this node without; see rank 0's log",
+			  c->rank, c->rdv_host, c->rdv_port, strerror(-rc));
+		return -FERRY_E_NOJOIN;
+	}
+	if (list.magic != FERRY_BS_MAGIC || list.status >= 0) {
+		ferry_err("rejoin: rank %d: rank 0 at %s:%d answered with garbage", c->rank,
+			  c->rdv_host, c->rdv_port);
+		return -FERRY_E_PROTO;
+	}
+	switch (list.status) {
+	case -EEXIST:
+		ferry_err("rejoin: rank %d is alive in the cluster of rank 0 at %s:%d (rank 0, or "
+			  "a live rank, holds it alive: see rank 0's log): a rejoin replaces a "
+			  "failed node; stop the old process first and wait until the cluster "
+			  "fails it, or give this one the failed node's rank (FERRY_RANK)",
+			  c->rank, c->rdv_host, c->rdv_port);
+		break;
+	case -EOPNOTSUPP:
+		ferry_err("rejoin: rank 0 at %s:%d holds rank %d failed, but cannot admit a "
+			  "replacement yet (docs/faults.md, \"A replacement node\"); the "
+			  "survivors go on without it: to have %d nodes again, start the whole "
+			  "cluster again and ferry_restore() its last checkpoint",
+			  c->rdv_host, c->rdv_port, c->rank, c->world);
+		break;
+	case -EAGAIN:
+		ferry_err("rejoin: rank 0 at %s:%d holds rank %d failed, but a live rank did not "
+			  "answer whether it does too (see rank 0's log); ask again",
+			  c->rdv_host, c->rdv_port, c->rank);
+		break;
+	case -FERRY_E_MISMATCH:
+		ferry_err("rejoin: rank 0 at %s:%d runs a world of %u nodes, but this node was "
+			  "started with %d (from %s); give the cluster's world",
+			  c->rdv_host, c->rdv_port, list.world, c->world, c->rank_src);
+		break;
+	default:
+		ferry_err("rejoin: rank 0 at %s:%d refused rank %d: %s", c->rdv_host, c->rdv_port,
+			  c->rank, ferry_strerror(list.status));
+		break;
+	}
+	return list.status;
 }
 
 int ferry__bootstrap(const struct ferry_config *c, const struct ferry_addr *mine,

@@ -102,7 +102,8 @@ int ferry__bootstrap(const struct ferry_config *c, const struct ferry_addr *mine
 int ferry__bootstrap_keep(const struct ferry_config *c, const struct ferry_addr *mine,
 			  struct ferry_addr *addrs, uint64_t *cluster_id_p, int *lfd_p);
 
-/* ---- rejoin (rejoin.c): a replacement node asks a running cluster's rank 0 ---- */
+/* ---- rejoin: a replacement node asks a running cluster's rank 0 (its side here,
+ * rank 0's in rejoin.c) ---- */
 
 #define FERRY_BS_REJOIN_MAGIC 0x46594252u /* "FYBR": a rejoin's hello (struct ferry_bs_hello) */
 
@@ -120,27 +121,27 @@ int ferry__bs_rejoin_parse(const void *buf, size_t len, uint32_t world, struct f
  */
 int ferry__bs_rejoin(const struct ferry_config *c, const struct ferry_addr *mine);
 
+struct ferry;
 struct ferry_rejoin_srv;
 
 /*
  * ferry__rejoin_srv_start - rank 0 answers rejoin hellos on @lfd (taken:
  * closed by stop, or here on failure) on a thread of its own, until
- * ferry__rejoin_srv_stop(). @failed(@arg, rank) says whether the node holds
- * the rank failed; it is called on that thread. Return: 0 or a negative errno.
+ * ferry__rejoin_srv_stop(); the service goes in fy->rejoin_srv.
+ * Context: ferry__node_start, once connected. Return: 0 or a negative errno.
  */
-int ferry__rejoin_srv_start(const struct ferry_config *c, int lfd,
-			    bool (*failed)(void *arg, uint32_t rank), void *arg,
-			    struct ferry_rejoin_srv **srv_p);
-/* stop the thread (at most one connection's BS_HELLO_MS), close the listener */
+int ferry__rejoin_srv_start(struct ferry *fy, const struct ferry_config *c, int lfd);
+/* stop the thread (at most one connection's hello and views: about 2 s),
+ * close the listener; the memory stays for a VIEW being handled */
 void ferry__rejoin_srv_stop(struct ferry_rejoin_srv *srv);
+/* free it (stopped first if it was not); once no handler runs */
+void ferry__rejoin_srv_free(struct ferry_rejoin_srv *srv);
+/* register the REJOIN_ASK and REJOIN_VIEW handlers. Context: before start */
+int ferry__rejoin_attach(struct ferry *fy);
 
-/* bootstrap.c's helpers, for rejoin.c */
-struct sockaddr_in;
+/* bootstrap.c's helpers, for rank 0's side in rejoin.c */
 int64_t ferry__bs_now_ms(void);
 int ferry__bs_io(int fd, void *buf, size_t len, int64_t deadline, int out);
-int ferry__bs_auth_dial(const struct ferry_config *c, int fd, int64_t deadline, char *why,
-			size_t wlen);
-int ferry__bs_resolve(const char *host, int port, struct sockaddr_in *sa, const char *var);
 
 int ferry__listen_tcp(const char *host, int port, int backlog);
 /* the port a bound socket has */

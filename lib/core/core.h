@@ -257,8 +257,13 @@ struct ferry {
 	struct ferry_tp *tp;
 	uint64_t cluster_id;
 	/* rank 0: the thread that answers rejoins on the rendezvous port
-	 * (rejoin.c), from ferry__node_start to ferry__node_close; else NULL */
+	 * (rejoin.c), from ferry__node_start to ferry__node_close; else NULL.
+	 * node.c reaches it through the hooks ferry__rejoin_attach sets (the
+	 * module above it is not called by name) */
 	struct ferry_rejoin_srv *rejoin_srv;
+	int (*rejoin_start)(struct ferry *fy, const struct ferry_config *c, int lfd);
+	void (*rejoin_stop)(struct ferry_rejoin_srv *srv);
+	void (*rejoin_free)(struct ferry_rejoin_srv *srv);
 	/* keys a move's ticket (struct ferry_msg_mv) is drawn with: random per
 	 * node (ferry__node_create), read-only afterwards */
 	uint8_t move_key[16];

@@ -187,14 +187,6 @@ int ferry__node_create(const struct ferry_params *params, struct ferry **fy_p)
 	return 0;
 }
 
-/* the rejoin service's question (its own thread): does this node hold @rank failed? */
-static bool node_rank_failed(void *arg, uint32_t rank)
-{
-	struct ferry *fy = arg;
-
-	return rank < fy->world && atomic_load_explicit(&fy->failed[rank], memory_order_relaxed);
-}
-
 int ferry__node_start(struct ferry *fy, const struct ferry_tp_handler *handler)
 {
 	const struct ferry_tp_ops *ops = fy->tp->ops;
@@ -249,7 +241,9 @@ int ferry__node_start(struct ferry *fy, const struct ferry_tp_handler *handler)
 	if (rc)
 		goto err_close_lfd;
 	/* rank 0 keeps answering at the rendezvous: a replacement asks there */
-	if (lfd >= 0 && ferry__rejoin_srv_start(c, lfd, node_rank_failed, fy, &fy->rejoin_srv))
+	if (lfd >= 0 && !fy->rejoin_start)
+		close(lfd); /* a node composed without lib/core/rejoin.c */
+	else if (lfd >= 0 && fy->rejoin_start(fy, c, lfd))
 		ferry_warn("node: rank 0 cannot start its rejoin service; a replacement node "
 			   "will find no answer at the rendezvous");
 	ferry_info("node: rank %u of %u up over %s", fy->rank, fy->world, ops->name);
@@ -278,9 +272,9 @@ void ferry__node_close(struct ferry *fy)
 {
 	if (!fy || atomic_exchange(&fy->closed, true))
 		return;
-	/* its thread reads fy->failed: it goes first */
-	ferry__rejoin_srv_stop(fy->rejoin_srv);
-	fy->rejoin_srv = NULL;
+	/* its thread sends: it stops before the transport goes */
+	if (fy->rejoin_srv)
+		fy->rejoin_stop(fy->rejoin_srv);
 	/* a worker inside the transport's poll() leaves it first */
 	while (atomic_load(&fy->pollers))
 		sched_yield();
@@ -288,6 +282,10 @@ void ferry__node_close(struct ferry *fy)
 	fy->tp->ops->fini(fy->tp);
 	free(fy->tp);
 	fy->tp = NULL;
+	/* no VIEW handler runs any more */
+	if (fy->rejoin_srv)
+		fy->rejoin_free(fy->rejoin_srv);
+	fy->rejoin_srv = NULL;
 	pthread_mutex_lock(&fy->lock);
 	pthread_cond_broadcast(&fy->cond);
 	pthread_mutex_unlock(&fy->lock);

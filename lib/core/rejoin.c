@@ -7,11 +7,15 @@
  *     | connect (no retry: the cluster runs    | accept; the token proof
  *     |   or it does not)                      |   (with FERRY_TOKEN)
  *     | BS_HELLO{REJOIN magic, d, world, addr} ->  d below world, not 0, same
- *     |                                        |   world; d failed here?
+ *     |                                        |   world; d failed here? then
+ *     |                          each live rank S <- REJOIN_ASK{d, seq}
+ *     |                                        |   -> REJOIN_VIEW{d, seq, alive}
  *     | <---- BS_LIST{status, world}: no addresses
  *
- *   status  -EEXIST        d is alive at rank 0: a rejoin replaces a failed node
- *           -EOPNOTSUPP    d failed, but no replacement is admitted yet
+ *   status  -EEXIST        d is alive at rank 0, or at a live rank that says so
+ *           -EOPNOTSUPP    d failed at rank 0 and at every live rank, but no
+ *                          replacement is admitted yet
+ *           -EAGAIN        a live rank did not answer within REJOIN_VIEW_MS
  *           -FERRY_E_MISMATCH, -EINVAL   another world; rank 0 or out of range
  *
  * A plain hello (a node started without the switch after the cluster
@@ -23,11 +27,17 @@
  * the rank, its tables, the homes its failure passed on) is in
  * docs/faults.md, "A replacement node": not built.
  *
- * Threads: ferry__bs_rejoin runs in the joiner's ferry_open; the service is
- * a thread of rank 0's, started once the node is up and stopped by
- * ferry__node_close before the transport goes. It serves one connection at
- * a time, each bounded by REJOIN_HELLO_MS (a rejoin is rare, and nobody
- * else waits on this port once the cluster formed).
+ * The joiner's side (ferry__bs_rejoin) and the hello's check
+ * (ferry__bs_rejoin_parse) are in bootstrap.c, beside the rendezvous: this
+ * file is rank 0's side and the live ranks' views.
+ *
+ * Threads: the service is a thread of rank 0's, started once the node is
+ * up and stopped by ferry__node_close (through fy->rejoin_stop, set by
+ * ferry__rejoin_attach) before the transport goes, its memory freed after,
+ * when no handler runs. It serves one connection at a time, each bounded by
+ * REJOIN_HELLO_MS and the views by REJOIN_VIEW_MS (a rejoin is rare, and
+ * nobody else waits on this port once the cluster formed). The ASK and
+ * VIEW handlers run on the progress thread.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -44,131 +54,33 @@
 #include <unistd.h>
 
 #include "lib/core/bootstrap.h"
+#include "lib/core/core.h"
+#include "lib/core/proto.h"
 #include "transport/base/log.h"
 
 #define REJOIN_HELLO_MS 1000 /* a connection's time for its proof and hello */
-#define REJOIN_DIAL_MS 2000  /* the joiner's bound on the whole exchange */
+#define REJOIN_VIEW_MS 1000  /* the live ranks' time to answer an ask */
 
 /*
- * Rank 0's rejoin service. Memory: this struct (about 100 B); one
- * connection at a time, on the stack of its thread.
+ * Rank 0's rejoin service. Memory: this struct (about 200 B) and a byte per
+ * rank (@asked); one connection at a time, on the stack of its thread.
  */
 struct ferry_rejoin_srv {
+	struct ferry *fy;
 	int lfd;
 	int wake[2]; /* a byte in wake[1] stops the thread */
 	pthread_t thread;
+	bool started;
 	uint32_t world;
 	int auth;
 	uint8_t auth_key[FERRY_AUTH_KEY_LEN];
-	bool (*failed)(void *arg, uint32_t rank);
-	void *arg;
+	/* the ask under way, under @lock: its number and rank, and per rank
+	 * 0 not asked, 1 asked, 2 answered "failed", 3 answered "alive" */
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	uint32_t seq, rank;
+	uint8_t *asked;
 };
-
-int ferry__bs_rejoin_parse(const void *buf, size_t len, uint32_t world, struct ferry_bs_hello *h_p)
-{
-	struct ferry_bs_hello h;
-
-	if (len < sizeof(h))
-		return -FERRY_E_PROTO;
-	memcpy(&h, buf, sizeof(h));
-	if (h.magic != FERRY_BS_REJOIN_MAGIC || h.version != FERRY_BS_VERSION ||
-	    h.addr.len > FERRY_TP_ADDR_MAX)
-		return -FERRY_E_PROTO;
-	*h_p = h;
-	if (h.world != world)
-		return -FERRY_E_MISMATCH;
-	if (h.rank == 0 || h.rank >= world)
-		return -EINVAL;
-	return 0;
-}
-
-/* ---- the joiner ------------------------------------------------------------ */
-
-int ferry__bs_rejoin(const struct ferry_config *c, const struct ferry_addr *mine)
-{
-	int64_t deadline = ferry__bs_now_ms() + REJOIN_DIAL_MS;
-	struct ferry_bs_hello h = { .magic = FERRY_BS_REJOIN_MAGIC,
-				    .version = FERRY_BS_VERSION,
-				    .rank = (uint32_t)c->rank,
-				    .world = (uint32_t)c->world,
-				    .addr = *mine };
-	struct ferry_bs_list list = { 0 };
-	struct sockaddr_in sa;
-	int fd, rc, one = 1;
-	char why[512];
-
-	rc = ferry__bs_resolve(c->rdv_host, c->rdv_port, &sa, c->rdv_var);
-	if (rc)
-		return rc;
-	fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (fd < 0)
-		return -errno;
-	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa))) {
-		rc = -errno;
-		ferry_err("rejoin: rank %d found no cluster at %s:%d (%s): a rejoin needs the "
-			  "running cluster's rendezvous, where its rank 0 listens; give that "
-			  "FERRY_RENDEZVOUS (this one came from %s), or start a new cluster "
-			  "without FERRY_REJOIN",
-			  c->rank, c->rdv_host, c->rdv_port, strerror(-rc), c->rdv_var);
-		close(fd);
-		return -FERRY_E_NOJOIN;
-	}
-	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-	if (c->auth) {
-		rc = ferry__bs_auth_dial(c, fd, deadline, why, sizeof(why));
-		if (rc) {
-			ferry_err("rejoin: rank %d: rank 0 at %s:%d %s: %s; give the replacement "
-				  "the cluster's FERRY_TOKEN (this one's came from %s)",
-				  c->rank, c->rdv_host, c->rdv_port,
-				  rc == -ETIMEDOUT ? "did not prove the token in time" :
-						     "is refused",
-				  rc == -ETIMEDOUT ? "see its log" : why, c->auth_src);
-			close(fd);
-			return rc == -ETIMEDOUT ? -ETIMEDOUT : -EACCES;
-		}
-	}
-	rc = ferry__bs_io(fd, &h, sizeof(h), deadline, 1);
-	if (!rc)
-		rc = ferry__bs_io(fd, &list, sizeof(list), deadline, 0);
-	close(fd);
-	if (rc) {
-		ferry_err("rejoin: rank %d: rank 0 at %s:%d gave no verdict (%s): its cluster "
-			  "may still be forming (a rejoin needs a running one), or it was started "
-			  "with a cluster token and this node without; see rank 0's log",
-			  c->rank, c->rdv_host, c->rdv_port, strerror(-rc));
-		return -FERRY_E_NOJOIN;
-	}
-	if (list.magic != FERRY_BS_MAGIC || list.status >= 0) {
-		ferry_err("rejoin: rank %d: rank 0 at %s:%d answered with garbage", c->rank,
-			  c->rdv_host, c->rdv_port);
-		return -FERRY_E_PROTO;
-	}
-	switch (list.status) {
-	case -EEXIST:
-		ferry_err("rejoin: rank 0 at %s:%d holds rank %d alive: a rejoin replaces a "
-			  "failed node; stop the old process first and wait until the cluster "
-			  "fails it, or give this one the failed node's rank (FERRY_RANK)",
-			  c->rdv_host, c->rdv_port, c->rank);
-		break;
-	case -EOPNOTSUPP:
-		ferry_err("rejoin: rank 0 at %s:%d holds rank %d failed, but cannot admit a "
-			  "replacement yet (docs/faults.md, \"A replacement node\"); the "
-			  "survivors go on without it: to have %d nodes again, start the whole "
-			  "cluster again and ferry_restore() its last checkpoint",
-			  c->rdv_host, c->rdv_port, c->rank, c->world);
-		break;
-	case -FERRY_E_MISMATCH:
-		ferry_err("rejoin: rank 0 at %s:%d runs a world of %u nodes, but this node was "
-			  "started with %d (from %s); give the cluster's world",
-			  c->rdv_host, c->rdv_port, list.world, c->world, c->rank_src);
-		break;
-	default:
-		ferry_err("rejoin: rank 0 at %s:%d refused rank %d: %s", c->rdv_host, c->rdv_port,
-			  c->rank, ferry_strerror(list.status));
-		break;
-	}
-	return list.status;
-}
 
 /* ---- rank 0's service -------------------------------------------------------- */
 
@@ -196,12 +108,88 @@ static int srv_auth(struct ferry_rejoin_srv *s, int fd, int64_t deadline, const 
 	return rc < 0 ? rc : -EACCES;
 }
 
+/*
+ * Ask every rank this node holds live (but @d) whether it holds @d failed
+ * too. Return: 0 all do; 1 *@who_p holds it alive; -EAGAIN *@who_p did not
+ * answer within REJOIN_VIEW_MS. Context: the service's thread.
+ */
+static int srv_views(struct ferry_rejoin_srv *s, uint32_t d, uint32_t *who_p)
+{
+	struct ferry *fy = s->fy;
+	struct {
+		struct ferry_msg_hdr h;
+		struct ferry_msg_rejoin m;
+	} f;
+	int64_t until = ferry__bs_now_ms() + REJOIN_VIEW_MS;
+	uint32_t seq;
+	int rc;
+
+	pthread_mutex_lock(&s->lock);
+	seq = ++s->seq;
+	s->rank = d;
+	memset(s->asked, 0, s->world);
+	for (uint32_t r = 1; r < s->world; r++)
+		if (r != d && !atomic_load_explicit(&fy->failed[r], memory_order_relaxed))
+			s->asked[r] = 1;
+	pthread_mutex_unlock(&s->lock);
+	for (uint32_t r = 1; r < s->world; r++) {
+		if (r == d || atomic_load_explicit(&fy->failed[r], memory_order_relaxed))
+			continue;
+		memset(&f, 0, sizeof(f));
+		ferry__proto_hdr_init(&f.h, FERRY_MSG_REJOIN_ASK, sizeof(f), fy->rank, 0);
+		f.m.rank = d;
+		f.m.seq = seq;
+		(void)ferry__send(fy, r, &f, sizeof(f)); /* one that fails: r failed (below) */
+	}
+	pthread_mutex_lock(&s->lock);
+	for (;;) {
+		uint32_t missing = s->world, alive = s->world;
+		struct timespec ts;
+
+		for (uint32_t r = 1; r < s->world; r++) {
+			if (s->asked[r] == 3 && alive == s->world)
+				alive = r;
+			/* a rank that failed meanwhile has no view to give */
+			if (s->asked[r] == 1 &&
+			    !atomic_load_explicit(&fy->failed[r], memory_order_relaxed) &&
+			    missing == s->world)
+				missing = r;
+		}
+		if (alive < s->world) {
+			*who_p = alive;
+			rc = 1;
+			break;
+		}
+		if (missing == s->world) {
+			rc = 0;
+			break;
+		}
+		if (ferry__bs_now_ms() >= until) {
+			*who_p = missing;
+			rc = -EAGAIN;
+			break;
+		}
+		/* a slice at a time: a failure meanwhile does not signal us */
+		clock_gettime(CLOCK_MONOTONIC, &ts);
+		ts.tv_nsec += 20 * 1000000;
+		if (ts.tv_nsec >= 1000000000) {
+			ts.tv_sec++;
+			ts.tv_nsec -= 1000000000;
+		}
+		ferry__cond_wait_until(&s->cond, &s->lock, &ts);
+	}
+	s->rank = 0; /* late answers are ignored */
+	pthread_mutex_unlock(&s->lock);
+	return rc;
+}
+
 /* one connection: its hello, the verdict, one line */
 static void srv_serve(struct ferry_rejoin_srv *s, int fd, const char *who)
 {
 	int64_t deadline = ferry__bs_now_ms() + REJOIN_HELLO_MS;
 	struct ferry_bs_list v = { .magic = FERRY_BS_MAGIC, .world = s->world };
 	struct ferry_bs_hello raw, h;
+	uint32_t other = 0;
 	int rc;
 
 	if (s->auth && srv_auth(s, fd, deadline, who))
@@ -234,18 +222,29 @@ static void srv_serve(struct ferry_rejoin_srv *s, int fd, const char *who)
 			   h.rank ? "not below the world size" :
 				    "rank 0 cannot be replaced (it coordinates the cluster)");
 		v.status = rc;
-	} else if (!s->failed(s->arg, h.rank)) {
+	} else if (!atomic_load_explicit(&s->fy->failed[h.rank], memory_order_relaxed)) {
 		ferry_warn("rejoin: refused a rejoin of rank %u from %s: rank %u is alive here",
 			   h.rank, who, h.rank);
 		v.status = -EEXIST;
+	} else if ((rc = srv_views(s, h.rank, &other)) == 1) {
+		ferry_warn("rejoin: refused a rejoin of rank %u from %s: rank %u holds it alive "
+			   "(it failed here only)",
+			   h.rank, who, other);
+		v.status = -EEXIST;
+	} else if (rc) {
+		ferry_warn("rejoin: refused a rejoin of rank %u from %s for now: rank %u did not "
+			   "say within %d ms whether it holds rank %u failed",
+			   h.rank, who, other, REJOIN_VIEW_MS, h.rank);
+		v.status = -EAGAIN;
 	} else {
-		ferry_warn("rejoin: rank %u asks to rejoin from %s; it failed here, but this "
-			   "build cannot admit a replacement (docs/faults.md, \"A replacement "
-			   "node\"): refused",
+		ferry_warn("rejoin: rank %u asks to rejoin from %s; it failed here and at every "
+			   "live rank, but this build cannot admit a replacement (docs/faults.md, "
+			   "\"A replacement node\"): refused",
 			   h.rank, who);
 		v.status = -EOPNOTSUPP;
 	}
-	(void)ferry__bs_io(fd, &v, sizeof(v), deadline, 1);
+	/* the views may have taken up to REJOIN_VIEW_MS of the hello's time */
+	(void)ferry__bs_io(fd, &v, sizeof(v), ferry__bs_now_ms() + REJOIN_HELLO_MS, 1);
 }
 
 static void *srv_main(void *arg)
@@ -283,40 +282,50 @@ static void *srv_main(void *arg)
 	return NULL;
 }
 
-int ferry__rejoin_srv_start(const struct ferry_config *c, int lfd,
-			    bool (*failed)(void *arg, uint32_t rank), void *arg,
-			    struct ferry_rejoin_srv **srv_p)
+int ferry__rejoin_srv_start(struct ferry *fy, const struct ferry_config *c, int lfd)
 {
 	struct ferry_rejoin_srv *s = calloc(1, sizeof(*s));
 	int rc;
 
-	if (!s) {
+	if (s)
+		s->asked = calloc(fy->world, 1);
+	if (!s || !s->asked) {
+		if (s)
+			free(s->asked);
+		free(s);
 		close(lfd);
 		return -ENOMEM;
 	}
+	s->fy = fy;
 	s->lfd = lfd;
-	s->world = (uint32_t)c->world;
+	s->world = fy->world;
 	s->auth = c->auth;
 	memcpy(s->auth_key, c->auth_key, sizeof(s->auth_key));
-	s->failed = failed;
-	s->arg = arg;
+	pthread_mutex_init(&s->lock, NULL);
+	ferry__cond_init_monotonic(&s->cond);
 	if (pipe2(s->wake, O_CLOEXEC)) {
 		rc = -errno;
 		goto err_free;
 	}
+	/* the VIEW handler finds it there: before any ask can go */
+	__atomic_store_n(&fy->rejoin_srv, s, __ATOMIC_RELEASE);
 	rc = -pthread_create(&s->thread, NULL, srv_main, s);
 	if (rc)
 		goto err_close_pipe;
+	s->started = true;
 	pthread_setname_np(s->thread, "ferry-rejoin");
-	*srv_p = s;
 	return 0;
 
 err_close_pipe:
+	__atomic_store_n(&fy->rejoin_srv, NULL, __ATOMIC_RELEASE);
 	close(s->wake[0]);
 	close(s->wake[1]);
 err_free:
 	close(lfd);
 	ferry__auth_wipe(s->auth_key, sizeof(s->auth_key));
+	pthread_mutex_destroy(&s->lock);
+	pthread_cond_destroy(&s->cond);
+	free(s->asked);
 	free(s);
 	return rc;
 }
@@ -325,14 +334,90 @@ void ferry__rejoin_srv_stop(struct ferry_rejoin_srv *s)
 {
 	char b = 1;
 
-	if (!s)
+	if (!s || !s->started)
 		return;
 	while (write(s->wake[1], &b, 1) < 0 && errno == EINTR)
 		;
 	pthread_join(s->thread, NULL);
+	s->started = false;
 	close(s->wake[0]);
 	close(s->wake[1]);
 	close(s->lfd);
 	ferry__auth_wipe(s->auth_key, sizeof(s->auth_key));
+}
+
+void ferry__rejoin_srv_free(struct ferry_rejoin_srv *s)
+{
+	if (!s)
+		return;
+	ferry__rejoin_srv_stop(s);
+	pthread_mutex_destroy(&s->lock);
+	pthread_cond_destroy(&s->cond);
+	free(s->asked);
 	free(s);
+}
+
+/* ---- the live ranks' views (progress thread) ------------------------------- */
+
+/* rank 0 asks whether this node holds a rank failed: the answer, at once */
+static void rejoin_on_ask(struct ferry *fy, struct ferry_table *unused, uint32_t src,
+			  const struct ferry_proto_view *v)
+{
+	const struct ferry_msg_rejoin *m = v->body;
+	struct {
+		struct ferry_msg_hdr h;
+		struct ferry_msg_rejoin m;
+	} f;
+
+	(void)unused;
+	if (src != 0 || fy->rank == 0) {
+		ferry_warn("rejoin: rank %u asked whether rank %u failed; only rank 0 asks, and "
+			   "not itself: ignored",
+			   src, m->rank);
+		return;
+	}
+	memset(&f, 0, sizeof(f));
+	ferry__proto_hdr_init(&f.h, FERRY_MSG_REJOIN_VIEW, sizeof(f), fy->rank, 0);
+	f.m.rank = m->rank;
+	f.m.seq = m->seq;
+	f.m.alive = !atomic_load_explicit(&fy->failed[m->rank], memory_order_relaxed);
+	(void)ferry__send(fy, 0, &f, sizeof(f));
+}
+
+/* a live rank's answer to rank 0's ask under way */
+static void rejoin_on_view(struct ferry *fy, struct ferry_table *unused, uint32_t src,
+			   const struct ferry_proto_view *v)
+{
+	const struct ferry_msg_rejoin *m = v->body;
+	struct ferry_rejoin_srv *s = __atomic_load_n(&fy->rejoin_srv, __ATOMIC_ACQUIRE);
+	bool ok = false;
+
+	(void)unused;
+	if (s) {
+		pthread_mutex_lock(&s->lock);
+		ok = s->rank && m->seq == s->seq && m->rank == s->rank && s->asked[src] == 1;
+		if (ok) {
+			s->asked[src] = m->alive ? 3 : 2;
+			pthread_cond_broadcast(&s->cond);
+		}
+		pthread_mutex_unlock(&s->lock);
+	}
+	if (!ok)
+		ferry_warn("rejoin: rank %u answered an ask about rank %u (number %u) that this "
+			   "node has not made or no longer waits for: ignored",
+			   src, m->rank, m->seq);
+}
+
+int ferry__rejoin_attach(struct ferry *fy)
+{
+	int rc = ferry__dispatch_register(fy, FERRY_MSG_REJOIN_ASK, FERRY_DISPATCH_NODE,
+					  rejoin_on_ask);
+
+	fy->rejoin_start = ferry__rejoin_srv_start;
+	fy->rejoin_stop = ferry__rejoin_srv_stop;
+	fy->rejoin_free = ferry__rejoin_srv_free;
+
+	return rc ? rc :
+		    ferry__dispatch_register(fy, FERRY_MSG_REJOIN_VIEW, FERRY_DISPATCH_NODE,
+					     rejoin_on_view);
 }

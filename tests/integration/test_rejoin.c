@@ -22,6 +22,8 @@
 
 #include "ferry/ferry.h"
 #include "lib/core/bootstrap.h"
+#include "lib/core/core.h"
+#include "lib/core/proto.h"
 
 #define N 3
 #define KEYS 64
@@ -173,24 +175,27 @@ Test(rejoin, rank_0_answers_every_ask_and_the_survivors_go_on, .init = setup, .t
 	cluster_open(nodes, NULL);
 	/* rank 2 is alive: a replacement for it is refused */
 	cr_assert_eq(joiner(2, N, 1), -EEXIST);
-	cr_assert(strstr(log_last, "holds rank 2 alive") &&
+	cr_assert(strstr(log_last, "rank 2 is alive in the cluster") &&
 			  strstr(log_last, "stop the old process first"),
 		  "%s", log_last);
 	cr_assert(warn_seen("rank 2 is alive here"), "rank 0 did not log its refusal");
 
-	/* rank 2 leaves; rank 0 holds it failed */
+	/* rank 2 leaves; ranks 0 and 1 hold it failed */
 	ferry_table_destroy(nodes[2].t);
 	ferry_close(nodes[2].fy);
-	for (int64_t until = now_ms() + 5000; peers_failed(nodes[0].fy) < 1 && now_ms() < until;)
+	for (int64_t until = now_ms() + 5000;
+	     (peers_failed(nodes[0].fy) < 1 || peers_failed(nodes[1].fy) < 1) && now_ms() < until;)
 		usleep(1000);
 	cr_assert_eq(peers_failed(nodes[0].fy), 1);
+	cr_assert_eq(peers_failed(nodes[1].fy), 1);
 
-	/* a replacement for it: rank 0 knows it failed, and cannot admit it */
+	/* a replacement for it: rank 0 and rank 1 (asked by rank 0: REJOIN_ASK)
+	 * know it failed, and rank 0 cannot admit it */
 	cr_assert_eq(joiner(2, N, 1), -EOPNOTSUPP);
 	cr_assert(strstr(log_last, "holds rank 2 failed, but cannot admit a replacement") &&
 			  strstr(log_last, "ferry_restore"),
 		  "%s", log_last);
-	cr_assert(warn_seen("rank 2 asks to rejoin"), "rank 0 did not log the ask");
+	cr_assert(warn_seen("it failed here and at every live rank"), "rank 0 did not log the ask");
 
 	/* another world, and a live rank */
 	cr_assert_eq(joiner(2, N + 1, 1), -FERRY_E_MISMATCH);
@@ -252,7 +257,7 @@ Test(rejoin, with_a_token_only_a_joiner_that_proves_it_gets_a_verdict, .init = s
 	cluster_open(nodes, TOKEN_A);
 	joiner_token = TOKEN_A;
 	cr_assert_eq(joiner(1, N, 1), -EEXIST);
-	cr_assert(strstr(log_last, "holds rank 1 alive"), "%s", log_last);
+	cr_assert(strstr(log_last, "rank 1 is alive in the cluster"), "%s", log_last);
 	joiner_token = TOKEN_B;
 	cr_assert_eq(joiner(1, N, 1), -EACCES);
 	cr_assert(strstr(log_last, "rejoin: rank 1: rank 0 at") && strstr(log_last, "FERRY_TOKEN"),
@@ -292,4 +297,33 @@ Test(rejoin, the_rejoin_hello_is_checked, .init = setup, .timeout = 60)
 	h.version = FERRY_BS_VERSION;
 	h.magic = FERRY_BS_MAGIC; /* a plain hello is not a rejoin */
 	cr_assert_eq(ferry__bs_rejoin_parse(&h, sizeof(h), 4, &out), -FERRY_E_PROTO);
+}
+
+/* rank 0 alone holds rank 2 failed (its membership manager said so: a
+ * MGR_DEAD frame to itself), rank 1 holds it alive: rank 0 asks rank 1
+ * (REJOIN_ASK), which answers that it is alive (REJOIN_VIEW): refused */
+Test(rejoin, a_live_rank_that_holds_the_rank_alive_refuses_the_replacement, .init = setup,
+     .timeout = 60)
+{
+	struct node nodes[N];
+	struct {
+		struct ferry_msg_hdr h;
+		struct ferry_msg_mgr m;
+	} f;
+
+	cluster_open(nodes, NULL);
+	memset(&f, 0, sizeof(f));
+	ferry__proto_hdr_init(&f.h, FERRY_MSG_MGR_DEAD, sizeof(f), 0, 0);
+	f.m.rank = 2;
+	f.m.epoch = 1;
+	cr_assert_eq(ferry__send(nodes[0].fy, 0, &f, sizeof(f)), 0);
+	for (int64_t until = now_ms() + 5000; peers_failed(nodes[0].fy) < 1 && now_ms() < until;)
+		usleep(1000);
+	cr_assert_eq(peers_failed(nodes[0].fy), 1);
+	cr_assert_eq(peers_failed(nodes[1].fy), 0, "rank 1 failed rank 2 too: not the case");
+
+	cr_assert_eq(joiner(2, N, 1), -EEXIST);
+	cr_assert(strstr(log_last, "rank 2 is alive in the cluster"), "%s", log_last);
+	cr_assert(warn_seen("rank 1 holds it alive"), "rank 0 did not log rank 1's view");
+	close_all(nodes, N);
 }
