@@ -265,6 +265,15 @@ static void frames(void)
 	seed_frame("table-ack", &f, FERRY_MSG_TABLE_ACK, 0, 3);
 	ferry__frame_begin(&f);
 	seed_frame("bye", &f, FERRY_MSG_BYE, 1, 3);
+	for (int view = 0; view < 2; view++) {
+		struct ferry_msg_rejoin *rj;
+
+		ferry__frame_begin(&f);
+		rj = ferry__frame_put(&f, sizeof(*rj));
+		*rj = (struct ferry_msg_rejoin){ .rank = 3, .seq = 1, .alive = (uint32_t)view };
+		seed_frame(view ? "rejoin-view" : "rejoin-ask", &f,
+			   view ? FERRY_MSG_REJOIN_VIEW : FERRY_MSG_REJOIN_ASK, view ? 1 : 0, 3);
+	}
 }
 
 static void handshakes(void)
