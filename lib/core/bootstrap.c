@@ -817,11 +817,25 @@ int ferry__bs_rejoin(const struct ferry_config *c, const struct ferry_addr *mine
 	rc = bs_resolve(c->rdv_host, c->rdv_port, &sa, c->rdv_var);
 	if (rc)
 		return rc;
-	fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	/* non-blocking: a host that drops the SYN costs the deadline, not the
+	 * kernel's minutes of retries */
+	fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 	if (fd < 0)
 		return -errno;
-	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa))) {
-		rc = -errno;
+	rc = connect(fd, (struct sockaddr *)&sa, sizeof(sa)) ? -errno : 0;
+	if (rc == -EINPROGRESS) {
+		struct pollfd pfd = { .fd = fd, .events = POLLOUT };
+		int64_t left = deadline - bs_now_ms();
+		int err = 0;
+		socklen_t elen = sizeof(err);
+
+		rc = poll(&pfd, 1, left > 0 ? (int)left : 0);
+		if (rc == 1 && !getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &elen))
+			rc = -err;
+		else
+			rc = rc == 0 ? -ETIMEDOUT : -errno;
+	}
+	if (rc) {
 		ferry_err("rejoin: rank %d found no cluster at %s:%d (%s): a rejoin needs the "
 			  "running cluster's rendezvous, where its rank 0 listens; give that "
 			  "FERRY_RENDEZVOUS (this one came from %s), or start a new cluster "

@@ -268,11 +268,21 @@ static void *srv_main(void *arg)
 		}
 		if (pfd[1].revents)
 			break;
+		if (pfd[0].revents & (POLLERR | POLLNVAL)) {
+			/* poll would return at once for ever: stop instead of spinning */
+			ferry_warn("rejoin: the rendezvous listener failed; rank 0 stops answering "
+				   "rejoins");
+			break;
+		}
 		if (!(pfd[0].revents & POLLIN))
 			continue;
 		fd = accept4(s->lfd, (struct sockaddr *)&sa, &salen, SOCK_CLOEXEC | SOCK_NONBLOCK);
-		if (fd < 0)
+		if (fd < 0) {
+			if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS ||
+			    errno == ENOMEM)
+				usleep(10000); /* the connection waits in the backlog */
 			continue;
+		}
 		if (sa.sin_family == AF_INET)
 			inet_ntop(AF_INET, &sa.sin_addr, who, sizeof(who));
 		setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
