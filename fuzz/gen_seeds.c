@@ -270,7 +270,7 @@ static void frames(void)
 
 		ferry__frame_begin(&f);
 		rj = ferry__frame_put(&f, sizeof(*rj));
-		*rj = (struct ferry_msg_rejoin){ .rank = 3, .seq = 1, .alive = (uint32_t)view };
+		*rj = (struct ferry_msg_rejoin){ .rank = 3, .seq = 1, .state = (uint32_t)view };
 		seed_frame(view ? "rejoin-view" : "rejoin-ask", &f,
 			   view ? FERRY_MSG_REJOIN_VIEW : FERRY_MSG_REJOIN_ASK, view ? 1 : 0, 3);
 	}

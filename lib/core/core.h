@@ -264,6 +264,10 @@ struct ferry {
 	int (*rejoin_start)(struct ferry *fy, const struct ferry_config *c, int lfd);
 	void (*rejoin_stop)(struct ferry_rejoin_srv *srv);
 	void (*rejoin_free)(struct ferry_rejoin_srv *srv);
+	/* whether a takeover of @rank still waits here (a table with replicas:
+	 * lib/ops/failover.c sets it); NULL: none ever does. Progress thread,
+	 * rcu_read_lock held */
+	bool (*takeover_pending)(struct ferry *fy, uint32_t rank);
 	/* keys a move's ticket (struct ferry_msg_mv) is drawn with: random per
 	 * node (ferry__node_create), read-only afterwards */
 	uint8_t move_key[16];

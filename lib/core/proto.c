@@ -650,8 +650,8 @@ int ferry__proto_parse(const void *buf, size_t len, const struct ferry_proto_lim
 
 		if (!lim || m->rank == 0 || m->rank >= lim->world || m->rank == hdr->src || m->pad)
 			PROTO_FAIL("rejoin: rank out of range");
-		if (m->alive > (hdr->type == FERRY_MSG_REJOIN_VIEW))
-			PROTO_FAIL("rejoin: alive is not 0 or 1");
+		if (m->state > (hdr->type == FERRY_MSG_REJOIN_VIEW ? FERRY_REJOIN_TAKEOVER : 0))
+			PROTO_FAIL("rejoin: state out of range");
 		if (!proto_pad_ok(left, 0))
 			PROTO_FAIL("trailing bytes after the body");
 		return 0;

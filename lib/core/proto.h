@@ -126,15 +126,21 @@ struct ferry_msg_mgr {
 };
 
 /*
- * FERRY_MSG_REJOIN_ASK (rank 0 to each rank it holds live, @alive 0) and
- * FERRY_MSG_REJOIN_VIEW (the answer, to rank 0): does the sender hold
- * @rank alive? Asked when a replacement for @rank asks rank 0 to rejoin
- * (lib/core/rejoin.c); @seq pairs an answer with its ask.
+ * FERRY_MSG_REJOIN_ASK (rank 0 to itself and to each rank it holds live,
+ * @state 0) and FERRY_MSG_REJOIN_VIEW (the answer, to rank 0): how does the
+ * sender hold @rank? Asked when a replacement for @rank asks rank 0 to
+ * rejoin (lib/core/rejoin.c); @seq pairs an answer with its ask.
  */
+enum ferry_rejoin_state {
+	FERRY_REJOIN_FAILED = 0,  /* failed, and no takeover of it waits here */
+	FERRY_REJOIN_ALIVE = 1,	  /* alive here */
+	FERRY_REJOIN_TAKEOVER = 2 /* failed, and a takeover of it still waits here */
+};
+
 struct ferry_msg_rejoin {
 	uint32_t rank;	/* 1 .. world-1, never the sender */
 	uint32_t seq;	/* rank 0's number of the ask */
-	uint32_t alive; /* VIEW: 1 the sender holds @rank alive, 0 failed; ASK: 0 */
+	uint32_t state; /* VIEW: enum ferry_rejoin_state; ASK: 0 */
 	uint32_t pad;
 };
 

@@ -8,14 +8,16 @@
  *     |   or it does not)                      |   (with FERRY_TOKEN)
  *     | BS_HELLO{REJOIN magic, d, world, addr} ->  d below world, not 0, same
  *     |                                        |   world; d failed here? then
- *     |                          each live rank S <- REJOIN_ASK{d, seq}
- *     |                                        |   -> REJOIN_VIEW{d, seq, alive}
+ *     |              rank 0 and each live rank <- REJOIN_ASK{d, seq}
+ *     |                                        |   -> REJOIN_VIEW{d, seq, state}
  *     | <---- BS_LIST{status, world}: no addresses
  *
  *   status  -EEXIST        d is alive at rank 0, or at a live rank that says so
- *           -EOPNOTSUPP    d failed at rank 0 and at every live rank, but no
- *                          replacement is admitted yet
- *           -EAGAIN        a live rank did not answer within REJOIN_VIEW_MS
+ *           -EOPNOTSUPP    d failed at rank 0 and at every live rank, each of
+ *                          which ended its takeover of d, but no replacement
+ *                          is admitted yet
+ *           -EAGAIN        a takeover of d still waits somewhere, or a live
+ *                          rank did not answer within REJOIN_VIEW_MS
  *           -FERRY_E_MISMATCH, -EINVAL   another world; rank 0 or out of range
  *
  * A plain hello (a node started without the switch after the cluster
@@ -26,6 +28,9 @@
  * What admission needs beyond this verdict (a new transport session for
  * the rank, its tables, the homes its failure passed on) is in
  * docs/faults.md, "A replacement node": not built.
+ *
+ * Rank 0 asks itself too (a frame to itself), so that its own takeover
+ * state is read where it lives, on the progress thread.
  *
  * The joiner's side (ferry__bs_rejoin) and the hello's check
  * (ferry__bs_rejoin_parse) are in bootstrap.c, beside the rendezvous: this
@@ -75,7 +80,7 @@ struct ferry_rejoin_srv {
 	int auth;
 	uint8_t auth_key[FERRY_AUTH_KEY_LEN];
 	/* the ask under way, under @lock: its number and rank, and per rank
-	 * 0 not asked, 1 asked, 2 answered "failed", 3 answered "alive" */
+	 * 0 not asked, 1 asked, else 2 + its enum ferry_rejoin_state */
 	pthread_mutex_t lock;
 	pthread_cond_t cond;
 	uint32_t seq, rank;
@@ -109,8 +114,9 @@ static int srv_auth(struct ferry_rejoin_srv *s, int fd, int64_t deadline, const 
 }
 
 /*
- * Ask every rank this node holds live (but @d) whether it holds @d failed
- * too. Return: 0 all do; 1 *@who_p holds it alive; -EAGAIN *@who_p did not
+ * Ask this node and every rank it holds live (but @d) how they hold @d.
+ * Return: 0 failed everywhere, no takeover of it waiting; 1 *@who_p holds
+ * it alive; 2 *@who_p still waits for its takeover; -EAGAIN *@who_p did not
  * answer within REJOIN_VIEW_MS. Context: the service's thread.
  */
 static int srv_views(struct ferry_rejoin_srv *s, uint32_t d, uint32_t *who_p)
@@ -128,11 +134,11 @@ static int srv_views(struct ferry_rejoin_srv *s, uint32_t d, uint32_t *who_p)
 	seq = ++s->seq;
 	s->rank = d;
 	memset(s->asked, 0, s->world);
-	for (uint32_t r = 1; r < s->world; r++)
+	for (uint32_t r = 0; r < s->world; r++)
 		if (r != d && !atomic_load_explicit(&fy->failed[r], memory_order_relaxed))
 			s->asked[r] = 1;
 	pthread_mutex_unlock(&s->lock);
-	for (uint32_t r = 1; r < s->world; r++) {
+	for (uint32_t r = 0; r < s->world; r++) {
 		if (r == d || atomic_load_explicit(&fy->failed[r], memory_order_relaxed))
 			continue;
 		memset(&f, 0, sizeof(f));
@@ -143,12 +149,14 @@ static int srv_views(struct ferry_rejoin_srv *s, uint32_t d, uint32_t *who_p)
 	}
 	pthread_mutex_lock(&s->lock);
 	for (;;) {
-		uint32_t missing = s->world, alive = s->world;
+		uint32_t missing = s->world, alive = s->world, taking = s->world;
 		struct timespec ts;
 
-		for (uint32_t r = 1; r < s->world; r++) {
-			if (s->asked[r] == 3 && alive == s->world)
+		for (uint32_t r = 0; r < s->world; r++) {
+			if (s->asked[r] == 2 + FERRY_REJOIN_ALIVE && alive == s->world)
 				alive = r;
+			if (s->asked[r] == 2 + FERRY_REJOIN_TAKEOVER && taking == s->world)
+				taking = r;
 			/* a rank that failed meanwhile has no view to give */
 			if (s->asked[r] == 1 &&
 			    !atomic_load_explicit(&fy->failed[r], memory_order_relaxed) &&
@@ -158,6 +166,11 @@ static int srv_views(struct ferry_rejoin_srv *s, uint32_t d, uint32_t *who_p)
 		if (alive < s->world) {
 			*who_p = alive;
 			rc = 1;
+			break;
+		}
+		if (missing == s->world && taking < s->world) {
+			*who_p = taking;
+			rc = 2;
 			break;
 		}
 		if (missing == s->world) {
@@ -231,6 +244,11 @@ static void srv_serve(struct ferry_rejoin_srv *s, int fd, const char *who)
 			   "(it failed here only)",
 			   h.rank, who, other);
 		v.status = -EEXIST;
+	} else if (rc == 2) {
+		ferry_warn("rejoin: refused a rejoin of rank %u from %s for now: rank %u's "
+			   "takeover of it is still under way",
+			   h.rank, who, other);
+		v.status = -EAGAIN;
 	} else if (rc) {
 		ferry_warn("rejoin: refused a rejoin of rank %u from %s for now: rank %u did not "
 			   "say within %d ms whether it holds rank %u failed",
@@ -238,8 +256,8 @@ static void srv_serve(struct ferry_rejoin_srv *s, int fd, const char *who)
 		v.status = -EAGAIN;
 	} else {
 		ferry_warn("rejoin: rank %u asks to rejoin from %s; it failed here and at every "
-			   "live rank, but this build cannot admit a replacement (docs/faults.md, "
-			   "\"A replacement node\"): refused",
+			   "live rank, each ended its takeover, but this build cannot admit a "
+			   "replacement (docs/faults.md, \"A replacement node\"): refused",
 			   h.rank, who);
 		v.status = -EOPNOTSUPP;
 	}
@@ -380,9 +398,9 @@ static void rejoin_on_ask(struct ferry *fy, struct ferry_table *unused, uint32_t
 	} f;
 
 	(void)unused;
-	if (src != 0 || fy->rank == 0) {
-		ferry_warn("rejoin: rank %u asked whether rank %u failed; only rank 0 asks, and "
-			   "not itself: ignored",
+	if (src != 0) {
+		ferry_warn("rejoin: rank %u asked how this node holds rank %u; only rank 0 asks: "
+			   "ignored",
 			   src, m->rank);
 		return;
 	}
@@ -390,7 +408,12 @@ static void rejoin_on_ask(struct ferry *fy, struct ferry_table *unused, uint32_t
 	ferry__proto_hdr_init(&f.h, FERRY_MSG_REJOIN_VIEW, sizeof(f), fy->rank, 0);
 	f.m.rank = m->rank;
 	f.m.seq = m->seq;
-	f.m.alive = !atomic_load_explicit(&fy->failed[m->rank], memory_order_relaxed);
+	if (!atomic_load_explicit(&fy->failed[m->rank], memory_order_relaxed))
+		f.m.state = FERRY_REJOIN_ALIVE;
+	else if (fy->takeover_pending && fy->takeover_pending(fy, m->rank))
+		f.m.state = FERRY_REJOIN_TAKEOVER;
+	else
+		f.m.state = FERRY_REJOIN_FAILED;
 	(void)ferry__send(fy, 0, &f, sizeof(f));
 }
 
@@ -407,7 +430,7 @@ static void rejoin_on_view(struct ferry *fy, struct ferry_table *unused, uint32_
 		pthread_mutex_lock(&s->lock);
 		ok = s->rank && m->seq == s->seq && m->rank == s->rank && s->asked[src] == 1;
 		if (ok) {
-			s->asked[src] = m->alive ? 3 : 2;
+			s->asked[src] = (uint8_t)(2 + m->state);
 			pthread_cond_broadcast(&s->cond);
 		}
 		pthread_mutex_unlock(&s->lock);

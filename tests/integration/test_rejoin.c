@@ -24,6 +24,7 @@
 #include "lib/core/bootstrap.h"
 #include "lib/core/core.h"
 #include "lib/core/proto.h"
+#include "lib/ops/repl.h" /* the takeovers a node ended */
 
 #define N 3
 #define KEYS 64
@@ -79,6 +80,8 @@ struct node {
 };
 
 static const struct ferry_table_params tparams = { .num_keys = KEYS, .value_len = 1 };
+static const struct ferry_table_params *cluster_tp = &tparams;
+static int cluster_hb_ms; /* 0: the default */
 
 static void *node_open(void *arg)
 {
@@ -86,7 +89,7 @@ static void *node_open(void *arg)
 
 	n->rc = ferry_open(&n->p, &n->fy);
 	if (!n->rc)
-		n->rc = ferry_table_create(n->fy, &tparams, &n->t);
+		n->rc = ferry_table_create(n->fy, cluster_tp, &n->t);
 	return NULL;
 }
 
@@ -95,7 +98,8 @@ static char rdv[64];
 #define TOKEN_A "a token of thirty-two characters"
 #define TOKEN_B "another token, thirty-two bytes!"
 
-/* the cluster, at the test's own rendezvous (@token: NULL, none) */
+/* the cluster, at the test's own rendezvous (@token: NULL, none), each node
+ * with a table of cluster_tp */
 static void cluster_open(struct node *nodes, const char *token)
 {
 	pthread_t th[N];
@@ -113,6 +117,7 @@ static void cluster_open(struct node *nodes, const char *token)
 		nodes[i].p.transport = FERRY_TRANSPORT_TCP;
 		nodes[i].p.timeout_ms = 10000;
 		nodes[i].p.token = token;
+		nodes[i].p.heartbeat_ms = cluster_hb_ms;
 		cr_assert_eq(pthread_create(&th[i], NULL, node_open, &nodes[i]), 0);
 	}
 	for (int i = 0; i < N; i++) {
@@ -326,4 +331,53 @@ Test(rejoin, a_live_rank_that_holds_the_rank_alive_refuses_the_replacement, .ini
 	cr_assert(strstr(log_last, "rank 2 is alive in the cluster"), "%s", log_last);
 	cr_assert(warn_seen("rank 1 holds it alive"), "rank 0 did not log rank 1's view");
 	close_all(nodes, N);
+}
+
+/* rank 2 failed at ranks 0 and 1 (their managers said so) while its process
+ * lives, so their takeover of it waits out the lease (docs/faults.md,
+ * "Fencing"): a replacement asking meanwhile is told to ask again
+ * (-EAGAIN), and once both ended it, -EOPNOTSUPP */
+Test(rejoin, a_replacement_waits_for_every_takeover_of_its_rank, .init = setup, .timeout = 60)
+{
+	static const struct ferry_table_params rtp = { .num_keys = KEYS,
+						       .value_len = 1,
+						       .replicas = 1 };
+	struct node nodes[N];
+	struct {
+		struct ferry_msg_hdr h;
+		struct ferry_msg_mgr m;
+	} f;
+	int rc;
+
+	cluster_tp = &rtp;
+	cluster_hb_ms = 3000; /* the takeover waits about this long */
+	cluster_open(nodes, NULL);
+	for (uint32_t i = 0; i < 2; i++) {
+		memset(&f, 0, sizeof(f));
+		ferry__proto_hdr_init(&f.h, FERRY_MSG_MGR_DEAD, sizeof(f), i, 0);
+		f.m.rank = 2;
+		f.m.epoch = 1;
+		cr_assert_eq(ferry__send(nodes[i].fy, i, &f, sizeof(f)), 0);
+	}
+	for (int64_t until = now_ms() + 5000;
+	     (peers_failed(nodes[0].fy) < 1 || peers_failed(nodes[1].fy) < 1) && now_ms() < until;)
+		usleep(1000);
+	cr_assert_eq(atomic_load(&nodes[0].t->repl->takeovers), 0,
+		     "the takeover did not wait: the case needs it to");
+	rc = joiner(2, N, 1);
+	cr_assert_eq(rc, -EAGAIN, "the verdict during the takeover: %s", ferry_strerror(rc));
+	cr_assert(strstr(log_last, "ask again"), "%s", log_last);
+	cr_assert(warn_seen("takeover of it is still under way"), "rank 0 did not say why");
+	for (int64_t until = now_ms() + 15000; (!atomic_load(&nodes[0].t->repl->takeovers) ||
+						!atomic_load(&nodes[1].t->repl->takeovers)) &&
+					       now_ms() < until;)
+		usleep(1000);
+	cr_assert(atomic_load(&nodes[0].t->repl->takeovers) &&
+			  atomic_load(&nodes[1].t->repl->takeovers),
+		  "a takeover did not end within 15 s");
+	rc = joiner(2, N, 1);
+	cr_assert_eq(rc, -EOPNOTSUPP, "the verdict after the takeovers: %s", ferry_strerror(rc));
+	close_all(nodes, N);
+	cluster_tp = &tparams;
+	cluster_hb_ms = 0;
 }

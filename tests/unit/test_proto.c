@@ -1129,19 +1129,20 @@ Test(proto, mgr_dead_names_another_rank_in_range)
 }
 
 /* REJOIN_ASK and REJOIN_VIEW: about another rank than the sender and 0, in
- * range; alive 0 in an ask, 0 or 1 in a view */
+ * range; state 0 in an ask, 0 .. 2 in a view */
 Test(proto, rejoin_frames_name_another_rank_in_range)
 {
 	static const struct {
 		uint8_t type;
-		uint32_t src, rank, alive, pad;
+		uint32_t src, rank, state, pad;
 		const char *why; /* NULL: fine */
 	} c[] = {
 		{ FERRY_MSG_REJOIN_ASK, 0, 3, 0, 0, NULL },
 		{ FERRY_MSG_REJOIN_VIEW, 1, 3, 1, 0, NULL },
 		{ FERRY_MSG_REJOIN_VIEW, 1, 3, 0, 0, NULL },
-		{ FERRY_MSG_REJOIN_ASK, 0, 3, 1, 0, "alive" },
-		{ FERRY_MSG_REJOIN_VIEW, 1, 3, 2, 0, "alive" },
+		{ FERRY_MSG_REJOIN_VIEW, 0, 3, 2, 0, NULL },
+		{ FERRY_MSG_REJOIN_ASK, 0, 3, 1, 0, "state" },
+		{ FERRY_MSG_REJOIN_VIEW, 1, 3, 3, 0, "state" },
 		{ FERRY_MSG_REJOIN_ASK, 0, 0, 0, 0, "rank" },
 		{ FERRY_MSG_REJOIN_VIEW, 2, 2, 1, 0, "rank" },
 		{ FERRY_MSG_REJOIN_ASK, 0, WORLD, 0, 0, "rank" },
@@ -1159,7 +1160,7 @@ Test(proto, rejoin_frames_name_another_rank_in_range)
 		m = ferry__frame_put(&f, sizeof(*m));
 		m->rank = c[i].rank;
 		m->seq = 7;
-		m->alive = c[i].alive;
+		m->state = c[i].state;
 		m->pad = c[i].pad;
 		x = fr_take(&f, c[i].type, c[i].src, 0);
 		if (c[i].why) {
