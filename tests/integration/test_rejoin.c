@@ -4,7 +4,7 @@
  * (FERRY_REJOIN, lib/core/rejoin.c). No replacement is admitted yet
  * (docs/faults.md, "A replacement node"): rank 0 answers each ask with its
  * verdict, the joiner's ferry_open fails with it and one line that says
- * what to do, within a second, and the survivors go on serving.
+ * what to do, within about 2 s, and the survivors go on serving.
  *
  * 3 nodes as threads of this process, meeting at a rendezvous the test
  * owns (so that the joiners know it); rank 2 leaves (ferry_close: its
