@@ -4,8 +4,11 @@
  * arrive before any cluster exists, from anyone who reaches the port:
  * rank 0's ferry__bs_hello_parse() on a BS_HELLO, and a joining node's
  * ferry__bs_list_parse() on rank 0's BS_LIST (including the line it would
- * log for a refusal) and ferry__bs_addrs_check() on the addresses after it.
+ * log for a refusal) and ferry__bs_addrs_check() on the addresses after it;
+ * and, once the cluster runs, rank 0's ferry__bs_rejoin_parse() on a
+ * replacement's rejoin hello (lib/core/rejoin.c).
  */
+#include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -86,6 +89,23 @@ static int fuzz_list(const uint8_t *data, size_t size, uint32_t world, uint32_t 
 	return 0;
 }
 
+static int fuzz_rejoin(const uint8_t *data, size_t size, uint32_t world)
+{
+	struct ferry_bs_hello h;
+	uint8_t *buf = malloc(size ? size : 1);
+	int rc;
+
+	memcpy(buf, data, size);
+	rc = ferry__bs_rejoin_parse(buf, size, world, &h);
+	free(buf);
+	if (rc && rc != -FERRY_E_PROTO && rc != -FERRY_E_MISMATCH && rc != -EINVAL)
+		abort();
+	/* rank 0 reads fy->failed[h.rank]: it must be a rank of the world, not 0 */
+	if (!rc && (h.rank == 0 || h.rank >= world || h.addr.len > FERRY_TP_ADDR_MAX))
+		abort();
+	return 0;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	uint32_t world;
@@ -93,6 +113,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if (size < 4)
 		return 0;
 	world = fuzz_world(data[1]);
+	if (data[0] & 2)
+		return fuzz_rejoin(data + 4, size - 4, world);
 	if (data[0] & 1)
 		return fuzz_list(data + 4, size - 4, world, data[2]);
 	return fuzz_hello(data + 4, size - 4, world);

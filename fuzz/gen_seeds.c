@@ -265,6 +265,15 @@ static void frames(void)
 	seed_frame("table-ack", &f, FERRY_MSG_TABLE_ACK, 0, 3);
 	ferry__frame_begin(&f);
 	seed_frame("bye", &f, FERRY_MSG_BYE, 1, 3);
+	for (int view = 0; view < 2; view++) {
+		struct ferry_msg_rejoin *rj;
+
+		ferry__frame_begin(&f);
+		rj = ferry__frame_put(&f, sizeof(*rj));
+		*rj = (struct ferry_msg_rejoin){ .rank = 3, .seq = 1, .state = (uint32_t)view };
+		seed_frame(view ? "rejoin-view" : "rejoin-ask", &f,
+			   view ? FERRY_MSG_REJOIN_VIEW : FERRY_MSG_REJOIN_ASK, view ? 1 : 0, 3);
+	}
 }
 
 static void handshakes(void)
@@ -307,6 +316,10 @@ static void bootstrap(void)
 	seed_write("bootstrap", "hello", (uint8_t[4]){ 0, 3, 0, 0 }, 4, &h, sizeof(h));
 	h.world = 5;
 	seed_write("bootstrap", "hello-world5", (uint8_t[4]){ 0, 3, 0, 0 }, 4, &h, sizeof(h));
+	h.magic = FERRY_BS_REJOIN_MAGIC;
+	h.world = 4;
+	seed_write("bootstrap", "rejoin", (uint8_t[4]){ 2, 3, 0, 0 }, 4, &h, sizeof(h));
+	h.magic = FERRY_BS_MAGIC;
 	list.l.magic = FERRY_BS_MAGIC;
 	list.l.cluster_id = FUZZ_CLUSTER;
 	list.l.world = 4;

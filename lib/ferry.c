@@ -19,6 +19,7 @@
 
 #include "lib/coll/coll.h"
 #include "lib/cons/cons.h"
+#include "lib/core/bootstrap.h"
 #include "lib/core/core.h"
 #include "lib/mgr/mgr.h"
 #include "lib/ops/ops.h"
@@ -50,6 +51,8 @@ int ferry_open(const struct ferry_params *params, struct ferry **fy_p)
 		rc = ferry__cons_attach(fy);
 	if (!rc)
 		rc = ferry__heartbeat_attach(fy);
+	if (!rc)
+		rc = ferry__rejoin_attach(fy);
 	if (rc) {
 		ferry__node_put(fy);
 		return rc;

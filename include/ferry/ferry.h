@@ -130,6 +130,16 @@ struct ferry_params {
 	 * as a reset connection, fail a peer, and tables with replicas are not
 	 * fenced: docs/faults.md, "Fencing") */
 	int heartbeat_ms;
+	/* 1: this process replaces a failed node (the same rank) of a running
+	 * cluster instead of forming a new one: it asks the cluster's rank 0 at
+	 * the rendezvous; 0: FERRY_REJOIN, or no; -1: no. No replacement is
+	 * admitted yet: ferry_open fails with rank 0's verdict (-EOPNOTSUPP for
+	 * a rank failed at rank 0 and every live rank, -EEXIST for one alive
+	 * somewhere, -EAGAIN when a live rank did not answer) and a line that
+	 * says what to do
+	 * instead; -EINVAL for rank 0 or a world of 1 (docs/faults.md, "A
+	 * replacement node") */
+	int rejoin;
 };
 
 /**

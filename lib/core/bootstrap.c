@@ -116,6 +116,16 @@ static int bs_auth_dial(const struct ferry_config *c, int fd, int64_t deadline, 
 	return -ECONNRESET;
 }
 
+int64_t ferry__bs_now_ms(void)
+{
+	return bs_now_ms();
+}
+
+int ferry__bs_io(int fd, void *buf, size_t len, int64_t deadline, int out)
+{
+	return bs_io(fd, buf, len, deadline, out);
+}
+
 /* @var names the setting that gave @host, for the message; NULL: none */
 static int bs_resolve(const char *host, int port, struct sockaddr_in *sa, const char *var)
 {
@@ -301,6 +311,12 @@ int ferry__bs_list_parse(const struct ferry_config *c, const void *buf, size_t l
 				 "already; give every process its own rank (this one's came from "
 				 "%s)",
 				 c->rank, c->rdv_host, c->rdv_port, c->rank_src);
+		else if (list.status == -EALREADY)
+			snprintf(why, wlen,
+				 "bootstrap: rank 0 at %s:%d runs its cluster already: a node "
+				 "cannot join it as rank %d now; to replace a failed node, start "
+				 "it with FERRY_REJOIN=1 (docs/faults.md, \"A replacement node\")",
+				 c->rdv_host, c->rdv_port, c->rank);
 		else
 			snprintf(why, wlen, "bootstrap: rank 0 refused rank %d: %s", c->rank,
 				 ferry_strerror(list.status));
@@ -567,7 +583,7 @@ static void bs_gather(struct bs_server *s, int lfd, int64_t deadline)
 }
 
 static int bs_serve(const struct ferry_config *c, const struct ferry_addr *mine,
-		    struct ferry_addr *addrs, uint64_t *cluster_id_p)
+		    struct ferry_addr *addrs, uint64_t *cluster_id_p, int *lfd_p)
 {
 	int64_t deadline = bs_now_ms() + c->timeout_ms;
 	uint32_t world = (uint32_t)c->world;
@@ -651,8 +667,16 @@ static int bs_serve(const struct ferry_config *c, const struct ferry_addr *mine,
 		}
 		close(s->fds[r]);
 	}
-	if (c->rdv_fd < 0)
+	if (!rc && lfd_p) {
+		/* the rejoin service (rejoin.c) answers on it for the node's life;
+		 * a listener the caller gave stays the caller's: a copy */
+		*lfd_p = c->rdv_fd < 0 ? lfd : fcntl(lfd, F_DUPFD_CLOEXEC, 0);
+		if (*lfd_p < 0)
+			ferry_warn("bootstrap: cannot keep the rendezvous for rejoins: %s",
+				   strerror(errno));
+	} else if (c->rdv_fd < 0) {
 		close(lfd);
+	}
 out_free:
 	free(s->fds);
 	free(s);
@@ -755,9 +779,147 @@ static int bs_join(const struct ferry_config *c, const struct ferry_addr *mine,
 	return 0;
 }
 
+/* ---- a replacement node's ask (rank 0's side: rejoin.c) ------------------------- */
+
+#define BS_REJOIN_MS 3000 /* the joiner's bound on the whole exchange */
+
+int ferry__bs_rejoin_parse(const void *buf, size_t len, uint32_t world, struct ferry_bs_hello *h_p)
+{
+	struct ferry_bs_hello h;
+
+	if (len < sizeof(h))
+		return -FERRY_E_PROTO;
+	memcpy(&h, buf, sizeof(h));
+	if (h.magic != FERRY_BS_REJOIN_MAGIC || h.version != FERRY_BS_VERSION ||
+	    h.addr.len > FERRY_TP_ADDR_MAX)
+		return -FERRY_E_PROTO;
+	*h_p = h;
+	if (h.world != world)
+		return -FERRY_E_MISMATCH;
+	if (h.rank == 0 || h.rank >= world)
+		return -EINVAL;
+	return 0;
+}
+
+int ferry__bs_rejoin(const struct ferry_config *c, const struct ferry_addr *mine)
+{
+	int64_t deadline = bs_now_ms() + BS_REJOIN_MS;
+	struct ferry_bs_hello h = { .magic = FERRY_BS_REJOIN_MAGIC,
+				    .version = FERRY_BS_VERSION,
+				    .rank = (uint32_t)c->rank,
+				    .world = (uint32_t)c->world,
+				    .addr = *mine };
+	struct ferry_bs_list list = { 0 };
+	struct sockaddr_in sa;
+	int fd, rc, one = 1;
+	char why[512];
+
+	rc = bs_resolve(c->rdv_host, c->rdv_port, &sa, c->rdv_var);
+	if (rc)
+		return rc;
+	/* non-blocking: a host that drops the SYN costs the deadline, not the
+	 * kernel's minutes of retries */
+	fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	if (fd < 0)
+		return -errno;
+	rc = connect(fd, (struct sockaddr *)&sa, sizeof(sa)) ? -errno : 0;
+	if (rc == -EINPROGRESS) {
+		struct pollfd pfd = { .fd = fd, .events = POLLOUT };
+		int64_t left = deadline - bs_now_ms();
+		int err = 0;
+		socklen_t elen = sizeof(err);
+
+		rc = poll(&pfd, 1, left > 0 ? (int)left : 0);
+		if (rc == 1 && !getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &elen))
+			rc = -err;
+		else
+			rc = rc == 0 ? -ETIMEDOUT : -errno;
+	}
+	if (rc) {
+		ferry_err("rejoin: rank %d found no cluster at %s:%d (%s): a rejoin needs the "
+			  "running cluster's rendezvous, where its rank 0 listens; give that "
+			  "FERRY_RENDEZVOUS (this one came from %s), or start a new cluster "
+			  "without FERRY_REJOIN",
+			  c->rank, c->rdv_host, c->rdv_port, strerror(-rc), c->rdv_var);
+		close(fd);
+		return -FERRY_E_NOJOIN;
+	}
+	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	if (c->auth) {
+		rc = bs_auth_dial(c, fd, deadline, why, sizeof(why));
+		if (rc) {
+			ferry_err("rejoin: rank %d: rank 0 at %s:%d %s: %s; give the replacement "
+				  "the cluster's FERRY_TOKEN (this one's came from %s)",
+				  c->rank, c->rdv_host, c->rdv_port,
+				  rc == -ETIMEDOUT ? "did not prove the token in time" :
+						     "is refused",
+				  rc == -ETIMEDOUT ? "see its log" : why, c->auth_src);
+			close(fd);
+			return rc == -ETIMEDOUT ? -ETIMEDOUT : -EACCES;
+		}
+	}
+	rc = bs_io(fd, &h, sizeof(h), deadline, 1);
+	if (!rc)
+		rc = bs_io(fd, &list, sizeof(list), deadline, 0);
+	close(fd);
+	if (rc) {
+		ferry_err("rejoin: rank %d: rank 0 at %s:%d gave no verdict (%s): its cluster "
+			  "may still be forming (a rejoin needs a running one), or it was started "
+			  "with a cluster token and this node without; see rank 0's log",
+			  c->rank, c->rdv_host, c->rdv_port, strerror(-rc));
+		return -FERRY_E_NOJOIN;
+	}
+	if (list.magic != FERRY_BS_MAGIC || list.status >= 0) {
+		ferry_err("rejoin: rank %d: rank 0 at %s:%d answered with garbage", c->rank,
+			  c->rdv_host, c->rdv_port);
+		return -FERRY_E_PROTO;
+	}
+	switch (list.status) {
+	case -EEXIST:
+		ferry_err("rejoin: rank %d is alive in the cluster of rank 0 at %s:%d (rank 0, or "
+			  "a live rank, holds it alive: see rank 0's log): a rejoin replaces a "
+			  "failed node; stop the old process first and wait until the cluster "
+			  "fails it, or give this one the failed node's rank (FERRY_RANK)",
+			  c->rank, c->rdv_host, c->rdv_port);
+		break;
+	case -EOPNOTSUPP:
+		ferry_err("rejoin: rank 0 at %s:%d holds rank %d failed, but cannot admit a "
+			  "replacement yet (docs/faults.md, \"A replacement node\"); the "
+			  "survivors go on without it: to have %d nodes again, start the whole "
+			  "cluster again and ferry_restore() its last checkpoint",
+			  c->rdv_host, c->rdv_port, c->rank, c->world);
+		break;
+	case -EAGAIN:
+		ferry_err("rejoin: rank 0 at %s:%d holds rank %d failed, but a live rank did not "
+			  "answer whether it does too (see rank 0's log); ask again",
+			  c->rdv_host, c->rdv_port, c->rank);
+		break;
+	case -FERRY_E_MISMATCH:
+		ferry_err("rejoin: rank 0 at %s:%d runs a world of %u nodes, but this node was "
+			  "started with %d (from %s); give the cluster's world",
+			  c->rdv_host, c->rdv_port, list.world, c->world, c->rank_src);
+		break;
+	default:
+		ferry_err("rejoin: rank 0 at %s:%d refused rank %d: %s", c->rdv_host, c->rdv_port,
+			  c->rank, ferry_strerror(list.status));
+		break;
+	}
+	return list.status;
+}
+
 int ferry__bootstrap(const struct ferry_config *c, const struct ferry_addr *mine,
 		     struct ferry_addr *addrs, uint64_t *cluster_id_p)
 {
+	return ferry__bootstrap_keep(c, mine, addrs, cluster_id_p, NULL);
+}
+
+int ferry__bootstrap_keep(const struct ferry_config *c, const struct ferry_addr *mine,
+			  struct ferry_addr *addrs, uint64_t *cluster_id_p, int *lfd_p)
+{
+	if (lfd_p)
+		*lfd_p = -1;
+	if (c->rejoin)
+		return ferry__bs_rejoin(c, mine);
 	if (c->world == 1) {
 		addrs[0] = *mine;
 		if (getrandom(cluster_id_p, sizeof(*cluster_id_p), 0) != sizeof(*cluster_id_p))
@@ -769,6 +931,6 @@ int ferry__bootstrap(const struct ferry_config *c, const struct ferry_addr *mine
 		return ferry__pmix_bootstrap(c, mine, addrs, cluster_id_p);
 #endif
 	if (c->rank == 0)
-		return bs_serve(c, mine, addrs, cluster_id_p);
+		return bs_serve(c, mine, addrs, cluster_id_p, lfd_p);
 	return bs_join(c, mine, addrs, cluster_id_p);
 }

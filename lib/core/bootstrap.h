@@ -3,6 +3,7 @@
 #ifndef FERRY_LIB_BOOTSTRAP_H
 #define FERRY_LIB_BOOTSTRAP_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -92,6 +93,56 @@ int ferry__bootstrap(const struct ferry_config *c, const struct ferry_addr *mine
 		     struct ferry_addr *addrs, uint64_t *cluster_id_p);
 
 /* listening TCP socket on host:port (port 0: the OS picks); -errno */
+/*
+ * ferry__bootstrap_keep - ferry__bootstrap(), and at rank 0 (@lfd_p not
+ * NULL) the rendezvous listener handed back for the rejoin service instead
+ * of closed (*@lfd_p: -1 when there is none). A node started with rejoin
+ * asks rank 0 instead (ferry__bs_rejoin): that never returns 0 yet.
+ */
+int ferry__bootstrap_keep(const struct ferry_config *c, const struct ferry_addr *mine,
+			  struct ferry_addr *addrs, uint64_t *cluster_id_p, int *lfd_p);
+
+/* ---- rejoin: a replacement node asks a running cluster's rank 0 (its side here,
+ * rank 0's in rejoin.c) ---- */
+
+#define FERRY_BS_REJOIN_MAGIC 0x46594252u /* "FYBR": a rejoin's hello (struct ferry_bs_hello) */
+
+/*
+ * ferry__bs_rejoin_parse - check a rejoin hello against rank 0's world.
+ * Return: 0; -FERRY_E_PROTO not a rejoin hello; -FERRY_E_MISMATCH another
+ * world (*@h_p written); -EINVAL rank 0 or out of range (*@h_p written).
+ */
+int ferry__bs_rejoin_parse(const void *buf, size_t len, uint32_t world, struct ferry_bs_hello *h_p);
+
+/*
+ * ferry__bs_rejoin - the joiner's side: one hello to rank 0's rendezvous,
+ * rank 0's verdict back. Return: a negative errno, logged with the fix (no
+ * replacement is admitted yet: a failed rank gets -EOPNOTSUPP).
+ */
+int ferry__bs_rejoin(const struct ferry_config *c, const struct ferry_addr *mine);
+
+struct ferry;
+struct ferry_rejoin_srv;
+
+/*
+ * ferry__rejoin_srv_start - rank 0 answers rejoin hellos on @lfd (taken:
+ * closed by stop, or here on failure) on a thread of its own, until
+ * ferry__rejoin_srv_stop(); the service goes in fy->rejoin_srv.
+ * Context: ferry__node_start, once connected. Return: 0 or a negative errno.
+ */
+int ferry__rejoin_srv_start(struct ferry *fy, const struct ferry_config *c, int lfd);
+/* stop the thread (at most one connection's hello and views: about 2 s),
+ * close the listener; the memory stays for a VIEW being handled */
+void ferry__rejoin_srv_stop(struct ferry_rejoin_srv *srv);
+/* free it (stopped first if it was not); once no handler runs */
+void ferry__rejoin_srv_free(struct ferry_rejoin_srv *srv);
+/* register the REJOIN_ASK and REJOIN_VIEW handlers. Context: before start */
+int ferry__rejoin_attach(struct ferry *fy);
+
+/* bootstrap.c's helpers, for rank 0's side in rejoin.c */
+int64_t ferry__bs_now_ms(void);
+int ferry__bs_io(int fd, void *buf, size_t len, int64_t deadline, int out);
+
 int ferry__listen_tcp(const char *host, int port, int backlog);
 /* the port a bound socket has */
 int ferry__socket_port(int fd);

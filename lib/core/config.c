@@ -37,6 +37,8 @@ const struct ferry_option ferry__options[] = {
 	{ "FERRY_TOKEN_FILE", "-", "none", "a file whose first line is the token (keep it 0600)" },
 	{ "FERRY_HEARTBEAT_MS", "heartbeat_ms", "5000",
 	  "a peer silent this long is failed (beats every quarter of it); 0: off" },
+	{ "FERRY_REJOIN", "rejoin", "0",
+	  "1: ask a running cluster to take this node back for a failed rank; refused yet" },
 	{ "FERRY_RECONNECT_MS", "-", "1000",
 	  "tcp, rdma: bound on re-establishing a broken link; 0: it fails the peer" },
 	{ "FERRY_LOG_LEVEL", "ferry_log_set()", "warn", "none, error, warn, info, debug" },
@@ -174,6 +176,60 @@ static int config_int(const char *s)
 	if (errno || *end || v < 0 || v > INT_MAX)
 		return -1;
 	return (int)v;
+}
+
+/*
+ * The rejoin switch: params.rejoin (1 yes, -1 no, 0 not set), then
+ * FERRY_REJOIN (0 or 1) into c->rejoin. A rejoin asks the running cluster's
+ * rank 0 (rejoin.c), which no replacement passes yet (docs/faults.md, "A
+ * replacement node"); what can be refused without asking is refused here,
+ * before the node listens or dials anything.
+ * Return: 0, or -EINVAL after one log line.
+ */
+static int config_rejoin(const struct ferry_params *params, struct ferry_config *c)
+{
+	const char *s = NULL, *src = "params.rejoin";
+	int rejoin = params->rejoin;
+
+	if (rejoin < -1 || rejoin > 1) {
+		ferry_err("config: rejoin %d is not -1 (no), 0 (from FERRY_REJOIN) or 1 (yes)",
+			  rejoin);
+		return -EINVAL;
+	}
+	if (!rejoin && (s = getenv("FERRY_REJOIN")) && *s) {
+		rejoin = config_int(s);
+		src = "FERRY_REJOIN";
+		if (rejoin < 0 || rejoin > 1) {
+			ferry_err("config: FERRY_REJOIN=%s is not 0 or 1", s);
+			return -EINVAL;
+		}
+	}
+	c->rejoin = rejoin > 0;
+	if (!c->rejoin)
+		return 0;
+	if (c->world <= 1) {
+		ferry_err("config: %s asks to replace a failed node of a running cluster, but the "
+			  "world is 1 (from %s): there is no cluster to rejoin; give the cluster's "
+			  "FERRY_WORLD and the failed node's FERRY_RANK, or unset FERRY_REJOIN",
+			  src, c->rank_src);
+		return -EINVAL;
+	}
+	if (c->rank == 0) {
+		ferry_err("config: %s asks to replace rank 0, which no cluster can take back: rank "
+			  "0 runs the barrier and the table handshakes, and a cluster that lost it "
+			  "cannot coordinate (docs/membership.md); start the whole cluster again "
+			  "and ferry_restore() its last checkpoint",
+			  src);
+		return -EINVAL;
+	}
+	if (c->use_pmix) {
+		ferry_err("config: %s: a replacement finds its cluster at rank 0's rendezvous, and "
+			  "this node has none (its addresses would come through PMIx); give the "
+			  "cluster's FERRY_RENDEZVOUS=host:port",
+			  src);
+		return -EINVAL;
+	}
+	return 0;
 }
 
 struct config_src {
@@ -429,6 +485,9 @@ int ferry__config_resolve(const struct ferry_params *params, struct ferry_config
 			  c->heartbeat_ms);
 		return -EINVAL;
 	}
+	rc = config_rejoin(params, c);
+	if (rc)
+		return rc;
 	if (c->use_pmix)
 		ferry_info("config: rank %d of %d (from %s), addresses through PMIx (no "
 			   "rendezvous given)",

@@ -26,6 +26,7 @@ struct ferry_config {
 	int busy_poll;
 	uint64_t mem_limit;   /* bytes; 0: none */
 	int heartbeat_ms;     /* failure detector's timeout; -1: off */
+	int rejoin;	      /* 1: replace a failed node of a running cluster (rejoin.c) */
 	const char *rank_src; /* where rank and world came from */
 	const char *rdv_src;  /* where the rendezvous came from */
 	const char *rdv_var;  /* the variable to fix when it is wrong */

@@ -262,6 +262,18 @@ struct ferry {
 	int busy_poll;
 	struct ferry_tp *tp;
 	uint64_t cluster_id;
+	/* rank 0: the thread that answers rejoins on the rendezvous port
+	 * (rejoin.c), from ferry__node_start to ferry__node_close; else NULL.
+	 * node.c reaches it through the hooks ferry__rejoin_attach sets (the
+	 * module above it is not called by name) */
+	struct ferry_rejoin_srv *rejoin_srv;
+	int (*rejoin_start)(struct ferry *fy, const struct ferry_config *c, int lfd);
+	void (*rejoin_stop)(struct ferry_rejoin_srv *srv);
+	void (*rejoin_free)(struct ferry_rejoin_srv *srv);
+	/* whether a takeover of @rank still waits here (a table with replicas:
+	 * lib/ops/failover.c sets it); NULL: none ever does. Progress thread,
+	 * rcu_read_lock held */
+	bool (*takeover_pending)(struct ferry *fy, uint32_t rank);
 	/* keys a move's ticket (struct ferry_msg_mv) is drawn with: random per
 	 * node (ferry__node_create), read-only afterwards */
 	uint8_t move_key[16];

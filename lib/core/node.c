@@ -195,7 +195,7 @@ int ferry__node_start(struct ferry *fy, const struct ferry_tp_handler *handler)
 	struct ferry_addr mine, *addrs = NULL;
 	const void **blobs = NULL;
 	size_t *lens = NULL, alen;
-	int rc;
+	int rc, lfd = -1;
 
 	addrs = calloc(fy->world, sizeof(*addrs));
 	blobs = calloc(fy->world, sizeof(*blobs));
@@ -229,7 +229,7 @@ int ferry__node_start(struct ferry *fy, const struct ferry_tp_handler *handler)
 	if (rc)
 		goto err_fini;
 	mine.len = (uint32_t)alen;
-	rc = ferry__bootstrap(c, &mine, addrs, &fy->cluster_id);
+	rc = ferry__bootstrap_keep(c, &mine, addrs, &fy->cluster_id, fy->rank == 0 ? &lfd : NULL);
 	if (rc)
 		goto err_fini;
 	for (uint32_t r = 0; r < fy->world; r++) {
@@ -239,7 +239,13 @@ int ferry__node_start(struct ferry *fy, const struct ferry_tp_handler *handler)
 	fy->tp->cfg.cluster_id = fy->cluster_id;
 	rc = ops->connect(fy->tp, blobs, lens);
 	if (rc)
-		goto err_fini;
+		goto err_close_lfd;
+	/* rank 0 keeps answering at the rendezvous: a replacement asks there */
+	if (lfd >= 0 && !fy->rejoin_start)
+		close(lfd); /* a node composed without lib/core/rejoin.c */
+	else if (lfd >= 0 && fy->rejoin_start(fy, c, lfd))
+		ferry_warn("node: rank 0 cannot start its rejoin service; a replacement node "
+			   "will find no answer at the rendezvous");
 	ferry_info("node: rank %u of %u up over %s", fy->rank, fy->world, ops->name);
 	free(addrs);
 	free(blobs);
@@ -249,6 +255,9 @@ int ferry__node_start(struct ferry *fy, const struct ferry_tp_handler *handler)
 	fy->cfg = NULL;
 	return 0;
 
+err_close_lfd:
+	if (lfd >= 0)
+		close(lfd);
 err_fini:
 	ops->fini(fy->tp);
 err_free:
@@ -263,6 +272,9 @@ void ferry__node_close(struct ferry *fy)
 {
 	if (!fy || atomic_exchange(&fy->closed, true))
 		return;
+	/* its thread sends: it stops before the transport goes */
+	if (fy->rejoin_srv)
+		fy->rejoin_stop(fy->rejoin_srv);
 	/* a worker inside the transport's poll() leaves it first */
 	while (atomic_load(&fy->pollers))
 		sched_yield();
@@ -270,6 +282,10 @@ void ferry__node_close(struct ferry *fy)
 	fy->tp->ops->fini(fy->tp);
 	free(fy->tp);
 	fy->tp = NULL;
+	/* no VIEW handler runs any more */
+	if (fy->rejoin_srv)
+		fy->rejoin_free(fy->rejoin_srv);
+	fy->rejoin_srv = NULL;
 	pthread_mutex_lock(&fy->lock);
 	pthread_cond_broadcast(&fy->cond);
 	pthread_mutex_unlock(&fy->lock);

@@ -122,6 +122,9 @@ static size_t proto_body_size(uint8_t type)
 		return sizeof(struct ferry_msg_coll);
 	case FERRY_MSG_MGR_DEAD:
 		return sizeof(struct ferry_msg_mgr);
+	case FERRY_MSG_REJOIN_ASK:
+	case FERRY_MSG_REJOIN_VIEW:
+		return sizeof(struct ferry_msg_rejoin);
 	case FERRY_MSG_OP_FWD:
 		return sizeof(struct ferry_msg_op_fwd);
 	case FERRY_MSG_HEARTBEAT:
@@ -638,6 +641,18 @@ int ferry__proto_parse(const void *buf, size_t len, const struct ferry_proto_lim
 
 		if (!lim || m->rank >= lim->world || m->rank == hdr->src || m->pad)
 			PROTO_FAIL("mgr: rank out of range");
+		if (!proto_pad_ok(left, 0))
+			PROTO_FAIL("trailing bytes after the body");
+		return 0;
+	}
+	case FERRY_MSG_REJOIN_ASK:
+	case FERRY_MSG_REJOIN_VIEW: {
+		const struct ferry_msg_rejoin *m = view->body;
+
+		if (!lim || m->rank == 0 || m->rank >= lim->world || m->rank == hdr->src || m->pad)
+			PROTO_FAIL("rejoin: rank out of range");
+		if (m->state > (hdr->type == FERRY_MSG_REJOIN_VIEW ? FERRY_REJOIN_TAKEOVER : 0))
+			PROTO_FAIL("rejoin: state out of range");
 		if (!proto_pad_ok(left, 0))
 			PROTO_FAIL("trailing bytes after the body");
 		return 0;

@@ -126,6 +126,25 @@ struct ferry_msg_mgr {
 };
 
 /*
+ * FERRY_MSG_REJOIN_ASK (rank 0 to itself and to each rank it holds live,
+ * @state 0) and FERRY_MSG_REJOIN_VIEW (the answer, to rank 0): how does the
+ * sender hold @rank? Asked when a replacement for @rank asks rank 0 to
+ * rejoin (lib/core/rejoin.c); @seq pairs an answer with its ask.
+ */
+enum ferry_rejoin_state {
+	FERRY_REJOIN_FAILED = 0,  /* failed, and no takeover of it waits here */
+	FERRY_REJOIN_ALIVE = 1,	  /* alive here */
+	FERRY_REJOIN_TAKEOVER = 2 /* failed, and a takeover of it still waits here */
+};
+
+struct ferry_msg_rejoin {
+	uint32_t rank;	/* 1 .. world-1, never the sender */
+	uint32_t seq;	/* rank 0's number of the ask */
+	uint32_t state; /* VIEW: enum ferry_rejoin_state; ASK: 0 */
+	uint32_t pad;
+};
+
+/*
  * FERRY_MSG_COLL: one segment of one step of a collective (lib/coll/), then
  * n elements of the collective's type; _COLL_ACK and _COLL_KICK: the body
  * only (n = 0, off = 0). Every field but off, n and step is the collective's

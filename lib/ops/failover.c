@@ -796,6 +796,23 @@ static void repl_on_tick(struct ferry *fy)
 	urcu_memb_read_unlock();
 }
 
+/*
+ * Does a takeover of @rank still wait here, in any table with replicas?
+ * A replacement for @rank is not judged before every live node ended it
+ * (lib/core/rejoin.c asks). Progress thread, rcu_read_lock held.
+ */
+static bool repl_takeover_pending(struct ferry *fy, uint32_t rank)
+{
+	for (uint32_t id = 0; id < FERRY_MAX_TABLES; id++) {
+		struct ferry_table *t = rcu_dereference(fy->tables[id]);
+
+		if (t && t->repl && rank < fy->world && t->repl->synced[rank] &&
+		    !t->repl->done[rank])
+			return true;
+	}
+	return false;
+}
+
 static void repl_on_peer_failed(struct ferry *fy, uint32_t rank)
 {
 	bool any = false;
@@ -940,5 +957,6 @@ int ferry__repl_attach(struct ferry *fy)
 					      repl_on_sync);
 	if (!rc)
 		rc = ferry__heartbeat_on_tick(fy, repl_on_tick);
+	fy->takeover_pending = repl_takeover_pending;
 	return rc ? rc : ferry__node_on_peer_failed(fy, repl_on_peer_failed);
 }

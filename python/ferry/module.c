@@ -438,10 +438,11 @@ static int params_check(const struct ferry_params *p)
 
 static PyObject *mod_open(PyObject *self, PyObject *args, PyObject *kw)
 {
-	static char *kwl[] = { "rank",	       "world",	    "rendezvous",     "rendezvous_fd",
-			       "bind_addr",    "transport", "timeout_ms",     "busy_poll",
-			       "mem_limit",    "token",	    "etcd_endpoints", "etcd_ttl",
-			       "heartbeat_ms", NULL };
+	static char *kwl[] = { "rank",		"world",	  "rendezvous",
+			       "rendezvous_fd", "bind_addr",	  "transport",
+			       "timeout_ms",	"busy_poll",	  "mem_limit",
+			       "token",		"etcd_endpoints", "etcd_ttl",
+			       "heartbeat_ms",	"rejoin",	  NULL };
 	const char *tp = "auto";
 	struct uarg mem = { "mem_limit", UINT64_MAX, 0 };
 	struct ferry_params p;
@@ -449,10 +450,10 @@ static PyObject *mod_open(PyObject *self, PyObject *args, PyObject *kw)
 	int rc;
 
 	ferry_params_init(&p);
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "|$iizizsiiO&zzii", kwl, &p.rank, &p.world,
-					 &p.rendezvous, &p.rendezvous_fd, &p.bind_addr, &tp,
-					 &p.timeout_ms, &p.busy_poll, uarg_conv, &mem, &p.token,
-					 &p.etcd_endpoints, &p.etcd_ttl, &p.heartbeat_ms) ||
+	if (!PyArg_ParseTupleAndKeywords(
+		    args, kw, "|$iizizsiiO&zziii", kwl, &p.rank, &p.world, &p.rendezvous,
+		    &p.rendezvous_fd, &p.bind_addr, &tp, &p.timeout_ms, &p.busy_poll, uarg_conv,
+		    &mem, &p.token, &p.etcd_endpoints, &p.etcd_ttl, &p.heartbeat_ms, &p.rejoin) ||
 	    transport_kind(tp, &p.transport) || params_check(&p))
 		return NULL;
 	p.mem_limit = mem.v;

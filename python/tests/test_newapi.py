@@ -87,6 +87,18 @@ def test_open_parameters_refused():
         ferry.open(tokens="x")  # misspelt: refused, not ignored
 
 
+def test_rejoin_is_refused_at_once():
+    # a replacement node cannot rejoin a running cluster yet (docs/faults.md)
+    with pytest.raises(ferry.Error) as e:
+        ferry.open(rank=0, world=1, rejoin=1)
+    assert e.value.errno == errno.EINVAL
+    t0 = time.monotonic()
+    with pytest.raises(ferry.Error) as e:  # no cluster there: at once
+        ferry.open(rank=2, world=3, rendezvous="127.0.0.1:1", rejoin=1, timeout_ms=20000)
+    assert e.value.errno == ferry.E_NOJOIN, e.value.errno
+    assert time.monotonic() - t0 < 5
+
+
 def test_heartbeat_off_and_on():
     for hb in (-1, 200):
         nodes = ferry.local_cluster(2, heartbeat_ms=hb, timeout_ms=10000)

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/cluster.h"
@@ -436,4 +437,68 @@ Test(badinput, an_unknown_enum_in_the_node_parameters_is_einval)
 	cr_assert_eq(ferry_open(&p, &fy), -EINVAL);
 	cr_assert(strstr(log_last, "busy_poll 5"), "%s", log_last);
 	cr_assert_null(fy);
+}
+
+/*
+ * A rejoin's bad parameters are refused before the node listens or dials,
+ * and a rejoin where no cluster runs at once, each with a line that says
+ * what to do (test_rejoin: the verdicts of a running cluster's rank 0).
+ */
+Test(badinput, a_rejoin_is_refused_at_once_with_what_to_do_instead)
+{
+	struct ferry_params p;
+	struct ferry *fy = NULL;
+	struct timespec t0, t1;
+	double ms;
+
+	ferry_params_init(&p);
+	p.rank = 0;
+	p.world = 1;
+	p.rejoin = 1;
+	log_reset();
+	cr_assert_eq(ferry_open(&p, &fy), -EINVAL);
+	cr_assert(strstr(log_last, "no cluster to rejoin"), "%s", log_last);
+
+	p.world = 4;
+	p.rendezvous = "127.0.0.1:1";
+	log_reset();
+	cr_assert_eq(ferry_open(&p, &fy), -EINVAL);
+	cr_assert(strstr(log_last, "replace rank 0") && strstr(log_last, "ferry_restore"), "%s",
+		  log_last);
+
+	p.rank = 3;
+	p.timeout_ms = 20000;
+	log_reset();
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	cr_assert_eq(ferry_open(&p, &fy), -FERRY_E_NOJOIN);
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	ms = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
+	cr_assert_lt(ms, 2000.0, "the refusal took %.0f ms", ms);
+	cr_assert(strstr(log_last, "rank 3 found no cluster at 127.0.0.1:1"), "%s", log_last);
+
+	p.rejoin = 2;
+	log_reset();
+	cr_assert_eq(ferry_open(&p, &fy), -EINVAL);
+	cr_assert(strstr(log_last, "rejoin 2"), "%s", log_last);
+
+	/* the variable, when the parameter is not set */
+	p.rejoin = 0;
+	setenv("FERRY_REJOIN", "yes", 1);
+	log_reset();
+	cr_assert_eq(ferry_open(&p, &fy), -EINVAL);
+	cr_assert(strstr(log_last, "FERRY_REJOIN=yes"), "%s", log_last);
+	setenv("FERRY_REJOIN", "1", 1);
+	log_reset();
+	cr_assert_eq(ferry_open(&p, &fy), -FERRY_E_NOJOIN);
+	cr_assert(strstr(log_last, "rank 3 found no cluster"), "%s", log_last);
+	cr_assert_null(fy);
+
+	/* -1 overrides the variable: a world of 1 opens */
+	ferry_params_init(&p);
+	p.rank = 0;
+	p.world = 1;
+	p.rejoin = -1;
+	cr_assert_eq(ferry_open(&p, &fy), 0);
+	ferry_close(fy);
+	unsetenv("FERRY_REJOIN");
 }

@@ -77,6 +77,12 @@ struct storm {
 	/* with etcd as the manager: each survivor's membership epoch at the
 	 * start, and after the kill (its lease ran out: the epoch grew) */
 	volatile uint64_t epoch0[NODES_MAX], epoch1[NODES_MAX];
+	/* a replacement for the dead rank asks rank 0 (FERRY_REJOIN) once every
+	 * survivor ended its takeover, and one for a live rank: their results
+	 * and how long each took (docs/faults.md, "A replacement node") */
+	char rdv[64];
+	volatile int rejoin_rc, rejoin_live_rc;
+	volatile int64_t rejoin_ms;
 	volatile int failures;
 	char why[512];
 };
@@ -126,6 +132,8 @@ static int storm_child(int rank, struct ferry_params *p, struct storm *st, int b
 
 	if (ferry_open(p, &fy))
 		return 10;
+	if (rank == 0)
+		snprintf(st->rdv, sizeof(st->rdv), "%s", p->rendezvous);
 	if (ferry_table_create(fy, &tp, &t) || ferry_worker_create(fy, &w))
 		return 11;
 	if ((rc = ferry_barrier(fy)))
@@ -268,9 +276,42 @@ static int storm_child(int rank, struct ferry_params *p, struct storm *st, int b
 	return 0;
 }
 
+/* a replacement process for @rank asks rank 0 to take it back; its
+ * ferry_open's result into @rc_p (no replacement is admitted yet: rank 0
+ * refuses, -EOPNOTSUPP for a failed rank, -EEXIST for a live one) */
+static void storm_rejoin(struct storm *st, const struct ferry_params *cp, int rank,
+			 volatile int *rc_p)
+{
+	pid_t pid = fork();
+
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		struct ferry_params p;
+		struct ferry *fy = NULL;
+		int64_t t0 = now_ns();
+
+		ferry_params_init(&p);
+		p.rank = rank;
+		p.world = st->nodes;
+		p.rendezvous = st->rdv;
+		p.bind_addr = getenv("FERRY_BIND_ADDR") ? getenv("FERRY_BIND_ADDR") : "127.0.0.1";
+		p.transport = cp->transport;
+		p.timeout_ms = cp->timeout_ms;
+		p.rejoin = 1;
+		*rc_p = ferry_open(&p, &fy);
+		if (rank == DEAD)
+			st->rejoin_ms = (now_ns() - t0) / 1000000;
+		if (fy)
+			ferry_close(fy);
+		_exit(0);
+	}
+	waitpid(pid, NULL, 0);
+}
+
 /* @dead2 >= 0 (r = 2, NODES_MAX nodes, kill mode): killed too, once every
  * survivor ended its takeover of DEAD */
-static void run_storm_r(int mode, int batch, const char *etcd, int dead2, bool together)
+static void run_storm_r(int mode, int batch, const char *etcd, int dead2, bool together,
+			bool rejoin)
 {
 	struct storm *st =
 		mmap(NULL, sizeof(*st), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
@@ -350,6 +391,20 @@ static void run_storm_r(int mode, int batch, const char *etcd, int dead2, bool t
 	} else {
 		st->kills = 1;
 	}
+	if (rejoin) {
+		/* once every survivor ended its takeover (rank 0 holds DEAD
+		 * failed), while the storm goes on */
+		bool all = false;
+
+		for (int64_t until = now_ns() + 3000000000ll; !all && now_ns() < until;) {
+			usleep(1000);
+			all = true;
+			for (int i = 0; i < nodes; i++)
+				all &= i == DEAD || st->took[i] >= 1;
+		}
+		storm_rejoin(st, &p, DEAD, &st->rejoin_rc);
+		storm_rejoin(st, &p, 1, &st->rejoin_live_rc);
+	}
 	if (mode == 2) {
 		/* stopped 4 heartbeat timeouts: declared dead (1), its keys taken
 		 * over after the lease (about 1 more);
@@ -411,6 +466,19 @@ static void run_storm_r(int mode, int batch, const char *etcd, int dead2, bool t
 			     "-FERRY_E_PEER",
 			     st->resumed_other);
 	}
+	if (rejoin) {
+		cr_log_info("a replacement for rank %d asked rank 0: %s after %lld ms", DEAD,
+			    ferry_strerror(st->rejoin_rc), (long long)st->rejoin_ms);
+		cr_assert_eq(st->rejoin_rc, -EOPNOTSUPP,
+			     "rank 0's verdict on a replacement for the dead rank %d: %s "
+			     "(-EOPNOTSUPP: failed there, not admitted)",
+			     DEAD, ferry_strerror(st->rejoin_rc));
+		cr_assert_lt(st->rejoin_ms, 2000, "the verdict took %lld ms",
+			     (long long)st->rejoin_ms);
+		cr_assert_eq(st->rejoin_live_rc, -EEXIST,
+			     "rank 0's verdict on a replacement for the live rank 1: %s",
+			     ferry_strerror(st->rejoin_live_rc));
+	}
 	/* the dead node's keys were taken over: one of them served again */
 	cr_assert_gt(st->first_ok_ns, 0, "no key homed at the dead node was served after it");
 	for (int i = 0; etcd && i < nodes; i++) {
@@ -435,7 +503,7 @@ static void r2_by_hand(void)
 
 static void run_storm(int mode, int batch, const char *etcd)
 {
-	run_storm_r(mode, batch, etcd, -1, false);
+	run_storm_r(mode, batch, etcd, -1, false, false);
 }
 
 /* the kill lands in single-key moves (a fifth of the storm's operations).
@@ -444,7 +512,9 @@ static void run_storm(int mode, int batch, const char *etcd)
  * request.c), so no operation waits out its timeout here */
 Test(repl, a_node_killed_in_a_push_storm_loses_no_acknowledged_push, .timeout = 120)
 {
-	run_storm(0, 0, NULL);
+	/* and, once the takeover ended, a replacement for the dead rank asks to
+	 * rejoin: rank 0 refuses it (not admitted yet), and the survivors go on */
+	run_storm_r(0, 0, NULL, -1, false, true);
 }
 
 /* the kill lands inside a batch of 16 moves of the dead node, and in the
@@ -481,7 +551,7 @@ Test(repl, a_node_killed_with_etcd_as_the_manager_loses_no_acknowledged_push, .t
 
 	ed_skip_unless_available();
 	ed_up(&s);
-	run_storm(0, 0, s.url);
+	run_storm_r(0, 0, s.url, -1, false, true); /* with a replacement's ask, as above */
 	ed_down(&s);
 }
 
@@ -493,7 +563,7 @@ Test(repl, a_node_killed_with_etcd_as_the_manager_loses_no_acknowledged_push, .t
  * and every key's final pull succeeds */
 Test(repl, r2_two_nodes_killed_one_after_the_other_lose_no_acknowledged_push, .timeout = 120)
 {
-	run_storm_r(0, 0, NULL, 4, false);
+	run_storm_r(0, 0, NULL, 4, false, false);
 }
 
 /* r = 2 with the second kill the first victim's predecessor (rank 2): the
@@ -501,7 +571,7 @@ Test(repl, r2_two_nodes_killed_one_after_the_other_lose_no_acknowledged_push, .t
 Test(repl, r2_a_node_and_its_predecessor_killed_one_after_the_other_lose_nothing, .timeout = 120)
 {
 	r2_by_hand();
-	run_storm_r(0, 0, NULL, 2, false);
+	run_storm_r(0, 0, NULL, 2, false, false);
 }
 
 static char bad_log[512];
@@ -574,14 +644,14 @@ Test(repl, replicas_above_two_at_or_above_the_world_or_with_sparse_are_refused, 
 Test(repl, r2_two_nodes_killed_during_relocations_lose_no_acknowledged_push, .timeout = 120)
 {
 	r2_by_hand(); /* a move left waiting in 1 of 8 runs: docs/faults.md, "Not yet" */
-	run_storm_r(0, 16, NULL, 4, false);
+	run_storm_r(0, 16, NULL, 4, false, false);
 }
 
 /* r = 2: rank 3 and its successor rank 4 killed together, within one
  * takeover (docs/faults.md, "Two failures within one takeover") */
 Test(repl, r2_two_nodes_killed_together_lose_no_acknowledged_push, .timeout = 120)
 {
-	run_storm_r(0, 0, NULL, 4, true);
+	run_storm_r(0, 0, NULL, 4, true, false);
 }
 
 /* r = 2: ranks 3 and 4 killed together while rank 3 is inside a batch of 16
@@ -590,5 +660,5 @@ Test(repl, r2_two_nodes_killed_together_during_relocations_lose_no_acknowledged_
      .timeout = 120)
 {
 	r2_by_hand(); /* a move left waiting in 1 of 40 runs: docs/faults.md, "Not yet" */
-	run_storm_r(0, 16, NULL, 4, true);
+	run_storm_r(0, 16, NULL, 4, true, false);
 }

@@ -709,6 +709,8 @@ Test(proto, frame_shorter_than_its_fixed_body)
 		{ FERRY_MSG_ESSP_KICK, sizeof(struct ferry_msg_essp_kick) },
 		{ FERRY_MSG_COLL_KEYS, sizeof(struct ferry_msg_coll) },
 		{ FERRY_MSG_COLL_PUT, sizeof(struct ferry_msg_coll) },
+		{ FERRY_MSG_REJOIN_ASK, sizeof(struct ferry_msg_rejoin) },
+		{ FERRY_MSG_REJOIN_VIEW, sizeof(struct ferry_msg_rejoin) },
 	};
 
 	/* every type but BYE, which is a bare header (below); the numbers not
@@ -1121,6 +1123,51 @@ Test(proto, mgr_dead_names_another_rank_in_range)
 		} else {
 			expect_ok(&x, &lim_fixed, &v, "mgr_dead");
 			cr_assert_eq(((const struct ferry_msg_mgr *)v.body)->epoch, 42);
+		}
+		fr_free(&x);
+	}
+}
+
+/* REJOIN_ASK and REJOIN_VIEW: about another rank than the sender and 0, in
+ * range; state 0 in an ask, 0 .. 2 in a view */
+Test(proto, rejoin_frames_name_another_rank_in_range)
+{
+	static const struct {
+		uint8_t type;
+		uint32_t src, rank, state, pad;
+		const char *why; /* NULL: fine */
+	} c[] = {
+		{ FERRY_MSG_REJOIN_ASK, 0, 3, 0, 0, NULL },
+		{ FERRY_MSG_REJOIN_VIEW, 1, 3, 1, 0, NULL },
+		{ FERRY_MSG_REJOIN_VIEW, 1, 3, 0, 0, NULL },
+		{ FERRY_MSG_REJOIN_VIEW, 0, 3, 2, 0, NULL },
+		{ FERRY_MSG_REJOIN_ASK, 0, 3, 1, 0, "state" },
+		{ FERRY_MSG_REJOIN_VIEW, 1, 3, 3, 0, "state" },
+		{ FERRY_MSG_REJOIN_ASK, 0, 0, 0, 0, "rank" },
+		{ FERRY_MSG_REJOIN_VIEW, 2, 2, 1, 0, "rank" },
+		{ FERRY_MSG_REJOIN_ASK, 0, WORLD, 0, 0, "rank" },
+		{ FERRY_MSG_REJOIN_VIEW, 1, UINT32_MAX, 0, 0, "rank" },
+		{ FERRY_MSG_REJOIN_VIEW, 1, 2, 0, 5, "rank" },
+	};
+
+	for (size_t i = 0; i < sizeof(c) / sizeof(c[0]); i++) {
+		struct ferry_proto_view v;
+		struct ferry_frame f;
+		struct ferry_msg_rejoin *m;
+		struct fr x;
+
+		ferry__frame_begin(&f);
+		m = ferry__frame_put(&f, sizeof(*m));
+		m->rank = c[i].rank;
+		m->seq = 7;
+		m->state = c[i].state;
+		m->pad = c[i].pad;
+		x = fr_take(&f, c[i].type, c[i].src, 0);
+		if (c[i].why) {
+			expect_body_bad(&x, &lim_fixed, c[i].why, "rejoin");
+		} else {
+			expect_ok(&x, &lim_fixed, &v, "rejoin");
+			cr_assert_eq(((const struct ferry_msg_rejoin *)v.body)->seq, 7);
 		}
 		fr_free(&x);
 	}

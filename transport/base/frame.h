@@ -87,6 +87,9 @@ enum ferry_msg_type {
 	/* 46 .. 47: collectives' puts by one-sided WRITE (lib/coll/put.c) */
 	FERRY_MSG_COLL_KEYS = 46, /* receiver -> its sender: where a collective may WRITE */
 	FERRY_MSG_COLL_PUT = 47,  /* writer -> receiver: a segment's WRITE has landed */
+	/* 48 .. 49: a replacement node's ask (lib/core/rejoin.c) */
+	FERRY_MSG_REJOIN_ASK = 48,  /* rank 0 -> each live rank: do you hold rank r failed? */
+	FERRY_MSG_REJOIN_VIEW = 49, /* a live rank -> rank 0: its answer */
 	/* 50: the loop transport's own (transport/loop/loop.c), never the core's:
 	 * a write_imm's notice or acknowledgement between threads of one process */
 	FERRY_MSG_LOOP_IMM = 50,
