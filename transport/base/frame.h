@@ -39,7 +39,7 @@
  * node groups); 6: OP's flags (compressed pushes), CONS_PUSH and CONS_ACK,
  * rdma's sessions (numbered chunks, RESUME, the HELLO's incarnation); 7:
  * OP_FWD; older peers are refused */
-#define FERRY_PROTO_VERSION 9
+#define FERRY_PROTO_VERSION 10
 #define FERRY_MSG_MAX (64u << 20) /* largest frame, header included */
 #define FERRY_MSG_ALIGN 8u	  /* every frame's len is a multiple: frames stay aligned */
 
