@@ -713,11 +713,12 @@ Test(proto, frame_shorter_than_its_fixed_body)
 		{ FERRY_MSG_REJOIN_VIEW, sizeof(struct ferry_msg_rejoin) },
 	};
 
-	/* every type but BYE, which is a bare header (below); the numbers not
-	 * assigned are 26-31 (30 and 31 are the handshake's AUTH frames, never
-	 * inside a session), 34-35 and 41-42 */
+	/* every type but BYE, which is a bare header, and LOOP_IMM, the loop
+	 * transport's own (both below); the numbers not assigned are 26-31 (30
+	 * and 31 are the handshake's AUTH frames, never inside a session), 34-35
+	 * and 41-42 */
 	cr_assert_eq(sizeof(c) / sizeof(c[0]),
-		     (FERRY_MSG_REPL_SYNC - 1) + 2 + (FERRY_MSG_TYPE_MAX - FERRY_MSG_CLOCK) - 2,
+		     (FERRY_MSG_REPL_SYNC - 1) + 2 + (FERRY_MSG_TYPE_MAX - FERRY_MSG_CLOCK) - 2 - 1,
 		     "a type is not covered");
 	for (size_t i = 0; i < sizeof(c) / sizeof(c[0]); i++) {
 		/* one word short, and a bare header */
@@ -729,6 +730,21 @@ Test(proto, frame_shorter_than_its_fixed_body)
 		expect_body_bad(&x, &lim_fixed, "shorter", "bare header");
 		fr_free(&x);
 	}
+}
+
+Test(proto, loop_imm_is_the_loop_transports_own_and_refused_by_the_core)
+{
+	struct fr x = fixed_frame(FERRY_MSG_LOOP_IMM, 16, 0);
+	struct ferry_proto_view v;
+	const char *why = NULL;
+
+	/* a session carries it (the loop's own tcp connections) ... */
+	cr_assert_eq(ferry__proto_check_hdr(fr_hdr(&x), WORLD, &why), 0, "LOOP_IMM refused: %s",
+		     why ? why : "(no reason)");
+	/* ... and the loop takes it: one that reached the core is refused */
+	cr_assert_eq(ferry__proto_parse(x.buf, x.len, &lim_fixed, &v, &why), -FERRY_E_PROTO);
+	cr_assert_not_null(why);
+	fr_free(&x);
 }
 
 Test(proto, bye_is_a_bare_header_for_the_transports_only)
