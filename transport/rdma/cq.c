@@ -19,6 +19,14 @@
 
 #include "transport/rdma/rdma.h"
 
+void ferry__rdma_bad_chunk(struct rdma_tp *t, struct rdma_peer *p, const char *why)
+{
+	ferry_warn("rdma: rank %u sent rank %u a chunk with a bad header (%s); dropping its "
+		   "connection and marking it failed",
+		   p->rank, t->base.cfg.rank, why);
+	ferry__rdma_peer_fail(t, p, -FERRY_E_PROTO);
+}
+
 /* ---- receiving (progress thread) ----------------------------------------- */
 
 static int rdma_asm_reserve(struct rdma_peer *p, size_t need)
@@ -212,11 +220,7 @@ static void rdma_rx_chunk(struct rdma_tp *t, struct rdma_peer *p, uint32_t idx,
 	pthread_mutex_unlock(&p->lock);
 	ferry__rdma_imm_run(t, p);
 	if (why) {
-		ferry_warn(
-			"rdma: rank %u sent rank %u a chunk with a bad header (%s); dropping its "
-			"connection and marking it failed",
-			p->rank, t->base.cfg.rank, why);
-		ferry__rdma_peer_fail(t, p, -FERRY_E_PROTO);
+		ferry__rdma_bad_chunk(t, p, why);
 		return;
 	}
 	if (credits)

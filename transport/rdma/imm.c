@@ -259,11 +259,7 @@ void ferry__rdma_rx_imm(struct rdma_tp *t, struct rdma_peer *p, uint32_t idx,
 		why = "it sent more chunks than it had credits";
 	pthread_mutex_unlock(&p->lock);
 	if (why) {
-		ferry_warn(
-			"rdma: rank %u sent rank %u a chunk with a bad header (%s); dropping its "
-			"connection and marking it failed",
-			p->rank, t->base.cfg.rank, why);
-		ferry__rdma_peer_fail(t, p, -FERRY_E_PROTO);
+		ferry__rdma_bad_chunk(t, p, why);
 		return;
 	}
 	h->on_write_imm(t->base.cfg.core, p->rank, imm & FERRY_TP_IMM_TAG_MASK);

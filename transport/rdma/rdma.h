@@ -774,6 +774,9 @@ int ferry__rdma_conn_attach(struct rdma_tp *t, struct rdma_conn *c, uint32_t r);
 void ferry__rdma_op_done(struct rdma_tp *t, struct rdma_op *op, int status, int worker);
 void ferry__rdma_q_cancel(struct rdma_tp *t, struct rdma_qent *e, int status);
 void ferry__rdma_peer_fail(struct rdma_tp *t, struct rdma_peer *p, int err);
+/* @p broke the chunk stream's rules (@why): one line, and it fails with
+ * -FERRY_E_PROTO. Progress thread. */
+void ferry__rdma_bad_chunk(struct rdma_tp *t, struct rdma_peer *p, const char *why);
 void ferry__rdma_fail_broken(struct rdma_tp *t);
 
 /* cq.c: progress thread (ferry__rdma_scq_drain also on a worker in poll(), cq_lock held) */
