@@ -24,7 +24,7 @@
 #   asan-ctest  ctest there, with ASAN_OPTIONS / UBSAN_OPTIONS that abort on the first finding
 #   tsan        the threaded suites (test_store, test_onesided, test_cluster over tcp and loop,
 #               test_slotmap, test_sparse, test_reconnect, test_coll, test_groups, test_ckpt,
-#               test_etcd, test_cons, test_hot, test_hotauto, test_cons_teardown)
+#               test_etcd, test_cons, test_hot, test_hotauto, test_cons_teardown, test_rejoin)
 #               built into build-tsan/ with -DFERRY_SANITIZE=thread and run with tests/tsan.supp,
 #               halting on the first report (tests/CMakeLists.txt builds them against the
 #               Criterion stand-in in tests/transport/tsan/: Criterion cannot start under TSan)
@@ -159,7 +159,7 @@ tsan_build_run()
 		-DFERRY_SANITIZE=thread &&
 		cmake --build build-tsan -j"$jobs" --target test_store test_onesided test_cluster \
 			test_slotmap test_sparse test_reconnect test_coll test_groups test_ckpt test_etcd \
-			test_cons test_hot test_hotauto test_cons_teardown &&
+			test_cons test_hot test_hotauto test_cons_teardown test_rejoin &&
 		TSAN_OPTIONS="suppressions=$PWD/tests/tsan.supp halt_on_error=1 history_size=7" \
 			ctest --test-dir build-tsan -R '^test_' --output-on-failure
 }
