@@ -88,22 +88,32 @@ static int bs_io(int fd, void *buf, size_t len, int64_t deadline, int out)
  * connection we opened (a joining node, or rank 0's probe)
  * Return: 0; -EACCES with @why; -ETIMEDOUT; -ECONNRESET (rank 0 closed).
  */
-static int bs_auth_dial(const struct ferry_config *c, int fd, int64_t deadline, char *why,
-			size_t wlen)
+int ferry__bs_auth_run(struct ferry_auth_hs *a, const uint8_t *key, int role, int fd,
+		       int64_t deadline)
 {
-	struct ferry_auth_hs a;
 	int rc;
 
-	ferry__auth_hs_init(&a, c->auth_key, "bootstrap", FERRY_AUTH_DIALER, 0);
-	while ((rc = ferry__auth_hs_step(&a, fd)) == 0) {
+	ferry__auth_hs_init(a, key, "bootstrap", role, 0);
+	while ((rc = ferry__auth_hs_step(a, fd)) == 0) {
 		struct pollfd pfd = {
-			.fd = fd, .events = POLLIN | (ferry__auth_hs_want_out(&a) ? POLLOUT : 0)
+			.fd = fd, .events = POLLIN | (ferry__auth_hs_want_out(a) ? POLLOUT : 0)
 		};
 		int64_t left = deadline - bs_now_ms();
 
 		if (left <= 0 || (poll(&pfd, 1, (int)left) < 0 && errno != EINTR))
 			return -ETIMEDOUT;
 	}
+	return rc;
+}
+
+static int bs_auth_dial(const struct ferry_config *c, int fd, int64_t deadline, char *why,
+			size_t wlen)
+{
+	struct ferry_auth_hs a;
+	int rc = ferry__bs_auth_run(&a, c->auth_key, FERRY_AUTH_DIALER, fd, deadline);
+
+	if (rc == -ETIMEDOUT)
+		return rc;
 	if (rc == 1)
 		return 0;
 	if (rc == -EACCES) {

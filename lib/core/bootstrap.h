@@ -142,6 +142,12 @@ int ferry__rejoin_attach(struct ferry *fy);
 /* bootstrap.c's helpers, for rank 0's side in rejoin.c */
 int64_t ferry__bs_now_ms(void);
 int ferry__bs_io(int fd, void *buf, size_t len, int64_t deadline, int out);
+/* the token exchange on @fd as @role (FERRY_AUTH_DIALER or _ACCEPTOR), @a
+ * started here: 1 proved, -ETIMEDOUT past @deadline (ms, ferry__bs_now_ms),
+ * or what ferry__auth_hs_step() returned (@a->why says why) */
+struct ferry_auth_hs;
+int ferry__bs_auth_run(struct ferry_auth_hs *a, const uint8_t *key, int role, int fd,
+		       int64_t deadline);
 
 int ferry__listen_tcp(const char *host, int port, int backlog);
 /* the port a bound socket has */

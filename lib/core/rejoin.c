@@ -93,18 +93,10 @@ struct ferry_rejoin_srv {
 static int srv_auth(struct ferry_rejoin_srv *s, int fd, int64_t deadline, const char *who)
 {
 	struct ferry_auth_hs a;
-	int rc;
+	int rc = ferry__bs_auth_run(&a, s->auth_key, FERRY_AUTH_ACCEPTOR, fd, deadline);
 
-	ferry__auth_hs_init(&a, s->auth_key, "bootstrap", FERRY_AUTH_ACCEPTOR, 0);
-	while ((rc = ferry__auth_hs_step(&a, fd)) == 0) {
-		struct pollfd pfd = {
-			.fd = fd, .events = POLLIN | (ferry__auth_hs_want_out(&a) ? POLLOUT : 0)
-		};
-		int64_t left = deadline - ferry__bs_now_ms();
-
-		if (left <= 0 || (poll(&pfd, 1, (int)left) < 0 && errno != EINTR))
-			return -ETIMEDOUT;
-	}
+	if (rc == -ETIMEDOUT)
+		return rc;
 	if (rc == 1)
 		return 0;
 	if (rc == -EACCES)
