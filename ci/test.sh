@@ -201,7 +201,30 @@ check_format()
 	mapfile -t files < <(git ls-files -- '*.c' '*.h')
 	[[ ${#files[@]} -eq 0 ]] || clang-format --dry-run -Werror "${files[@]}"
 }
-export -f configure_build tsan_build_run fuzz_build_run check_format
+# The ASan ctest. One glibc abort is let through once: a test process that dies with "malloc
+# assertion failure in __malloc_arena_thread_freeres" (glibc's own check as a thread exits, not an
+# ASan or UBSan finding) has its failed tests run once more, and says so. Seen once, in test_coll
+# (session 11, two thread-only cases, right after the case whose forked nodes are killed); not
+# reproduced in 7 runs of test_coll alone, idle and loaded; docs/collectives.md, "Tests".
+# Any other failure fails the stage as before.
+asan_ctest()
+{
+	local log=build-asan/ctest-asan.log rc=0
+
+	ctest --test-dir build-asan --output-on-failure -E '^test_cons_loop$' 2>&1 | tee "$log" ||
+		true
+	rc=${PIPESTATUS[0]}
+	if [[ $rc -ne 0 ]] &&
+		grep -q 'malloc assertion failure in __malloc_arena_thread_freeres' "$log"; then
+		echo "asan-ctest: a test died in glibc's arena check at a thread's exit (not a" \
+			"sanitizer finding); running the failed tests once more"
+		ctest --test-dir build-asan --output-on-failure --rerun-failed
+		rc=$?
+	fi
+	return "$rc"
+}
+
+export -f configure_build tsan_build_run fuzz_build_run check_format asan_ctest
 export jobs
 
 echo "ci/test.sh: $(uname -srm), $(nproc) cpus, CI=${CI:-false}, budget ${budget}s"
@@ -238,8 +261,7 @@ if [[ $asan -eq 1 ]]; then
 	if stage asan-build 900 bash -c 'configure_build build-asan -DFERRY_SANITIZE=address,undefined'; then
 		ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
 			UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-			stage asan-ctest 900 ctest --test-dir build-asan --output-on-failure \
-			-E '^test_cons_loop$' || true
+			stage asan-ctest 900 bash -c asan_ctest || true
 	else
 		skip asan-ctest "asan-build failed"
 	fi
