@@ -265,15 +265,26 @@ static int bs_probe_rank0(const struct ferry_config *c)
 
 /* ---- the messages: pure checks, shared with the fuzz targets -------------- */
 
-int ferry__bs_hello_parse(const void *buf, size_t len, uint32_t world, struct ferry_bs_hello *h_p)
+/* a hello's frame with @magic (a joiner's or a replacement's) into *@h_p:
+ * 0, or -FERRY_E_PROTO (*@h_p untouched) */
+static int bs_hello_read(const void *buf, size_t len, uint32_t magic, struct ferry_bs_hello *h_p)
 {
 	struct ferry_bs_hello h;
 
 	if (len < sizeof(h))
 		return -FERRY_E_PROTO;
 	memcpy(&h, buf, sizeof(h));
-	if (h.magic != FERRY_BS_MAGIC || h.version != FERRY_BS_VERSION ||
-	    h.addr.len > FERRY_TP_ADDR_MAX)
+	if (h.magic != magic || h.version != FERRY_BS_VERSION || h.addr.len > FERRY_TP_ADDR_MAX)
+		return -FERRY_E_PROTO;
+	*h_p = h;
+	return 0;
+}
+
+int ferry__bs_hello_parse(const void *buf, size_t len, uint32_t world, struct ferry_bs_hello *h_p)
+{
+	struct ferry_bs_hello h;
+
+	if (bs_hello_read(buf, len, FERRY_BS_MAGIC, &h))
 		return -FERRY_E_PROTO;
 	*h_p = h;
 	if (h.world != world || h.rank == 0 || h.rank >= world)
@@ -797,11 +808,7 @@ int ferry__bs_rejoin_parse(const void *buf, size_t len, uint32_t world, struct f
 {
 	struct ferry_bs_hello h;
 
-	if (len < sizeof(h))
-		return -FERRY_E_PROTO;
-	memcpy(&h, buf, sizeof(h));
-	if (h.magic != FERRY_BS_REJOIN_MAGIC || h.version != FERRY_BS_VERSION ||
-	    h.addr.len > FERRY_TP_ADDR_MAX)
+	if (bs_hello_read(buf, len, FERRY_BS_REJOIN_MAGIC, &h))
 		return -FERRY_E_PROTO;
 	*h_p = h;
 	if (h.world != world)
